@@ -1,0 +1,186 @@
+"""The run directory on disk: steps, final metrics, status, artifacts.
+
+Everything a run produces lands here before anything is uploaded (see docs/run-directory.md),
+so an unreachable MLflow or a dead job never loses a result. Every file is replaced atomically:
+Snakemake watches ``metrics.json`` and must never see half of it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+Status = Literal["ok", "oom", "failed", "timeout", "skipped"]
+STATUSES: tuple[str, ...] = ("ok", "oom", "failed", "timeout", "skipped")
+#: Statuses that make the Snakemake rule fail (the others are results).
+FAILING_STATUSES: frozenset[str] = frozenset({"failed", "timeout"})
+
+METRICS_FILE = "metrics.json"
+FAILURE_FILE = "failure.json"
+STEPS_FILE = "steps.jsonl"
+SPEC_FILE = "spec.json"
+HARDWARE_FILE = "hardware.json"
+TRACEBACK_FILE = "traceback.txt"
+HISTORY_FILE = "history.jsonl"
+MLFLOW_FILE = "mlflow.json"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"metric {name!r} must be a number, got {type(value).__name__}: {value!r}")
+    return float(value)
+
+
+class Recorder:
+    """Collects one run's step metrics, final metrics and tags, and writes the record.
+
+    Workloads receive a Recorder and never touch MLflow: ``log_step`` appends to
+    ``steps.jsonl`` at once (a crash keeps the steps so far), ``finish`` writes ``metrics.json``.
+    """
+
+    def __init__(self, run_dir: Path | str, *, identity: Mapping[str, Any] | None = None,
+                 attempt: int = 1) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.identity = dict(identity or {})
+        self.attempt = attempt
+        self.metrics: dict[str, float] = {}
+        self.tags: dict[str, str] = {}
+        self.hardware: dict[str, Any] = {}
+        self.slurm: dict[str, Any] | None = None
+        self.started_at = utc_now()
+        self._t0 = time.monotonic()
+        self._steps = open(self.run_dir / STEPS_FILE, "a")
+
+    # -- during the run -------------------------------------------------------------------
+    def log_step(self, step: int, **metrics: float) -> None:
+        """Append one step's metrics to ``steps.jsonl`` (flushed: survives a crash)."""
+        clean = {k: _number(k, v) for k, v in metrics.items()}
+        line = json.dumps({"step": int(step), "time": time.time(), "metrics": clean})
+        self._steps.write(line + "\n")
+        self._steps.flush()
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics[name] = _number(name, value)
+
+    def log_metrics(self, metrics: Mapping[str, float] | None = None, **kw: float) -> None:
+        for k, v in {**(metrics or {}), **kw}.items():
+            self.log_metric(k, v)
+
+    def set_tag(self, name: str, value: Any) -> None:
+        self.tags[name] = str(value)
+
+    def artifact_path(self, name: str) -> Path:
+        """Where a workload should write an artifact called ``name`` (folders are made)."""
+        path = self.run_dir / "artifacts" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # -- the end --------------------------------------------------------------------------
+    def record(self, status: Status, reason: str | None = None) -> dict[str, Any]:
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}; expected one of {', '.join(STATUSES)}")
+        finite = {k: v for k, v in self.metrics.items() if math.isfinite(v)}
+        return {
+            **self.identity,
+            "attempt": self.attempt,
+            "status": status,
+            "reason": reason,
+            "metrics": finite,
+            "tags": dict(self.tags),
+            "started_at": self.started_at,
+            "finished_at": utc_now(),
+            "duration_s": round(time.monotonic() - self._t0, 3),
+            "hardware": self.hardware,
+            "slurm": self.slurm,
+        }
+
+    def finish(self, status: Status, reason: str | None = None) -> dict[str, Any]:
+        """Write ``metrics.json`` (and ``failure.json`` for failing statuses); return the record."""
+        self._steps.close()
+        rec = self.record(status, reason)
+        write_record(self.run_dir, rec)
+        return rec
+
+
+def write_record(run_dir: Path, record: Mapping[str, Any]) -> None:
+    """Write the record; a failing one also goes to ``failure.json``, which Snakemake leaves alone."""
+    run_dir = Path(run_dir)
+    if record["status"] in FAILING_STATUSES:
+        write_json_atomic(run_dir / FAILURE_FILE, record)
+    write_json_atomic(run_dir / METRICS_FILE, record)
+
+
+def load_record(run_dir: Path) -> dict[str, Any] | None:
+    """The run's record: ``metrics.json``, else ``failure.json``, else None."""
+    for name in (METRICS_FILE, FAILURE_FILE):
+        path = Path(run_dir) / name
+        if path.exists():
+            return read_json(path)
+    return None
+
+
+def read_steps(run_dir: Path) -> list[dict[str, Any]]:
+    """All step lines of ``steps.jsonl``; a torn last line (a killed job) is skipped."""
+    path = Path(run_dir) / STEPS_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+class SkipRun(Exception):
+    """Raised by a workload when the node cannot run the variant (e.g. no CUDA device).
+
+    The runner records ``status: skipped`` with the message as the reason: a result, not a bug.
+    """
