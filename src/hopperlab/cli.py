@@ -1,0 +1,144 @@
+"""The ``hopperlab`` command: list, submit, run, sync, report, prepare-tracking.
+
+Each Snakemake rule calls one of these, so that the workflow stays thin and every piece of logic
+can be run and tested without Snakemake. Config overrides use Snakemake's form:
+``--config site=NAME scale=full``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hopperlab.spec import KNOB_DEFAULTS, Matrix, SpecError, find_root, load_matrix
+
+EXIT_CONFIG_ERROR = 2
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SpecError(f"--config {pair!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _matrix(args: argparse.Namespace) -> Matrix:
+    root = Path(args.root).resolve() if args.root else find_root()
+    return load_matrix(root, parse_overrides(args.config))
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    matrix = _matrix(args)
+    rows = []
+    for spec in matrix.runs.values():
+        knobs = {k: v for k, v in vars(spec.knobs).items() if v != KNOB_DEFAULTS[k]}
+        r = spec.resources
+        rows.append({"family": spec.family, "experiment": spec.experiment,
+                     "variant": spec.variant, "knobs": knobs,
+                     "resources": {"gpus": r.gpus, "cpus": r.cpus, "mem_gb": r.mem_gb,
+                                   "time_min": r.time_min},
+                     "run_dir": spec.run_dir})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"hopperlab matrix: {len(rows)} runs, scale {matrix.config['scale']}, "
+                        f"site {matrix.site.name} ({matrix.site.executor})")
+    for col in ("family", "experiment", "variant", "knobs", "gpus", "cpus", "mem GB", "time min"):
+        table.add_column(col)
+    for row in rows:
+        res = row["resources"]
+        knobs = " ".join(f"{k}={v}" for k, v in row["knobs"].items()) or "-"
+        table.add_row(row["family"], row["experiment"], row["variant"], knobs, str(res["gpus"]),
+                      str(res["cpus"]), f"{res['mem_gb']:g}", str(res["time_min"]))
+    Console(width=max(120, Console().width)).print(table)
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from hopperlab.submission import submit
+
+    return submit(_matrix(args), args.key, upload=not args.no_upload)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from hopperlab.submission import submit
+
+    return submit(_matrix(args), args.key, upload=not args.no_upload, executor="debug")
+
+
+def cmd_prepare_tracking(args: argparse.Namespace) -> int:
+    from hopperlab import tracking
+
+    matrix = _matrix(args)
+    tracking.prepare(matrix.site.tracking_uri, matrix.experiments())
+    if args.touch:
+        Path(args.touch).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.touch).write_text(json.dumps({"experiments": matrix.experiments()}) + "\n")
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from hopperlab import tracking
+
+    matrix = _matrix(args)
+    report = tracking.sync(matrix.results_dir, matrix.site.tracking_uri)
+    print(f"[hopperlab] sync to {tracking.display_uri(matrix.site.tracking_uri)}: {report}")
+    return 1 if report.failed else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from hopperlab.report import build_report
+
+    matrix = _matrix(args)
+    csv_path, html_path = build_report(matrix.results_dir)
+    print(f"[hopperlab] wrote {csv_path} and {html_path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hopperlab", description=__doc__.split("\n")[0])
+    parser.add_argument("--root", help="project root (default: found upward from the cwd)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                       help="override configs/config.yaml keys, as snakemake --config does")
+        p.set_defaults(func=func)
+        return p
+
+    p = add("list", cmd_list, "show the matrix: family, experiment, variant, knobs, resources")
+    p.add_argument("--json", action="store_true")
+    for name, func, help_ in (("submit", cmd_submit, "run one run through the site's executor"),
+                              ("run", cmd_run, "run one run in this process (debugging)")):
+        p = add(name, func, help_)
+        p.add_argument("key", help="family/experiment/variant")
+        p.add_argument("--no-upload", action="store_true", help="leave MLflow for `sync`")
+    p = add("prepare-tracking", cmd_prepare_tracking,
+            "create the MLflow store, experiments and parent runs once, before any run")
+    p.add_argument("--touch", help="write this marker file when done")
+    add("sync", cmd_sync, "upload every run directory MLflow does not have yet")
+    add("report", cmd_report, "write results/summary.csv and results/report.html")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        print(f"hopperlab: config error:\n{exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Submit one run through submitit (Slurm, local subprocess or in-process) and wait for it.
+
+The job's command is [container exec prefix] + [profiler prefix] + python: submitit lets us
+replace its ``python`` with any command line, so an Apptainer image or ``nsys profile`` wraps
+the very process that runs the workload. Polling stays gentle: at most one ``sacct`` call per
+``poll_interval_s`` per submitting process.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hopperlab.profiling import profiler_prefix
+from hopperlab.spec import RunSpec
+
+#: Slurm states that mean "ran out of its time limit" (submitit reports them as uncompleted).
+TIMEOUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
+
+
+@dataclass
+class JobOutcome:
+    """What the scheduler says about a finished job; ``result`` is the runner's return value."""
+
+    job_id: str | None
+    state: str
+    result: Any = None
+    error: str | None = None
+    #: where submitit kept the job's stdout/stderr (copied into the run directory's logs/)
+    stdout: Path | None = None
+    stderr: Path | None = None
+
+    @property
+    def timed_out(self) -> bool:
+        return self.state.upper().split()[0] in TIMEOUT_STATES if self.state else False
+
+
+def container_prefix(spec: RunSpec) -> list[str]:
+    """``apptainer exec [--nv] [--bind ...] IMAGE`` when the site runs jobs in a container."""
+    c = spec.site.container
+    if c.runtime == "none":
+        return []
+    cmd = [c.runtime, "exec"]
+    if c.nv and spec.resources.gpus > 0:
+        cmd.append("--nv")
+    for bind in c.binds:
+        cmd += ["--bind", bind]
+    cmd.append(str(c.image))
+    return cmd
+
+
+def job_python(spec: RunSpec, run_dir: Path) -> str:
+    """The command submitit starts instead of plain python (a shell-quoted string)."""
+    python = sys.executable if spec.site.container.runtime == "none" else "python3"
+    parts = container_prefix(spec) + profiler_prefix(spec, run_dir) + [python]
+    return shlex.join(parts)
+
+
+def make_executor(spec: RunSpec, run_dir: Path) -> Any:
+    """The submitit executor the site asks for, with the spec's resources."""
+    import submitit
+
+    site, res = spec.site, spec.resources
+    folder = run_dir / "submitit"
+    python = job_python(spec, run_dir)
+    name = f"hl-{spec.family}-{spec.experiment}-{spec.variant}"[:100]
+    if site.executor == "slurm":
+        from submitit.slurm import slurm as slurm_mod
+
+        # One sacct call per poll interval for all jobs of this process.
+        slurm_mod.SlurmJob.watcher = slurm_mod.SlurmInfoWatcher(
+            delay_s=max(1, int(site.poll_interval_s)))
+        ex = submitit.SlurmExecutor(folder=folder, python=python, max_num_timeout=0)
+        params: dict[str, Any] = dict(
+            job_name=name, time=res.time_min, cpus_per_task=res.cpus, mem=f"{int(res.mem_gb * 1024)}M",
+            ntasks_per_node=1, nodes=1, stderr_to_stdout=False,
+        )
+        if res.gpus:
+            params["gpus_per_node"] = res.gpus
+        s = site.slurm
+        for key in ("partition", "account", "qos", "constraint"):
+            if getattr(s, key):
+                params[key] = getattr(s, key)
+        if s.setup:
+            params["setup"] = list(s.setup)
+        if s.extra_sbatch:
+            params["additional_parameters"] = dict(s.extra_sbatch)
+        ex.update_parameters(**params)
+        return ex
+    if site.executor == "local":
+        ex = submitit.LocalExecutor(folder=folder, python=python, max_num_timeout=0)
+        ex.update_parameters(timeout_min=res.time_min, gpus_per_node=res.gpus,
+                             tasks_per_node=1, nodes=1)
+        return ex
+    if site.executor == "debug":
+        return submitit.DebugExecutor(folder=folder)
+    raise ValueError(f"{site.source}: executor: unknown executor {site.executor!r}")
+
+
+def _state(job: Any) -> str:
+    try:
+        return str(job.state)
+    except Exception:  # noqa: BLE001 - a scheduler hiccup must not lose the outcome
+        return "UNKNOWN"
+
+
+def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
+            on_submitted: Callable[[str], None] | None = None) -> JobOutcome:
+    """Submit ``func(*args)`` as a job for ``spec`` and wait, polling gently."""
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+
+    executor = make_executor(spec, run_dir)
+    job = executor.submit(func, *args)
+    job_id = str(job.job_id)
+    if on_submitted:
+        on_submitted(job_id)
+    poll = min(1.0, spec.site.poll_interval_s)
+    if spec.site.executor != "debug":
+        while not job.done():
+            time.sleep(poll)
+    outcome = JobOutcome(job_id=job_id if spec.site.executor == "slurm" else None, state="UNKNOWN")
+    try:
+        outcome.result = job.result()
+        outcome.state = "COMPLETED"
+    except UncompletedJobError as exc:
+        outcome.error = str(exc)
+        outcome.state = _final_state(job, default="FAILED")
+        if "timed-out" in str(exc) or "timeout" in str(exc).lower():
+            outcome.state = "TIMEOUT" if outcome.state in ("UNKNOWN", "FAILED") else outcome.state
+    except FailedJobError as exc:
+        outcome.error = str(exc)
+        outcome.state = _final_state(job, default="FAILED")
+    if spec.site.executor != "debug":
+        outcome.stdout, outcome.stderr = Path(job.paths.stdout), Path(job.paths.stderr)
+    return outcome
+
+
+def _final_state(job: Any, default: str) -> str:
+    """Ask the scheduler once more (forced) for the final state of a job that did not complete."""
+    try:
+        info = job.get_info(mode="force") if hasattr(job, "get_info") else {}
+        state = (info or {}).get("State") or (info or {}).get("jobState") or _state(job)
+    except Exception:  # noqa: BLE001
+        state = _state(job)
+    state = str(state).split()[0].upper() if state else default
+    if state in ("", "UNKNOWN", "RUNNING", "FINISHED", "COMPLETED"):
+        return default
+    return state

@@ -1,0 +1,64 @@
+"""What runs inside the job: fingerprint the node, run the workload, write the record.
+
+Never talks to the network. Outcomes are data: running out of memory is ``status: oom`` (a
+result); a bug is ``status: failed`` with ``traceback.txt``, and the exception still propagates so
+that the scheduler and submitit see a failed job.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hopperlab import record
+from hopperlab.record import Recorder, SkipRun, read_json, write_json_atomic, write_text_atomic
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    name = type(exc).__name__
+    if name in ("OutOfMemoryError", "OutOfMemory"):
+        return True
+    text = str(exc)
+    return "CUDA out of memory" in text or "cudaErrorMemoryAllocation" in text
+
+
+def slurm_identity() -> dict[str, Any] | None:
+    """The Slurm job this process runs in, from the environment Slurm sets."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return None
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    return {"job_id": job_id, "array_job_id": array, "node": os.environ.get("SLURMD_NODENAME"),
+            "partition": os.environ.get("SLURM_JOB_PARTITION"), "state": "RUNNING"}
+
+
+def execute(spec_path: str) -> dict[str, Any]:
+    """Run the spec at ``spec_path`` (a run directory's spec.json); return the record."""
+    spec_data = read_json(Path(spec_path))
+    run_dir = Path(spec_path).parent
+    identity = {k: spec_data[k] for k in ("key", "family", "experiment", "variant")}
+    rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)))
+    rec.slurm = slurm_identity()
+    try:
+        from hopperlab import hardware
+        from hopperlab.spec import RunSpec
+        from hopperlab.workloads import family_info
+
+        rec.hardware = hardware.fingerprint()
+        write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
+        spec = RunSpec.from_dict(spec_data)
+        workload = family_info(spec.family).load_entry()
+        workload(spec, rec)
+    except SkipRun as exc:
+        return rec.finish("skipped", str(exc))
+    except BaseException as exc:  # noqa: BLE001 - every way out must leave a record
+        if _is_oom(exc):
+            return rec.finish("oom", f"{type(exc).__name__}: {exc}"[:2000])
+        write_text_atomic(run_dir / record.TRACEBACK_FILE, traceback.format_exc())
+        rec.finish("failed", f"{type(exc).__name__}: {exc}"[:2000])
+        raise
+    return rec.finish("ok")

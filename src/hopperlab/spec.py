@@ -1,0 +1,441 @@
+"""Typed run specs: experiments/*.yaml + configs/config.yaml + a site file -> one RunSpec per run.
+
+Every config mistake is caught here, before anything is submitted, and reported with the file,
+the key path and what was expected (``SpecError``). The same code serves the Snakefile, the
+``hopperlab`` CLI and the job itself (which rebuilds its RunSpec from ``spec.json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from hopperlab.workloads import FAMILY_MODULES, family_info
+from hopperlab.workloads.base import FamilyInfo
+
+KNOB_DEFAULTS: dict[str, Any] = {
+    "num_workers": 0,
+    "offload": "none",
+    "memory": "device",
+    "precision": "bf16",
+    "profiler": "none",
+}
+SCALES = ("smoke", "full")
+DEFAULT_RESOURCES = {"gpus": 0, "cpus": 1, "mem_gb": 4.0, "time_min": 10}
+
+
+class SpecError(ValueError):
+    """A mistake in a config, site or experiments file, or an unknown target."""
+
+
+# --------------------------------------------------------------------------- typed specs
+@dataclass(frozen=True)
+class Knobs:
+    num_workers: int = 0
+    offload: str = "none"
+    memory: str = "device"
+    precision: str = "bf16"
+    profiler: str = "none"
+
+
+@dataclass(frozen=True)
+class Resources:
+    gpus: int = 0
+    cpus: int = 1
+    mem_gb: float = 4.0
+    time_min: int = 10
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    extra_sbatch: dict[str, Any] = field(default_factory=dict)
+    setup: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ContainerSettings:
+    runtime: str = "none"
+    image: str | None = None
+    binds: tuple[str, ...] = ()
+    nv: bool = True
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    name: str
+    executor: str
+    poll_interval_s: float
+    slurm: SlurmSettings
+    container: ContainerSettings
+    tracking_uri: str
+    nsys_path: str | None = None
+    allow_oversubscription: bool = False
+    max_time_min: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one job needs: identity, knobs, typed family params, resources, site."""
+
+    family: str
+    experiment: str
+    variant: str
+    scale: str
+    knobs: Knobs
+    params: Any  # the family's params dataclass instance
+    resources: Resources
+    site: SiteSpec
+    run_dir: str
+    baseline: str
+    description: str = ""
+    headline_metrics: tuple[str, ...] = ()
+    source: str = ""
+    git_commit: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.family}/{self.experiment}/{self.variant}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["key"] = self.key
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunSpec":
+        info = family_info(data["family"])
+        site = dict(data["site"])
+        site["slurm"] = SlurmSettings(**{**site["slurm"], "setup": tuple(site["slurm"]["setup"])})
+        site["container"] = ContainerSettings(
+            **{**site["container"], "binds": tuple(site["container"]["binds"])})
+        return cls(
+            family=data["family"], experiment=data["experiment"], variant=data["variant"],
+            scale=data["scale"], knobs=Knobs(**data["knobs"]),
+            params=build_params(info, data["params"], "spec.json", "params"),
+            resources=Resources(**data["resources"]), site=SiteSpec(**site),
+            run_dir=data["run_dir"], baseline=data["baseline"],
+            description=data.get("description", ""),
+            headline_metrics=tuple(data.get("headline_metrics", ())),
+            source=data.get("source", ""), git_commit=data.get("git_commit"),
+        )
+
+
+@dataclass
+class Matrix:
+    """The resolved experiment matrix: run key -> RunSpec, in file order."""
+
+    runs: dict[str, RunSpec]
+    config: dict[str, Any]
+    site: SiteSpec
+    root: Path
+
+    @property
+    def results_dir(self) -> Path:
+        return self.root / self.config["results_dir"]
+
+    def get(self, key: str) -> RunSpec:
+        try:
+            return self.runs[key]
+        except KeyError:
+            raise SpecError(unknown_target_message(key, self.runs)) from None
+
+    def experiments(self) -> list[tuple[str, str]]:
+        seen: dict[tuple[str, str], None] = {}
+        for spec in self.runs.values():
+            seen[(spec.family, spec.experiment)] = None
+        return list(seen)
+
+
+# --------------------------------------------------------------------------- validation
+def _schema(root: Path, name: str) -> dict[str, Any]:
+    return yaml.safe_load((root / "workflow" / "schemas" / name).read_text())
+
+
+def _key_path(parts: typing.Iterable[Any]) -> str:
+    return ".".join(str(p) for p in parts) or "(top level)"
+
+
+def validate_against_schema(data: Any, schema: Mapping[str, Any], source: str) -> None:
+    """Validate with jsonschema; raise SpecError naming file, key path and what was expected."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    if not errors:
+        return
+    lines = []
+    for err in errors[:5]:
+        path = list(err.absolute_path)
+        if err.validator == "additionalProperties":
+            allowed = sorted(err.schema.get("properties", {}))
+            extra = sorted(set(err.instance) - set(allowed))
+            for key in extra:
+                hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
+                lines.append(f"{source}: {_key_path(path + [key])}: unknown key{hint}")
+            continue
+        lines.append(f"{source}: {_key_path(path)}: {err.message}")
+    raise SpecError("\n".join(lines))
+
+
+def load_yaml(path: Path, what: str) -> Any:
+    if not path.exists():
+        raise SpecError(f"{path}: {what} file not found")
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+
+
+def _field_type_ok(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_field_type_ok(value, arg) for arg in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        inner = args[0] if args else Any
+        return isinstance(value, (list, tuple)) and all(_field_type_ok(v, inner) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def build_params(info: FamilyInfo, values: Mapping[str, Any], source: str, path: str) -> Any:
+    """The family's params dataclass from a mapping, refusing unknown names and wrong types."""
+    hints = typing.get_type_hints(info.params)
+    fields = {f.name: f for f in dataclasses.fields(info.params)}
+    for name, value in values.items():
+        if name not in fields:
+            raise SpecError(
+                f"{source}: {path}.{name}: unknown parameter of the {info.name} family; "
+                f"expected one of: {', '.join(sorted(fields))}")
+        if not _field_type_ok(value, hints[name]):
+            raise SpecError(
+                f"{source}: {path}.{name}: expected {_type_name(hints[name])}, "
+                f"got {type(value).__name__} {value!r}")
+    converted = {k: tuple(v) if isinstance(v, list) and typing.get_origin(hints[k]) is tuple else v
+                 for k, v in values.items()}
+    try:
+        return info.params(**converted)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{source}: {path}: {exc}") from None
+
+
+def check_knobs(info: FamilyInfo, knobs: Mapping[str, Any], source: str, path: str) -> Knobs:
+    """Refuse a knob the family does not implement, or a value it does not support."""
+    for name, value in knobs.items():
+        supported = info.supported_knobs.get(name)
+        if supported is None:
+            ok = ", ".join(sorted(info.supported_knobs)) or "none"
+            raise SpecError(
+                f"{source}: {path}.{name}: the {info.name} family does not support the knob "
+                f"{name!r} (its knobs: {ok})")
+        if name != "num_workers" and value not in supported:
+            raise SpecError(
+                f"{source}: {path}.{name}: the {info.name} family does not implement "
+                f"{name}={value!r}; expected one of: {', '.join(map(str, sorted(supported)))}")
+    return Knobs(**{**KNOB_DEFAULTS, **knobs})
+
+
+# --------------------------------------------------------------------------- loading
+def load_config(root: Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    path = root / "configs" / "config.yaml"
+    config = load_yaml(path, "platform config")
+    config.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if isinstance(config.get("families"), str):
+        config["families"] = [f for f in config["families"].split(",") if f]
+    if isinstance(config.get("only"), str):
+        config["only"] = [f for f in config["only"].split(",") if f]
+    validate_against_schema(config, _schema(root, "config.schema.yaml"),
+                            f"{path.relative_to(root)} (with --config overrides)")
+    return config
+
+
+def site_path(root: Path, site: str) -> Path:
+    if site.endswith((".yaml", ".yml")) or "/" in site:
+        return (root / site) if not Path(site).is_absolute() else Path(site)
+    return root / "configs" / "sites" / f"{site}.yaml"
+
+
+def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
+    path = site_path(root, site)
+    if not path.exists():
+        known = sorted(p.stem for p in (root / "configs" / "sites").glob("*.yaml"))
+        raise SpecError(f"configs/config.yaml: site: no site file {path} "
+                        f"(known sites: {', '.join(known)})")
+    data = load_yaml(path, "site")
+    validate_against_schema(data, _schema(root, "site.schema.yaml"), str(path))
+    slurm = data.get("slurm", {})
+    container = data.get("container", {})
+    if container.get("runtime", "none") != "none" and not container.get("image"):
+        raise SpecError(f"{path}: container.image: required when container.runtime is "
+                        f"{container['runtime']!r}")
+    uri = (data.get("tracking") or {}).get("uri") or \
+        f"sqlite:///{(root / results_dir / 'mlflow.db').resolve()}"
+    executor = data["executor"]
+    return SiteSpec(
+        name=path.stem, executor=executor,
+        poll_interval_s=float(data.get("poll_interval_s", 30.0 if executor == "slurm" else 0.5)),
+        slurm=SlurmSettings(
+            partition=slurm.get("partition"), account=slurm.get("account"),
+            qos=slurm.get("qos"), constraint=slurm.get("constraint"),
+            extra_sbatch=dict(slurm.get("extra_sbatch", {})),
+            setup=tuple(slurm.get("setup", ()))),
+        container=ContainerSettings(
+            runtime=container.get("runtime", "none"), image=container.get("image"),
+            binds=tuple(container.get("binds", ())), nv=container.get("nv", True)),
+        tracking_uri=uri, nsys_path=data.get("nsys_path"),
+        allow_oversubscription=bool(data.get("allow_oversubscription", False)),
+        max_time_min=data.get("max_time_min"),
+        env={k: str(v) for k, v in data.get("env", {}).items()},
+        source=str(path),
+    )
+
+
+def _site_resources(root: Path, site: SiteSpec, scale: str) -> dict[str, Any]:
+    data = load_yaml(Path(site.source), "site")
+    return dict((data.get("resources") or {}).get(scale) or {})
+
+
+def git_commit(root: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    commit = out.stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=5).stdout.strip()
+    return commit + ("-dirty" if dirty else "")
+
+
+def _selected(key: str, only: list[str]) -> bool:
+    return not only or any(key == sel or key.startswith(sel.rstrip("/") + "/") for sel in only)
+
+
+def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: SiteSpec,
+                     commit: str | None) -> list[RunSpec]:
+    path = root / "experiments" / f"{family}.yaml"
+    source = str(path.relative_to(root))
+    if family not in FAMILY_MODULES:
+        raise SpecError(f"configs/config.yaml: families: unknown family {family!r}; "
+                        f"known families: {', '.join(sorted(FAMILY_MODULES))}")
+    data = load_yaml(path, "experiments")
+    validate_against_schema(data, _schema(root, "experiments.schema.yaml"), source)
+    if data["family"] != family:
+        raise SpecError(f"{source}: family: is {data['family']!r}, expected {family!r} "
+                        f"(the file name)")
+    info = family_info(family)
+    scale = config["scale"]
+    base_resources = {**DEFAULT_RESOURCES, **_site_resources(root, site, scale)}
+    runs = []
+    for exp_name, exp in data["experiments"].items():
+        exp_path = f"experiments.{exp_name}"
+        if exp["baseline"] not in exp["variants"]:
+            raise SpecError(f"{source}: {exp_path}.baseline: {exp['baseline']!r} is not one of "
+                            f"its variants ({', '.join(exp['variants'])})")
+        scale_block = exp["scales"][scale]
+        for var_name, var in exp["variants"].items():
+            var_path = f"{exp_path}.variants.{var_name}"
+            knobs = {k: var[k] for k in KNOB_DEFAULTS if k in var}
+            merged_params = {**exp.get("params", {}), **scale_block.get("params", {}),
+                             **var.get("params", {})}
+            params = build_params(info, merged_params, source, f"{var_path}.params")
+            resources = Resources(**{**base_resources, **exp.get("resources", {}),
+                                     **scale_block.get("resources", {}),
+                                     **var.get("resources", {})})
+            if site.max_time_min and resources.time_min > site.max_time_min:
+                raise SpecError(
+                    f"{source}: {var_path}: asks for {resources.time_min} min at scale {scale}, "
+                    f"over the site's max_time_min {site.max_time_min} ({site.source})")
+            spec = RunSpec(
+                family=family, experiment=exp_name, variant=var_name, scale=scale,
+                knobs=check_knobs(info, knobs, source, var_path), params=params,
+                resources=resources, site=site,
+                run_dir=str(Path(config["results_dir"]) / family / exp_name / var_name),
+                baseline=exp["baseline"], description=var.get("description", exp.get("description", "")),
+                headline_metrics=info.headline_metrics, source=source, git_commit=commit)
+            if _selected(spec.key, list(config.get("only") or [])):
+                runs.append(spec)
+    return runs
+
+
+def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) -> Matrix:
+    """Resolve the whole matrix; raise SpecError on the first mistake found."""
+    root = Path(root).resolve()
+    config = load_config(root, overrides)
+    site = load_site(root, config["site"], config["results_dir"])
+    commit = git_commit(root)
+    runs: dict[str, RunSpec] = {}
+    for family in config["families"]:
+        for spec in load_family_runs(root, family, config, site, commit):
+            runs[spec.key] = spec
+    for sel in config.get("only") or []:
+        if not any(_selected(k, [sel]) for k in runs):
+            raise SpecError(f"configs/config.yaml: only: {sel!r} selects no run")
+    return Matrix(runs=runs, config=config, site=site, root=root)
+
+
+def unknown_target_message(key: str, runs: Mapping[str, RunSpec]) -> str:
+    parts = key.split("/")
+    families = sorted({s.family for s in runs.values()})
+    if len(parts) != 3:
+        return f"{key!r}: a run is named family/experiment/variant"
+    fam, exp, var = parts
+    if fam not in families:
+        return f"{key}: unknown family {fam!r}; in the matrix: {', '.join(families)}"
+    exps = sorted({s.experiment for s in runs.values() if s.family == fam})
+    if exp not in exps:
+        return f"{key}: experiments/{fam}.yaml has no experiment {exp!r}; it has: {', '.join(exps)}"
+    vars_ = [s.variant for s in runs.values() if s.family == fam and s.experiment == exp]
+    return (f"{key}: experiments/{fam}.yaml: experiments.{exp} has no variant {var!r}; "
+            f"it has: {', '.join(vars_)}")
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The project root: the nearest folder upward holding configs/config.yaml and a Snakefile."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "configs" / "config.yaml").exists() and (folder / "Snakefile").exists():
+            return folder
+    raise SpecError(f"{here}: not inside a hopperlab project (no configs/config.yaml + Snakefile "
+                    f"found upward); pass --root")
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts to dotted keys (lists stay values): for MLflow params and tables."""
+    out: dict[str, Any] = {}
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    out[prefix[:-1]] = data
+    return out

@@ -1,0 +1,71 @@
+"""Small helpers the Snakefile calls, kept here so that they are tested without Snakemake."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Mapping
+
+from hopperlab.record import FAILURE_FILE, METRICS_FILE
+from hopperlab.spec import Matrix, SpecError, unknown_target_message
+
+#: config keys forwarded to `hopperlab` on each rule's command line
+FORWARDED_KEYS = ("site", "scale", "results_dir", "families", "only")
+
+
+def config_args(config: Mapping[str, Any]) -> str:
+    """``KEY=VALUE`` words that rebuild the same matrix in the `hopperlab` subprocess."""
+    words = []
+    for key in FORWARDED_KEYS:
+        value = config.get(key)
+        if value is None or value == []:
+            continue
+        if isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
+        words.append(shlex.quote(f"{key}={value}"))
+    return " ".join(words)
+
+
+def run_key(matrix: Matrix, wildcards: Any) -> str:
+    """The run key of a target's wildcards; an unknown target stops the workflow with a reason."""
+    key = f"{wildcards.family}/{wildcards.experiment}/{wildcards.variant}"
+    if key not in matrix.runs:
+        raise SpecError(unknown_target_message(key, matrix.runs))
+    return key
+
+
+def spec_fingerprint(matrix: Matrix, wildcards: Any) -> str:
+    """A hash of the resolved spec (without the git commit), so that a changed spec reruns."""
+    data = matrix.get(run_key(matrix, wildcards)).to_dict()
+    data.pop("git_commit", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def tracking_marker(matrix: Matrix) -> str:
+    """Marker of `prepare-tracking`, one per tracking URI (a new server gets prepared too)."""
+    digest = hashlib.sha256(matrix.site.tracking_uri.encode()).hexdigest()[:12]
+    return f"{matrix.config['results_dir']}/.hopperlab/tracking-{digest}.json"
+
+
+def run_output_paths(matrix: Matrix) -> list[str]:
+    return [f"{spec.run_dir}/{METRICS_FILE}" for spec in matrix.runs.values()]
+
+
+def refresh_report_if_stale(matrix: Matrix) -> bool:
+    """Rebuild summary.csv/report.html when a run record is newer than them; True if rebuilt."""
+    results = matrix.results_dir
+    summary = results / "summary.csv"
+    newest = 0.0
+    for spec in matrix.runs.values():
+        for name in (METRICS_FILE, FAILURE_FILE):
+            path = matrix.root / spec.run_dir / name
+            if path.exists():
+                newest = max(newest, path.stat().st_mtime)
+    if newest == 0.0 or (summary.exists() and summary.stat().st_mtime >= newest):
+        return False
+    from hopperlab.report import build_report
+
+    build_report(results)
+    return True

@@ -1,0 +1,38 @@
+"""selftest: trivial runs that exercise the platform itself, not the hardware.
+
+Used to measure the platform's own cost per run (benchmarks/platform.py) and to check how it
+handles faults for real: a job that raises, that runs out of memory, that outlives its time
+limit. Not part of the default matrix (configs/config.yaml ``families``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hopperlab.workloads.base import FamilyInfo
+
+ACTIONS = ("ok", "raise", "oom", "sleep", "skip")
+
+
+@dataclass(frozen=True)
+class SelftestParams:
+    #: ok: log steps and finish; raise: a bug (RuntimeError); oom: MemoryError;
+    #: sleep: sleep ``sleep_s`` (for time limits and cancels); skip: SkipRun
+    action: str = "ok"
+    steps: int = 3
+    sleep_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"action must be one of {', '.join(ACTIONS)}, not {self.action!r}")
+        if self.steps < 0 or self.sleep_s < 0:
+            raise ValueError("steps and sleep_s must be >= 0")
+
+
+FAMILY = FamilyInfo(
+    name="selftest",
+    entry="hopperlab.workloads.selftest.workload:run",
+    supported_knobs={"profiler": frozenset({"none"})},
+    params=SelftestParams,
+    headline_metrics=("value",),
+)

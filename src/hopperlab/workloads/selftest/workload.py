@@ -1,0 +1,23 @@
+"""The selftest workload: does exactly what its ``action`` says, and nothing heavy."""
+
+from __future__ import annotations
+
+import time
+
+from hopperlab.record import Recorder, SkipRun
+
+
+def run(spec, recorder: Recorder) -> None:
+    p = spec.params
+    for step in range(p.steps):
+        recorder.log_step(step, value=float(step), loss=1.0 / (step + 1))
+    if p.sleep_s:
+        time.sleep(p.sleep_s)
+    if p.action == "raise":
+        raise RuntimeError(f"selftest: deliberate failure in {spec.experiment}/{spec.variant}")
+    if p.action == "oom":
+        raise MemoryError("selftest: deliberate out-of-memory")
+    if p.action == "skip":
+        raise SkipRun("selftest: deliberately skipped")
+    recorder.log_metric("value", float(p.steps))
+    recorder.log_metric("steps", float(p.steps))

@@ -1,0 +1,49 @@
+"""Shared test helpers: a scratch copy of the project to break configs in, subprocess runners."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT_PARTS = ("Snakefile", "configs", "experiments", "workflow", "profiles")
+
+
+def copy_project(dest: Path) -> Path:
+    """Copy what a run needs (not results/) into ``dest``; return it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for part in PROJECT_PARTS:
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part)
+        else:
+            shutil.copy(src, dest / part)
+    return dest
+
+
+def edit_yaml(path: Path, change) -> None:
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 900
+        ) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def snakemake(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 900
+              ) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "snakemake", *args], cwd, env, timeout)
+
+
+def hopperlab(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 600
+              ) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "hopperlab.cli", *args], cwd, env, timeout)

@@ -1,0 +1,130 @@
+"""Config mistakes stop everything before submission, naming the file, the key and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hopperlab.spec import RunSpec, SpecError, flatten, load_matrix
+from hopperlab.workflow_support import run_key
+from tests.helpers import REPO, copy_project, edit_yaml, snakemake
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return copy_project(tmp_path / "project")
+
+
+def _error(project: Path, **overrides) -> str:
+    with pytest.raises(SpecError) as info:
+        load_matrix(project, overrides)
+    return str(info.value)
+
+
+def test_default_matrix_resolves_every_variant_at_both_scales():
+    for scale in ("smoke", "full"):
+        matrix = load_matrix(REPO, {"scale": scale})
+        assert "membench/copy/h2d-pinned" in matrix.runs
+        assert "membench/alloc/managed" in matrix.runs
+        spec = matrix.runs["membench/alloc/managed"]
+        assert spec.knobs.memory == "managed" and spec.scale == scale
+        assert spec.run_dir == "results/membench/alloc/managed"
+    smoke = load_matrix(REPO, {"scale": "smoke"}).runs["membench/copy/h2d-pinned"]
+    full = load_matrix(REPO, {"scale": "full"}).runs["membench/copy/h2d-pinned"]
+    assert max(full.params.sizes_mb) > max(smoke.params.sizes_mb)
+    assert full.resources.gpus == 1
+
+
+def test_spec_round_trips_through_json_form():
+    spec = load_matrix(REPO).runs["membench/copy/bidir-pinned"]
+    again = RunSpec.from_dict(spec.to_dict())
+    assert again == spec
+    flat = flatten(spec.to_dict())
+    assert flat["knobs.memory"] == "device" and "params.sizes_mb" in flat
+
+
+def test_unknown_key_in_experiments_names_file_and_key_path(project):
+    edit_yaml(project / "experiments/membench.yaml",
+              lambda d: d["experiments"]["copy"]["variants"]["h2d-pinned"].update(memroy="device"))
+    msg = _error(project)
+    assert "experiments/membench.yaml" in msg
+    assert "experiments.copy.variants.h2d-pinned.memroy: unknown key" in msg
+    assert "memory" in msg  # what was expected
+
+
+def test_unknown_parameter_and_wrong_type_are_refused(project):
+    path = project / "experiments/membench.yaml"
+    edit_yaml(path, lambda d: d["experiments"]["copy"]["variants"]["h2d-pinned"]["params"]
+              .update(direcion="h2d"))
+    msg = _error(project)
+    assert "experiments.copy.variants.h2d-pinned.params.direcion: unknown parameter" in msg
+    edit_yaml(path, lambda d: d["experiments"]["copy"]["variants"]["h2d-pinned"]["params"]
+              .pop("direcion"))
+    edit_yaml(path, lambda d: d["experiments"]["copy"]["scales"]["smoke"]["params"]
+              .update(repeats="three"))
+    msg = _error(project)
+    assert "params.repeats: expected int" in msg and "'three'" in msg
+
+
+def test_unsupported_knob_and_unknown_knob_value(project):
+    path = project / "experiments/membench.yaml"
+    edit_yaml(path, lambda d: d["experiments"]["copy"]["variants"]["h2d-pinned"]
+              .update(offload="activations"))
+    msg = _error(project)
+    assert "membench family does not support the knob 'offload'" in msg
+    assert "experiments.copy.variants.h2d-pinned.offload" in msg
+    edit_yaml(path, lambda d: d["experiments"]["copy"]["variants"]["h2d-pinned"]
+              .update(offload="none", memory="mananged"))
+    edit_yaml(path, lambda d: d["experiments"]["copy"]["variants"]["h2d-pinned"].pop("offload"))
+    msg = _error(project)
+    assert "experiments.copy.variants.h2d-pinned.memory" in msg and "mananged" in msg
+
+
+def test_baseline_must_be_a_variant(project):
+    edit_yaml(project / "experiments/membench.yaml",
+              lambda d: d["experiments"]["copy"].update(baseline="nope"))
+    assert "experiments.copy.baseline: 'nope' is not one of its variants" in _error(project)
+
+
+def test_unknown_site_family_scale_and_site_typo(project):
+    assert "no site file" in _error(project, site="nowhere")
+    assert "local" in _error(project, site="nowhere")  # the known sites are listed
+    assert "unknown family 'membnech'" in _error(project, families="membnech")
+    assert "scale" in _error(project, scale="huge")
+    edit_yaml(project / "configs/sites/local.yaml", lambda d: d.update(excutor="local"))
+    msg = _error(project)
+    assert "configs/sites/local.yaml" in msg and "excutor: unknown key" in msg
+
+
+def test_unknown_target_names_what_exists():
+    matrix = load_matrix(REPO)
+
+    class WC:
+        family, experiment, variant = "membench", "copy", "h2d-pinnned"
+
+    with pytest.raises(SpecError) as info:
+        run_key(matrix, WC)
+    assert "has no variant 'h2d-pinnned'" in str(info.value) and "h2d-pinned" in str(info.value)
+
+
+def test_only_selects_a_subset_and_refuses_an_empty_selection(project):
+    matrix = load_matrix(project, {"only": "membench/copy"})
+    assert matrix.runs and all(k.startswith("membench/copy/") for k in matrix.runs)
+    assert "selects no run" in _error(project, only="membench/nothing")
+
+
+def test_snakemake_stops_before_submitting_on_a_typo(project):
+    edit_yaml(project / "experiments/membench.yaml",
+              lambda d: d["experiments"]["alloc"].update(varaints={}))
+    out = snakemake(["--cores", "1"], project)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert "experiments/membench.yaml" in text and "experiments.alloc.varaints" in text
+    assert not (project / "results").exists()  # nothing was submitted
+
+
+def test_snakemake_rejects_unknown_target_variant(project):
+    out = snakemake(["--cores", "1", "results/membench/copy/h2d-pinnned/metrics.json"], project)
+    assert out.returncode != 0
+    assert "has no variant 'h2d-pinnned'" in out.stdout + out.stderr

@@ -1,0 +1,26 @@
+# One rule runs every run of the matrix: `hopperlab submit` submits it through submitit to the
+# site's executor (Slurm or a local subprocess), waits, settles its record and uploads it.
+
+
+rule prepare_tracking:
+    output:
+        TRACKING_MARKER,
+    shell:
+        "{HOPPERLAB} prepare-tracking --config {CONFIG_ARGS} --touch {output}"
+
+
+rule run:
+    input:
+        TRACKING_MARKER,
+    output:
+        f"{RESULTS}/{{family}}/{{experiment}}/{{variant}}/metrics.json",
+    params:
+        key=lambda wc: run_key(MATRIX, wc),
+        # a change of the resolved spec (params, knobs, resources, site) reruns the run
+        spec=lambda wc: spec_fingerprint(MATRIX, wc),
+    wildcard_constraints:
+        family="[a-z0-9][a-z0-9._-]*",
+        experiment="[a-z0-9][a-z0-9._-]*",
+        variant="[a-z0-9][a-z0-9._-]*",
+    shell:
+        "{HOPPERLAB} submit {params.key} --config {CONFIG_ARGS}"
