@@ -91,7 +91,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
     matrix = _matrix(args)
     report = tracking.sync(matrix.results_dir, matrix.site.tracking_uri)
-    print(f"[hopperlab] sync to {tracking.display_uri(matrix.site.tracking_uri)}: {report}")
+    print(f"[hopperlab] sync to {tracking.redact_uri(matrix.site.tracking_uri)}: {report}")
     return 1 if report.failed else 0
 
 

@@ -1,0 +1,153 @@
+"""The default matrix end to end on this machine: snakemake -> submitit (local) -> run dirs ->
+MLflow (SQLite) -> summary.csv and report.html, then a rerun of one target, then faults."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from hopperlab.spec import load_matrix
+from tests.helpers import copy_project, hopperlab, snakemake
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _client(project: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{project / 'results' / 'mlflow.db'}")
+
+
+def _children(client: MlflowClient, family: str, experiment: str) -> list:
+    exp = client.get_experiment_by_name(family)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    return [r for r in runs if r.data.tags.get("hopperlab.experiment") == experiment
+            and r.data.tags.get("hopperlab.role") != "parent"]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    project = copy_project(tmp_path_factory.mktemp("smoke") / "project")
+    t0 = time.monotonic()
+    out = snakemake(["--cores", "2"], project)
+    elapsed = time.monotonic() - t0
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    print(f"default smoke matrix: {elapsed:.1f} s")
+    return project, elapsed
+
+
+def test_every_run_of_the_matrix_has_a_record(smoke):
+    project, _ = smoke
+    matrix = load_matrix(project)
+    assert len(matrix.runs) >= 10
+    for key, spec in matrix.runs.items():
+        run_dir = project / spec.run_dir
+        rec = json.loads((run_dir / "metrics.json").read_text())
+        assert rec["key"] == key and rec["attempt"] == 1
+        assert rec["status"] in ("ok", "skipped"), (key, rec["reason"])
+        assert rec["hardware"]["cpu_arch"] and rec["hardware"]["hostname"]
+        assert (run_dir / "spec.json").exists() and (run_dir / "logs" / "job.out").exists()
+        if rec["status"] == "ok":
+            assert rec["metrics"], key
+            assert (run_dir / "steps.jsonl").read_text().strip(), key
+        else:
+            assert rec["reason"], key
+    # the CPU stand-ins measure something real on a machine without a GPU
+    host = json.loads((project / "results/membench/alloc/host/metrics.json").read_text())
+    assert host["status"] == "ok" and any(v > 0 for v in host["metrics"].values())
+
+
+def test_smoke_matrix_stays_under_five_minutes(smoke):
+    assert smoke[1] < 300
+
+
+def test_summary_and_report_cover_every_run(smoke):
+    project, _ = smoke
+    rows = list(csv.DictReader(open(project / "results" / "summary.csv")))
+    keys = {f"{r['family']}/{r['experiment']}/{r['variant']}" for r in rows}
+    assert keys == set(load_matrix(project).runs)
+    html = (project / "results" / "report.html").read_text()
+    assert "h2d-pinned" in html and "data:image/png;base64," in html
+
+
+def test_mlflow_has_one_experiment_per_family_parents_and_children(smoke):
+    project, _ = smoke
+    client = _client(project)
+    exp = client.get_experiment_by_name("membench")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = {r.info.run_name: r for r in runs if r.data.tags.get("hopperlab.role") == "parent"}
+    assert set(parents) == {"copy", "alloc"}
+    children = _children(client, "membench", "copy")
+    assert {r.data.tags["hopperlab.variant"] for r in children} == {
+        "h2d-pageable", "h2d-pinned", "d2h-pageable", "d2h-pinned", "bidir-pageable",
+        "bidir-pinned"}
+    child = next(r for r in children if r.data.tags["hopperlab.variant"] == "h2d-pinned")
+    assert child.data.tags["mlflow.parentRunId"] == parents["copy"].info.run_id
+    for tag in ("hopperlab.family", "hopperlab.status", "hostname", "cpu_arch", "git_commit"):
+        assert tag in child.data.tags, tag
+    assert child.data.params["knobs.memory"] == "device"
+    assert child.data.params["params.direction"] == "h2d"
+    artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
+    assert "logs" in artifacts and "spec.json" in artifacts
+
+
+def test_rerun_of_one_target_reruns_exactly_that_run(smoke):
+    project, _ = smoke
+    target = project / "results/membench/copy/h2d-pinned/metrics.json"
+    others = {p: p.stat().st_mtime_ns for p in (project / "results").glob("*/*/*/metrics.json")
+              if p != target}
+    summary_before = (project / "results/summary.csv").stat().st_mtime_ns
+    out = snakemake([str(target.relative_to(project)), "--cores", "2", "--forcerun"], project)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(target.read_text())["attempt"] == 2
+    assert (target.parent / "attempts" / "1" / "metrics.json").exists()
+    assert all(p.stat().st_mtime_ns == m for p, m in others.items())
+    client = _client(project)
+    runs = [r for r in _children(client, "membench", "copy")
+            if r.data.tags["hopperlab.variant"] == "h2d-pinned"]
+    assert sorted(r.data.tags["hopperlab.attempt"] for r in runs) == ["1", "2"]
+    assert (project / "results/summary.csv").stat().st_mtime_ns > summary_before
+    rows = [r for r in csv.DictReader(open(project / "results/summary.csv"))
+            if r["variant"] == "h2d-pinned"]
+    assert rows[0]["attempt"] == "2"
+
+
+def test_dry_run_and_list_show_the_matrix(smoke, tmp_path):
+    project = copy_project(tmp_path / "fresh")
+    out = snakemake(["-n", "--cores", "2"], project)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout + out.stderr
+    assert "run" in text and "prepare_tracking" in text and "report" in text
+    listing = hopperlab(["list", "--json"], project)
+    assert listing.returncode == 0, listing.stderr
+    rows = json.loads(listing.stdout)
+    assert {(r["family"], r["experiment"], r["variant"]) for r in rows} >= {
+        ("membench", "copy", "h2d-pinned"), ("membench", "alloc", "managed")}
+    assert all("gpus" in r["resources"] for r in rows)
+    assert not (project / "results").exists()
+
+
+def test_faults_keep_the_workflow_going_and_leave_records(tmp_path):
+    project = copy_project(tmp_path / "faults")
+    only = ",".join(f"selftest/faults/{v}" for v in ("ok", "raises", "oom", "skipped"))
+    out = snakemake(["--cores", "2", "--keep-going", "--config", "families=selftest",
+                     f"only={only}"], project)
+    assert out.returncode != 0  # one rule failed
+    base = project / "results/selftest/faults"
+    status = {v: json.loads(((base / v / "metrics.json") if (base / v / "metrics.json").exists()
+                             else (base / v / "failure.json")).read_text())["status"]
+              for v in ("ok", "raises", "oom", "skipped")}
+    assert status == {"ok": "ok", "raises": "failed", "oom": "oom", "skipped": "skipped"}
+    assert not (base / "raises" / "metrics.json").exists()  # Snakemake removed the failed output
+    assert "deliberate failure" in (base / "raises" / "traceback.txt").read_text()
+    client = _client(project)
+    runs = {r.data.tags["hopperlab.variant"]: r for r in _children(client, "selftest", "faults")}
+    assert runs["raises"].info.status == "FAILED"
+    assert runs["oom"].info.status == "FINISHED"
+    assert "traceback.txt" in {a.path for a in client.list_artifacts(runs["raises"].info.run_id)}
+    html = (project / "results/report.html").read_text()  # written by onerror
+    assert "raises" in html and "failed" in html
