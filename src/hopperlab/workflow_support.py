@@ -44,8 +44,10 @@ def spec_fingerprint(matrix: Matrix, wildcards: Any) -> str:
 
 
 def tracking_marker(matrix: Matrix) -> str:
-    """Marker of `prepare-tracking`, one per tracking URI (a new server gets prepared too)."""
-    digest = hashlib.sha256(matrix.site.tracking_uri.encode()).hexdigest()[:12]
+    """Marker of `prepare-tracking`, one per tracking URI and set of experiments: a new server or
+    a new family is prepared before its runs, so that no two jobs race to create it."""
+    what = json.dumps([matrix.site.tracking_uri, sorted(matrix.experiments())])
+    digest = hashlib.sha256(what.encode()).hexdigest()[:12]
     return f"{matrix.config['results_dir']}/.hopperlab/tracking-{digest}.json"
 
 
