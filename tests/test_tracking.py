@@ -1,0 +1,473 @@
+"""hopperlab.tracking against a real MLflow server (tests.infra.mlflow_fixture), read back."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from hopperlab import tracking
+from hopperlab.record import MLFLOW_FILE, Recorder, write_json_atomic
+from hopperlab.tracking import TrackingUnavailable
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.mlflow_server]
+
+
+# -- helpers --------------------------------------------------------------------------------------
+def uid() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def make_run(results: Path, family: str, experiment: str, variant: str, *, attempt: int = 1,
+             status: str = "ok", reason: str | None = None, steps: int = 5,
+             step_metrics: tuple[str, ...] = ("bw_gbps",), final: dict | None = None,
+             traceback: str | None = None, spec_extra: dict | None = None) -> Path:
+    run_dir = results / family / experiment / variant
+    spec = {
+        "family": family, "experiment": experiment, "variant": variant, "scale": "small",
+        "knobs": {"memory": "pinned", "direction": "h2d"},
+        "params": {"sizes_mb": [64, 256, 1024], "repeats": 3},
+        "resources": {"gpus": 1, "time_min": 10},
+        "git_commit": "0123abc",
+        **(spec_extra or {}),
+    }
+    write_json_atomic(run_dir / "spec.json", spec)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs" / "job.out").write_text(f"stdout of {variant}\n")
+    (run_dir / "logs" / "job.err").write_text("")
+    rec = Recorder(run_dir, identity={"key": f"{family}/{experiment}/{variant}", "family": family,
+                                      "experiment": experiment, "variant": variant},
+                   attempt=attempt)
+    rec.hardware = {"hostname": "gpu-node-07", "cpu_model": "Xeon", "cpu_arch": "x86_64",
+                    "gpu_model": "NVIDIA H100 80GB HBM3"}
+    write_json_atomic(run_dir / "hardware.json", rec.hardware)
+    rec.slurm = {"job_id": "4242", "state": "COMPLETED"}
+    rec.set_tag("membench.target", "cuda")
+    for i in range(steps):
+        rec.log_step(i, **{name: 10.0 * i + k for k, name in enumerate(step_metrics)})
+    rec.log_metrics(final if final is not None else {"bw_gbps_peak": 54.8, "latency_us": 3.25})
+    rec.artifact_path("table.csv").write_text("size_mb,gbps\n64,50.1\n")
+    if traceback:
+        (run_dir / "traceback.txt").write_text(traceback)
+    rec.finish(status, reason)
+    return run_dir
+
+
+def child_runs(client, experiment_id: str, **tags) -> list:
+    flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    return client.search_runs([experiment_id], filter_string=flt)
+
+
+def all_artifacts(client, run_id: str, path: str | None = None) -> set[str]:
+    out = set()
+    for info in client.list_artifacts(run_id, path):
+        if info.is_dir:
+            out |= all_artifacts(client, run_id, info.path)
+        else:
+            out.add(info.path)
+    return out
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+# -- one run --------------------------------------------------------------------------------------
+def test_upload_contents(mlflow_uri, tmp_path):
+    fam, exp = f"membench-{uid()}", "copy"
+    run_dir = make_run(tmp_path, fam, exp, "h2d-pinned")
+    run_id = tracking.upload_run(run_dir, mlflow_uri)
+
+    client = mlflow.MlflowClient(mlflow_uri)
+    run = client.get_run(run_id)
+    assert run.info.run_name == "h2d-pinned"
+    assert run.info.status == "FINISHED"
+
+    # params: the spec, flattened to dotted keys
+    p = run.data.params
+    assert p["knobs.memory"] == "pinned"
+    assert p["knobs.direction"] == "h2d"
+    assert json.loads(p["params.sizes_mb"]) == [64, 256, 1024]
+    assert p["params.repeats"] == "3"
+    assert p["resources.gpus"] == "1"
+    assert p["scale"] == "small"
+
+    # step metrics with their steps; final metrics
+    hist = client.get_metric_history(run_id, "bw_gbps")
+    assert sorted((m.step, m.value) for m in hist) == [(i, 10.0 * i) for i in range(5)]
+    assert all(m.timestamp > 1_600_000_000_000 for m in hist)
+    assert run.data.metrics["bw_gbps_peak"] == pytest.approx(54.8)
+    assert run.data.metrics["latency_us"] == pytest.approx(3.25)
+
+    # tags
+    t = run.data.tags
+    assert t["hopperlab.family"] == fam
+    assert t["hopperlab.experiment"] == exp
+    assert t["hopperlab.variant"] == "h2d-pinned"
+    assert t["hopperlab.attempt"] == "1"
+    assert t["hopperlab.status"] == "ok"
+    assert "hopperlab.reason" not in t
+    assert t["hopperlab.run_key"] == f"{fam}/{exp}/h2d-pinned#1"
+    assert t["hopperlab.uploaded"] == "true"
+    assert t["hostname"] == "gpu-node-07"
+    assert t["gpu_model"] == "NVIDIA H100 80GB HBM3"
+    assert t["cpu_arch"] == "x86_64"
+    assert t["git_commit"] == "0123abc"
+    assert t["slurm_job_id"] == "4242"
+    assert t["membench.target"] == "cuda"
+
+    # parent/child structure: experiment = family, parent run = experiment
+    experiment = client.get_experiment_by_name(fam)
+    assert run.info.experiment_id == experiment.experiment_id
+    parents = child_runs(client, experiment.experiment_id, **{"hopperlab.role": "parent"})
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.run_name == exp
+    assert parent.data.tags["hopperlab.family"] == fam
+    assert parent.data.tags["hopperlab.experiment"] == exp
+    assert t["mlflow.parentRunId"] == parent.info.run_id
+
+    # artifacts
+    arts = all_artifacts(client, run_id)
+    assert {"logs/job.out", "logs/job.err", "spec.json", "metrics.json", "hardware.json",
+            "artifacts/table.csv"} <= arts
+    assert "traceback.txt" not in arts and "failure.json" not in arts
+
+    # mlflow.json
+    info = json.loads((run_dir / MLFLOW_FILE).read_text())
+    assert info == {"attempt": 1, "run_id": run_id, "experiment_id": experiment.experiment_id,
+                    "tracking_uri": mlflow_uri}
+
+
+def test_failed_run(mlflow_uri, tmp_path):
+    fam = f"membench-{uid()}"
+    tb = "Traceback (most recent call last):\n  ...\nRuntimeError: boom\n"
+    run_dir = make_run(tmp_path, fam, "copy", "d2h", status="failed", reason="RuntimeError: boom",
+                       traceback=tb, final={})
+    run_id = tracking.upload_run(run_dir, mlflow_uri)
+    client = mlflow.MlflowClient(mlflow_uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["hopperlab.status"] == "failed"
+    assert run.data.tags["hopperlab.reason"] == "RuntimeError: boom"
+    arts = all_artifacts(client, run_id)
+    assert {"traceback.txt", "failure.json", "metrics.json"} <= arts
+    local = Path(client.download_artifacts(run_id, "traceback.txt", str(tmp_path / "dl")))
+    assert local.read_text() == tb
+
+
+@pytest.mark.parametrize("status,expected", [("oom", "FINISHED"), ("skipped", "FINISHED"),
+                                             ("timeout", "FAILED")])
+def test_status_mapping(mlflow_uri, tmp_path, status, expected):
+    run_dir = make_run(tmp_path, f"membench-{uid()}", "copy", "v", status=status,
+                       reason=f"because {status}", final={})
+    run = mlflow.MlflowClient(mlflow_uri).get_run(tracking.upload_run(run_dir, mlflow_uri))
+    assert run.info.status == expected
+    assert run.data.tags["hopperlab.reason"] == f"because {status}"
+
+
+def test_upload_twice_creates_one_run(mlflow_uri, tmp_path):
+    fam = f"membench-{uid()}"
+    run_dir = make_run(tmp_path, fam, "copy", "h2d")
+    first = tracking.upload_run(run_dir, mlflow_uri)
+    (run_dir / MLFLOW_FILE).unlink()  # even without mlflow.json, the server is asked first
+    second = tracking.upload_run(run_dir, mlflow_uri)
+    assert first == second
+    client = mlflow.MlflowClient(mlflow_uri)
+    exp_id = client.get_experiment_by_name(fam).experiment_id
+    assert len(child_runs(client, exp_id, **{"hopperlab.variant": "h2d"})) == 1
+    assert len(client.search_runs([exp_id])) == 2  # the parent and the child
+
+
+def test_half_upload_is_redone(mlflow_uri, tmp_path):
+    fam = f"membench-{uid()}"
+    run_dir = make_run(tmp_path, fam, "copy", "h2d")
+    tracking.prepare(mlflow_uri, [(fam, "copy")])
+    client = mlflow.MlflowClient(mlflow_uri)
+    exp_id = client.get_experiment_by_name(fam).experiment_id
+    # An upload that died after create_run: the key tag, no "uploaded" tag.
+    dead = client.create_run(exp_id, run_name="h2d",
+                             tags={"hopperlab.run_key": f"{fam}/copy/h2d#1"}).info.run_id
+    run_id = tracking.upload_run(run_dir, mlflow_uri)
+    assert run_id != dead
+    assert client.get_run(dead).info.lifecycle_stage == "deleted"
+    live = child_runs(client, exp_id, **{"hopperlab.run_key": f"{fam}/copy/h2d#1"})
+    assert [r.info.run_id for r in live] == [run_id]
+    assert live[0].data.tags["hopperlab.uploaded"] == "true"
+
+
+def test_attempt_two_is_a_second_child(mlflow_uri, tmp_path):
+    fam = f"membench-{uid()}"
+    run_dir = make_run(tmp_path, fam, "copy", "h2d", status="timeout", reason="time limit",
+                       final={})
+    first = tracking.upload_run(run_dir, mlflow_uri)
+    # hopperlab submit moves attempt 1 aside, then attempt 2 runs in the run dir.
+    archive = run_dir / "attempts" / "1"
+    archive.mkdir(parents=True)
+    for p in list(run_dir.iterdir()):
+        if p.name != "attempts" and p.name != "spec.json":
+            shutil.move(str(p), archive / p.name)
+    shutil.copy(run_dir / "spec.json", archive / "spec.json")
+    make_run(tmp_path, fam, "copy", "h2d", attempt=2)
+    second = tracking.upload_run(run_dir, mlflow_uri)
+    assert second != first
+    assert tracking.upload_run(archive, mlflow_uri) == first  # the archived attempt: the same
+
+    client = mlflow.MlflowClient(mlflow_uri)
+    exp_id = client.get_experiment_by_name(fam).experiment_id
+    kids = child_runs(client, exp_id, **{"hopperlab.variant": "h2d"})
+    assert sorted(r.info.run_name for r in kids) == ["h2d", "h2d #2"]
+    assert len({r.data.tags["mlflow.parentRunId"] for r in kids}) == 1
+    by_name = {r.info.run_name: r for r in kids}
+    assert by_name["h2d"].info.status == "FAILED"
+    assert by_name["h2d #2"].info.status == "FINISHED"
+    assert by_name["h2d #2"].data.tags["hopperlab.run_key"] == f"{fam}/copy/h2d#2"
+    assert json.loads((run_dir / MLFLOW_FILE).read_text())["attempt"] == 2
+    assert json.loads((archive / MLFLOW_FILE).read_text())["attempt"] == 1
+
+
+def test_many_params_long_values(mlflow_uri, tmp_path):
+    extra = {"params": {f"p{i:03d}": i for i in range(250)}, "knobs": {"blob": "x" * 7000}}
+    run_dir = make_run(tmp_path, f"membench-{uid()}", "copy", "wide", spec_extra=extra)
+    run = mlflow.MlflowClient(mlflow_uri).get_run(tracking.upload_run(run_dir, mlflow_uri))
+    assert run.data.params["params.p249"] == "249"
+    assert len([k for k in run.data.params if k.startswith("params.")]) == 250
+    assert run.data.params["knobs.blob"] == "x" * 6000
+
+
+def test_odd_names_are_made_safe(mlflow_uri, tmp_path):
+    run_dir = make_run(tmp_path, f"membench-{uid()}", "copy", "odd", step_metrics=("bw(GB/s)",),
+                       final={"peak [GB/s]": 1.5},
+                       spec_extra={"params": {"size (MB)": 64, "size [MB]": 65}})
+    run = mlflow.MlflowClient(mlflow_uri).get_run(tracking.upload_run(run_dir, mlflow_uri))
+    assert run.data.metrics["bw_GB/s_"] == 40.0
+    assert run.data.metrics["peak _GB/s_"] == 1.5
+    assert run.data.params["params.size _MB_"] == "64"  # the first of two that collide
+
+
+def test_10k_step_metrics_fast(mlflow_uri, tmp_path, monkeypatch):
+    names = ("bw_gbps", "lat_us", "util", "mem_gb")
+    run_dir = make_run(tmp_path, f"membench-{uid()}", "copy", "long", steps=2500,
+                       step_metrics=names)
+    calls = {"log_batch": 0}
+    real_log_batch = mlflow.MlflowClient.log_batch
+
+    def counting_log_batch(self, *a, **kw):
+        calls["log_batch"] += 1
+        return real_log_batch(self, *a, **kw)
+
+    def forbidden(*a, **kw):
+        raise AssertionError("one call per metric: use log_batch")
+
+    monkeypatch.setattr(mlflow.MlflowClient, "log_batch", counting_log_batch)
+    monkeypatch.setattr(mlflow.MlflowClient, "log_metric", forbidden)
+    tracking.prepare(mlflow_uri, [(run_dir.parent.parent.name, "copy")])
+    t0 = time.perf_counter()
+    run_id = tracking.upload_run(run_dir, mlflow_uri)
+    elapsed = time.perf_counter() - t0
+    print(f"\n10,000 step metrics (+2 final) uploaded in {elapsed:.2f}s "
+          f"with {calls['log_batch']} log_batch calls")
+    assert elapsed < 10
+    # 10,002 metrics / 1000 = 11 metric batches, + 1 params batch + 1 tags batch
+    assert calls["log_batch"] == 13
+    client = mlflow.MlflowClient(mlflow_uri)
+    for name in names:
+        hist = client.get_metric_history(run_id, name)
+        assert len(hist) == 2500
+        assert sorted(m.step for m in hist) == list(range(2500))
+
+
+# -- outage and sync ------------------------------------------------------------------------------
+def test_server_down_then_sync(mlflow_server, mlflow_uri, tmp_path, monkeypatch):
+    fam = f"membench-{uid()}"
+    results = tmp_path / "results"
+    done = make_run(results, fam, "copy", "before-outage")
+    tracking.upload_run(done, mlflow_uri)
+    other_uri = make_run(results, fam, "copy", "elsewhere")
+    write_json_atomic(other_uri / MLFLOW_FILE, {"attempt": 1, "run_id": "x", "experiment_id": "1",
+                                                "tracking_uri": "http://other-host:5000"})
+    lost = make_run(results, fam, "copy", "lost-mlflow-json")
+    tracking.upload_run(lost, mlflow_uri)
+    (lost / MLFLOW_FILE).unlink()
+
+    mlflow_server.stop()
+    try:
+        assert not tracking.is_reachable(mlflow_uri)
+        during = [make_run(results, fam, "copy", f"during-{i}") for i in range(2)]
+        during.append(make_run(results, fam, "load", "during-x", status="failed", reason="boom",
+                               final={}, traceback="Traceback\n"))
+        before = snapshot(results)
+
+        t0 = time.perf_counter()
+        with pytest.raises(TrackingUnavailable) as err:
+            tracking.upload_run(during[0], mlflow_uri)
+        quick = time.perf_counter() - t0
+        assert "unreachable" in str(err.value)
+
+        # Without the /health pre-check, MLflow's own retries must also give up quickly.
+        monkeypatch.setattr(tracking, "is_reachable", lambda uri, timeout=5.0: True)
+        t0 = time.perf_counter()
+        with pytest.raises(TrackingUnavailable):
+            tracking.upload_run(during[1], mlflow_uri)
+        retried = time.perf_counter() - t0
+        monkeypatch.undo()
+        print(f"\nserver down: TrackingUnavailable after {quick:.2f}s (health check), "
+              f"{retried:.2f}s (MLflow HTTP retries)")
+        assert quick < 30 and retried < 30
+
+        with pytest.raises(TrackingUnavailable):
+            tracking.sync(results, mlflow_uri)
+        assert snapshot(results) == before  # nothing written, nothing removed
+    finally:
+        mlflow_server.start()
+
+    print(f"server restarted in {mlflow_server.start_seconds[-1]:.1f}s")
+    t0 = time.perf_counter()
+    report = tracking.sync(results, mlflow_uri)
+    print(f"sync after restart: {report} ({time.perf_counter() - t0:.2f}s)")
+    expected = {f"{fam}/copy/during-0#1", f"{fam}/copy/during-1#1", f"{fam}/load/during-x#1",
+                f"{fam}/copy/elsewhere#1"}
+    assert set(report.uploaded) == expected
+    assert report.already == [f"{fam}/copy/lost-mlflow-json#1"]
+    assert report.failed == []
+    assert report.counts == {"uploaded": 4, "already": 1, "failed": 0}
+    for run_dir in during:
+        assert json.loads((run_dir / MLFLOW_FILE).read_text())["tracking_uri"] == mlflow_uri
+
+    again = tracking.sync(results, mlflow_uri)
+    assert again.counts == {"uploaded": 0, "already": 0, "failed": 0}
+
+    client = mlflow.MlflowClient(mlflow_uri)
+    exp_id = client.get_experiment_by_name(fam).experiment_id
+    kids = child_runs(client, exp_id, **{"hopperlab.family": fam})
+    kids = [r for r in kids if "hopperlab.run_key" in r.data.tags]
+    assert len(kids) == 6
+    parents = child_runs(client, exp_id, **{"hopperlab.role": "parent"})
+    assert sorted(r.info.run_name for r in parents) == ["copy", "load"]
+
+
+def test_sync_archived_attempts(mlflow_uri, tmp_path):
+    fam = f"membench-{uid()}"
+    results = tmp_path / "results"
+    run_dir = make_run(results, fam, "copy", "h2d", status="failed", reason="x", final={})
+    archive = run_dir / "attempts" / "1"
+    archive.mkdir(parents=True)
+    for p in list(run_dir.iterdir()):
+        if p.name != "attempts":
+            shutil.move(str(p), archive / p.name)
+    make_run(results, fam, "copy", "h2d", attempt=2)
+    report = tracking.sync(results, mlflow_uri)
+    assert sorted(report.uploaded) == [f"{fam}/copy/h2d#1", f"{fam}/copy/h2d#2"]
+    assert tracking.sync(results, mlflow_uri).counts["uploaded"] == 0
+
+
+# -- prepare ---------------------------------------------------------------------------------------
+KEYS = [("fam-a", "copy"), ("fam-a", "latency"), ("fam-b", "copy")]
+
+
+def _prepare_worker(uri: str, keys: list, barrier, no_lock: bool, queue) -> None:
+    import contextlib
+
+    from hopperlab import tracking as tr
+
+    if no_lock:  # behave like processes on different hosts: no shared file lock
+        tr._store_lock = lambda uri: contextlib.nullcontext()
+    try:
+        barrier.wait(timeout=120)
+        tr.prepare(uri, keys)
+        queue.put("ok")
+    except BaseException as exc:  # report to the parent
+        queue.put(f"{type(exc).__name__}: {exc}")
+
+
+def _prepare_in_processes(uri: str, keys: list, n: int = 4, no_lock: bool = False) -> None:
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_prepare_worker, args=(uri, keys, barrier, no_lock, queue))
+             for _ in range(n)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert results == ["ok"] * n, results
+
+
+def _check_layout(uri: str, keys: list) -> set[str]:
+    client = mlflow.MlflowClient(uri)
+    families = {f for f, _ in keys}
+    exps = [e for e in client.search_experiments() if e.name in families]
+    assert sorted(e.name for e in exps) == sorted(families)
+    ids = set()
+    for exp in exps:
+        parents = child_runs(client, exp.experiment_id, **{"hopperlab.role": "parent"})
+        names = sorted(r.info.run_name for r in parents)
+        assert names == sorted(e for f, e in keys if f == exp.name)
+        assert all(r.info.status == "FINISHED" for r in parents)
+        ids |= {r.info.run_id for r in parents}
+    return ids
+
+
+def test_prepare_concurrent_fresh_sqlite(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    _prepare_in_processes(uri, KEYS)
+    ids = _check_layout(uri, KEYS)
+    tracking.prepare(uri, KEYS)  # idempotent
+    assert _check_layout(uri, KEYS) == ids
+    # artifacts of a SQLite store go next to the database, not into ./mlruns
+    exp = mlflow.MlflowClient(uri).get_experiment_by_name("fam-a")
+    assert exp.artifact_location.startswith((tmp_path / "fresh").as_uri())
+    # and a run uploads into it, artifacts included
+    run_dir = make_run(tmp_path / "results", "fam-a", "copy", "h2d")
+    run_id = tracking.upload_run(run_dir, uri)
+    assert "spec.json" in all_artifacts(mlflow.MlflowClient(uri), run_id)
+    assert list((tmp_path / "fresh" / "mlartifacts").rglob("spec.json"))
+    assert not Path("mlruns").exists() or not list(Path("mlruns").rglob(run_id))
+
+
+@pytest.mark.parametrize("no_lock", [False, True], ids=["same-host", "no-shared-lock"])
+def test_prepare_concurrent_server(mlflow_uri, no_lock):
+    s = uid()
+    keys = [(f"{f}-{s}", e) for f, e in KEYS]
+    _prepare_in_processes(mlflow_uri, keys, no_lock=no_lock)
+    ids = _check_layout(mlflow_uri, keys)
+    tracking.prepare(mlflow_uri, keys)
+    assert _check_layout(mlflow_uri, keys) == ids
+
+
+# -- credentials -----------------------------------------------------------------------------
+def test_credentials_never_written(mlflow_uri, tmp_path, capsys, caplog):
+    creds_uri = mlflow_uri.replace("http://", "http://alice:s3cret@")
+    run_dir = make_run(tmp_path, f"membench-{uid()}", "copy", "h2d")
+    tracking.upload_run(run_dir, creds_uri)
+    assert json.loads((run_dir / MLFLOW_FILE).read_text())["tracking_uri"] == mlflow_uri
+    assert tracking.is_synced(run_dir, mlflow_uri)
+
+    from tests.infra.mlflow_fixture import free_port
+
+    dead = f"http://alice:s3cret@127.0.0.1:{free_port()}"
+    with pytest.raises(TrackingUnavailable) as err:
+        tracking.upload_run(run_dir, dead)
+    assert "s3cret" not in str(err.value)
+    out = capsys.readouterr()
+    assert "s3cret" not in out.out + out.err + caplog.text
+
+
+# -- small pure helpers ----------------------------------------------------------------------------
+def test_redact_uri():
+    assert tracking.redact_uri("https://alice:s3cret@mlflow.example.org/") == \
+        "https://mlflow.example.org"
+    assert tracking.redact_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert tracking.redact_uri("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+
+
+def test_flatten():
+    assert tracking.flatten({"a": {"b": 1, "c": [1, 2], "d": {"e": None}}, "f": "x", "g": True}) \
+        == {"a.b": "1", "a.c": "[1, 2]", "a.d.e": "null", "f": "x", "g": "true"}
