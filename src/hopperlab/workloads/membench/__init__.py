@@ -1,0 +1,91 @@
+"""membench: what the host<->device memory system gives on the node a job landed on.
+
+Two tests (``MembenchParams.test``):
+
+* ``copy``: copy bandwidth host->device, device->host and both at once, from pageable or pinned
+  host memory, over a sweep of sizes.
+* ``alloc``: allocation cost and first-touch / migration bandwidth of one memory kind
+  (cudaMalloc, pinned host, managed, plain host pages).
+
+Units: sizes are MiB (``size_mb`` = 2**20 bytes, as CUDA's bandwidthTest counts); bandwidth is
+GB/s with GB = 1e9 bytes; times are milliseconds. ``workload.py`` says how each figure is timed
+and what runs on a node without a CUDA device.
+
+This module is imported by the spec layer: it stays cheap (no torch, no numpy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hopperlab.workloads.base import FamilyInfo
+
+TESTS = ("copy", "alloc")
+DIRECTIONS = ("h2d", "d2h", "bidir")
+HOST_MEMORIES = ("pageable", "pinned")
+KINDS = ("device", "pinned", "managed", "host")
+
+#: Size sweeps (MiB) and repeat counts used when the params leave them unset.
+DEFAULT_SIZES_MB = {"smoke": (1, 8, 32), "full": (1, 4, 16, 64, 256, 1024)}
+DEFAULT_REPEATS = {"smoke": 3, "full": 20}
+DEFAULT_WARMUP = {"smoke": 1, "full": 3}
+
+#: The figures the report charts for every membench run (each run logs the ones of its test).
+#: gbps_peak / gbps_at_largest: copy GB/s (bidir: both directions' bytes) or, for alloc, the
+#: first-touch GB/s of the kind; alloc_ms_at_largest: one allocation of the largest size.
+HEADLINE_METRICS: tuple[str, ...] = ("gbps_peak", "gbps_at_largest", "alloc_ms_at_largest")
+
+
+def headline_metrics(test: str) -> tuple[str, ...]:
+    """The headline metrics a run of ``test`` records."""
+    if test == "alloc":
+        return HEADLINE_METRICS
+    return ("gbps_peak", "gbps_at_largest")
+
+
+@dataclass(frozen=True)
+class MembenchParams:
+    #: "copy" (copy bandwidth) or "alloc" (allocation cost and first touch / migration)
+    test: str = "copy"
+    #: copy: "h2d", "d2h" or "bidir" (one stream each way at once; counts both directions' bytes)
+    direction: str = "h2d"
+    #: copy: host side "pageable" (plain) or "pinned" (page-locked) memory
+    host_memory: str = "pinned"
+    #: alloc: "device" (cudaMalloc), "pinned" (cudaHostAlloc), "managed" (cudaMallocManaged),
+    #: "host" (fresh anonymous pages, what malloc gives for a large block)
+    kind: str = "device"
+    #: the sweep, MiB per buffer; empty: DEFAULT_SIZES_MB of the run's scale
+    sizes_mb: tuple[int, ...] = ()
+    #: timed samples per size (the median is reported); None: DEFAULT_REPEATS of the scale
+    repeats: int | None = None
+    #: untimed samples per size before the timed ones; None: DEFAULT_WARMUP of the scale
+    warmup: int | None = None
+
+    def __post_init__(self) -> None:
+        choices = {"test": TESTS, "direction": DIRECTIONS, "host_memory": HOST_MEMORIES,
+                   "kind": KINDS}
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+        sizes = tuple(self.sizes_mb)
+        object.__setattr__(self, "sizes_mb", sizes)
+        for s in sizes:
+            if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
+                raise ValueError(f"sizes_mb: expected positive whole MiB, got {s!r}")
+        if self.repeats is not None and (isinstance(self.repeats, bool) or self.repeats < 1):
+            raise ValueError(f"repeats: expected at least 1, got {self.repeats!r}")
+        if self.warmup is not None and (isinstance(self.warmup, bool) or self.warmup < 0):
+            raise ValueError(f"warmup: expected 0 or more, got {self.warmup!r}")
+
+
+FAMILY = FamilyInfo(
+    name="membench",
+    entry="hopperlab.workloads.membench.workload:run",
+    supported_knobs={
+        "memory": frozenset({"device", "managed"}),
+        "profiler": frozenset({"none", "nsys", "torch"}),
+    },
+    params=MembenchParams,
+    headline_metrics=HEADLINE_METRICS,
+)

@@ -1,0 +1,360 @@
+"""The alloc test: what one allocation of each memory kind costs, and how fast its pages are
+first touched or migrated.
+
+Per size and sample (fresh allocations every sample; the median of ``repeats`` is reported):
+
+* ``device``: ``torch.empty(..., device="cuda")`` after ``torch.cuda.empty_cache()`` so that the
+  caching allocator really calls cudaMalloc (it rounds a request up to its 2 MiB segments);
+  ``alloc_ms`` on the host clock (cudaMalloc is synchronous); ``first_touch_gbps``: the first GPU
+  write of the whole buffer, ``write_gbps``: a second one (CUDA events); ``free_ms``: the
+  cudaFree that ``empty_cache`` makes.
+* ``pinned``: ``torch.empty(..., pin_memory=True)`` after emptying torch's pinned-memory cache
+  (cudaHostAlloc: pins every page, so the cost grows with the size); first and second CPU write.
+  Where this torch has no call to empty that cache, cudaHostAlloc through ctypes (tagged).
+* ``host``: a fresh anonymous ``mmap`` (what malloc does for a large block; malloc itself would
+  hand back pages it already touched once a block is freed and reused); the first CPU write pays
+  the page faults, the second does not.
+* ``managed``: cudaMallocManaged through ctypes (see ``cuda_runtime``), wrapped as a torch tensor
+  through ``__cuda_array_interface__``. Two allocations per sample:
+  A: ``alloc_ms``; ``gpu_first_touch_gbps`` (GPU write, pages created on the GPU by faults);
+  ``prefetch_d2h_gbps`` and ``prefetch_h2d_gbps`` (cudaMemPrefetchAsync to the host and back);
+  ``resident_read_gbps`` (a GPU read once prefetched: HBM speed if the prefetch worked); free.
+  B: ``cpu_first_touch_gbps`` (CPU write); ``migrate_h2d_gbps`` (then a GPU read: on-demand
+  migration host->device by GPU page faults); ``migrate_d2h_gbps`` (then a CPU read into a host
+  buffer: on-demand migration back by CPU page faults); free.
+  Never more than half of the GPU's free memory unless Grace Hopper or the site allows
+  oversubscription (``managed_bytes_allowed``): the variant is skipped instead. Every managed
+  allocation is freed on the way out, error or not.
+
+GPU reads are ``sum`` over the buffer viewed as int64 (reads every byte once); CPU writes and
+reads are numpy ``fill`` / ``copyto`` in one thread (see ``common.HostBackend`` for why).
+
+Without a CUDA device only ``host`` runs; the others are skipped (``SkipRun``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import time
+from typing import Any, Callable
+
+from hopperlab.record import SkipRun
+from hopperlab.workloads.membench import MembenchParams
+from hopperlab.workloads.membench.common import (MIB, Env, Plan, SweepRecord, gbps, log_finite,
+                                                 managed_bytes_allowed)
+
+BYTE_A = 0x5A
+BYTE_B = 0xA5
+
+
+def check_alloc(env: Env, params: MembenchParams, memory: str) -> None:
+    """Refuse a contradictory variant (ValueError) or one this node cannot run (SkipRun)."""
+    kind = params.kind
+    if memory == "managed" and kind != "managed":
+        raise ValueError(f"membench alloc: kind={kind!r} contradicts the knob memory=managed "
+                         f"(use kind: managed, or memory: device)")
+    if kind != "host" and env.target != "cuda":
+        raise SkipRun(f"{kind} allocations need a CUDA device: {env.no_cuda_reason}")
+
+
+def run_alloc(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *, memory: str,
+              allow_oversubscription: bool, mark: Callable[[str], Any]) -> None:
+    kind = params.kind
+    recorder.set_tag("membench.kind", kind)
+    check_alloc(env, params, memory)
+    fn = {"device": _device, "pinned": _pinned, "managed": _managed, "host": _host}[kind]
+    main = "gpu_first_touch_gbps" if kind == "managed" else "first_touch_gbps"
+    sweep = SweepRecord(recorder, kind, main=main)
+    ctx = _Ctx(env, plan, recorder, allow_oversubscription)
+    fn(ctx, sweep, mark, _prepare(ctx, kind))
+    sweep.write()
+    log_finite(recorder, "gbps_peak", sweep.peak(main))
+    log_finite(recorder, "gbps_at_largest", sweep.largest(main))
+    log_finite(recorder, "alloc_ms_at_largest", sweep.largest("alloc_ms"))
+    log_finite(recorder, "free_ms_at_largest", sweep.largest("free_ms"))
+    log_finite(recorder, "largest_size_mb", sweep.rows[-1]["size_mb"] if sweep.rows else float("nan"))
+    extra = ("write_gbps",) if kind != "managed" else (
+        "cpu_first_touch_gbps", "migrate_h2d_gbps", "migrate_d2h_gbps", "prefetch_h2d_gbps",
+        "prefetch_d2h_gbps", "resident_read_gbps")
+    for name in extra:
+        log_finite(recorder, f"{name}_at_largest", sweep.largest(name))
+
+
+class _Ctx:
+    def __init__(self, env: Env, plan: Plan, recorder: Any, allow_oversubscription: bool) -> None:
+        self.env = env
+        self.plan = plan
+        self.recorder = recorder
+        self.allow_oversubscription = allow_oversubscription
+        self.torch = env.torch
+
+    def samples(self) -> range:
+        return range(self.plan.warmup + self.plan.repeats)
+
+    def timed(self, i: int) -> bool:
+        return i >= self.plan.warmup
+
+
+def _prepare(ctx: _Ctx, kind: str) -> Any:
+    """Per-kind setup before the sweep; may raise SkipRun."""
+    if kind == "host":
+        ctx.recorder.set_tag("membench.alloc_api", "mmap (anonymous, private)")
+        ctx.recorder.set_tag("membench.thp", _thp())
+        return None
+    if kind == "device":
+        ctx.recorder.set_tag("membench.alloc_api", "torch.empty(device=cuda) after empty_cache")
+        return None
+    if kind == "pinned":
+        empty = _host_cache_emptier(ctx.torch)
+        if empty is not None:
+            ctx.recorder.set_tag("membench.alloc_api", "torch.empty(pin_memory=True)")
+            return ("torch", empty)
+        ctx.recorder.set_tag("membench.alloc_api", "cudaHostAlloc (ctypes; this torch cannot "
+                             "empty its pinned-memory cache)")
+        return ("ctypes", _runtime_or_skip("pinned allocations"))
+    # managed
+    from hopperlab.workloads.membench import cuda_runtime as cr  # noqa: PLC0415
+
+    rt = _runtime_or_skip("managed memory")
+    torch, dev = ctx.torch, ctx.env.device
+    if not rt.device_attribute(cr.ATTR_MANAGED_MEMORY, dev):
+        raise SkipRun(f"managed memory: device {dev} does not support cudaMallocManaged")
+    concurrent = bool(rt.device_attribute(cr.ATTR_CONCURRENT_MANAGED_ACCESS, dev))
+    pageable = bool(rt.device_attribute(cr.ATTR_PAGEABLE_MEMORY_ACCESS, dev))
+    need = ctx.plan.largest_mb * MIB
+    free, _total = torch.cuda.mem_get_info(dev)
+    if not managed_bytes_allowed(need, free, ctx.env.is_grace_hopper, ctx.allow_oversubscription):
+        raise SkipRun(f"managed memory: {need / 1e9:.2f} GB asked for, but at most half of the "
+                      f"GPU's free memory ({free / 1e9:.2f} GB) may be managed on a node that is "
+                      f"not Grace Hopper unless the site sets allow_oversubscription: true")
+    ctx.recorder.set_tag("membench.alloc_api", "cudaMallocManaged (ctypes)")
+    ctx.recorder.set_tag("membench.cudart", rt.path)
+    ctx.recorder.set_tag("membench.cudart_version", rt.version)
+    ctx.recorder.set_tag("membench.prefetch_api", rt.prefetch_api)
+    ctx.recorder.set_tag("membench.concurrent_managed_access", str(concurrent).lower())
+    ctx.recorder.set_tag("membench.pageable_memory_access", str(pageable).lower())
+    return (rt, concurrent)
+
+
+def _runtime_or_skip(what: str) -> Any:
+    from hopperlab.workloads.membench.cuda_runtime import CudaError, CudaRuntime  # noqa: PLC0415
+
+    try:
+        return CudaRuntime()
+    except (CudaError, OSError, AttributeError) as exc:
+        raise SkipRun(f"{what} need the CUDA runtime library: {exc}") from None
+
+
+def _thp() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            return fh.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def _host_cache_emptier(torch: Any) -> Callable[[], None] | None:
+    for owner, name in ((getattr(torch, "accelerator", None), "empty_host_cache"),
+                        (torch._C, "_host_emptyCache"),
+                        (torch._C, "_accelerator_emptyHostCache")):
+        fn = getattr(owner, name, None) if owner is not None else None
+        if callable(fn):
+            return fn
+    return None
+
+
+# --------------------------------------------------------------------------- kinds
+def _events(torch: Any) -> tuple[Any, Any]:
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def _gpu_timed(torch: Any, fn: Callable[[], Any], stream: Any = None) -> float:
+    """Seconds ``fn``'s GPU work takes on the current stream (CUDA events)."""
+    start, end = _events(torch)
+    start.record(stream)
+    fn()
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _cpu_timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _device(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], _setup: Any) -> None:
+    torch = ctx.torch
+    dev = torch.device("cuda", ctx.env.device)
+    for size_mb in ctx.plan.sizes_mb:
+        n = size_mb * MIB
+        s: dict[str, list[float]] = {"alloc_ms": [], "first_touch_gbps": [], "write_gbps": [],
+                                     "free_ms": []}
+        with mark(f"device alloc {size_mb} MiB"):
+            for i in ctx.samples():
+                torch.cuda.synchronize(dev)
+                torch.cuda.empty_cache()
+                t0 = time.perf_counter()
+                x = torch.empty(n, dtype=torch.uint8, device=dev)
+                t_alloc = time.perf_counter() - t0
+                t_first = _gpu_timed(torch, lambda: x.fill_(BYTE_A))
+                t_write = _gpu_timed(torch, lambda: x.fill_(BYTE_B))
+                _check_gpu(x, BYTE_B, f"device {size_mb} MiB")
+                del x
+                torch.cuda.synchronize(dev)
+                t_free = _cpu_timed(torch.cuda.empty_cache)
+                if ctx.timed(i):
+                    s["alloc_ms"].append(t_alloc * 1e3)
+                    s["first_touch_gbps"].append(gbps(n, t_first))
+                    s["write_gbps"].append(gbps(n, t_write))
+                    s["free_ms"].append(t_free * 1e3)
+        sweep.add(size_mb, s)
+
+
+def _pinned(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: Any) -> None:
+    torch = ctx.torch
+    host = ctx.env.host
+    how, tool = setup
+    for size_mb in ctx.plan.sizes_mb:
+        n = size_mb * MIB
+        s: dict[str, list[float]] = {"alloc_ms": [], "first_touch_gbps": [], "write_gbps": [],
+                                     "free_ms": []}
+        with mark(f"pinned alloc {size_mb} MiB"):
+            for i in ctx.samples():
+                if how == "torch":
+                    tool()
+                    t0 = time.perf_counter()
+                    x = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+                    t_alloc = time.perf_counter() - t0
+                    ptr = None
+                    a = x.numpy()
+                else:
+                    from hopperlab.workloads.membench.cuda_runtime import host_view  # noqa: PLC0415
+
+                    t0 = time.perf_counter()
+                    ptr = tool.host_alloc(n)
+                    t_alloc = time.perf_counter() - t0
+                    x = a = host_view(ptr, n)
+                try:
+                    t_first = _cpu_timed(lambda: host.fill(a, BYTE_A))
+                    t_write = _cpu_timed(lambda: host.fill(a, BYTE_B))
+                    if not host.all_equal(a, BYTE_B):
+                        raise RuntimeError(f"pinned {size_mb} MiB: write did not land")
+                finally:
+                    del x, a
+                    if ptr is not None:
+                        t_free = _cpu_timed(lambda: tool.free_host(ptr))
+                if how == "torch":
+                    t_free = _cpu_timed(tool)
+                if ctx.timed(i):
+                    s["alloc_ms"].append(t_alloc * 1e3)
+                    s["first_touch_gbps"].append(gbps(n, t_first))
+                    s["write_gbps"].append(gbps(n, t_write))
+                    s["free_ms"].append(t_free * 1e3)
+        sweep.add(size_mb, s)
+
+
+def _host(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], _setup: Any) -> None:
+    host = ctx.env.host
+    for size_mb in ctx.plan.sizes_mb:
+        n = size_mb * MIB
+        s: dict[str, list[float]] = {"alloc_ms": [], "first_touch_gbps": [], "write_gbps": [],
+                                     "free_ms": []}
+        with mark(f"host alloc {size_mb} MiB"):
+            for i in ctx.samples():
+                t0 = time.perf_counter()
+                mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                t_alloc = time.perf_counter() - t0
+                a = None
+                try:
+                    a = host.view(mm)
+                    t_first = _cpu_timed(lambda: host.fill(a, BYTE_A))
+                    t_write = _cpu_timed(lambda: host.fill(a, BYTE_B))
+                    if not host.all_equal(a, BYTE_B):
+                        raise RuntimeError(f"host {size_mb} MiB: write did not land")
+                finally:
+                    a = None  # drop the view: an mmap with exported buffers cannot close
+                    t_free = _cpu_timed(mm.close)
+                if ctx.timed(i):
+                    s["alloc_ms"].append(t_alloc * 1e3)
+                    s["first_touch_gbps"].append(gbps(n, t_first))
+                    s["write_gbps"].append(gbps(n, t_write))
+                    s["free_ms"].append(t_free * 1e3)
+        sweep.add(size_mb, s)
+
+
+def _managed(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: Any) -> None:
+    from hopperlab.workloads.membench.cuda_runtime import CudaArray, host_view  # noqa: PLC0415
+
+    rt, concurrent = setup
+    torch = ctx.torch
+    host = ctx.env.host
+    dev_index = ctx.env.device
+    dev = torch.device("cuda", dev_index)
+    stream = torch.cuda.Stream(dev)
+    names = ["alloc_ms", "gpu_first_touch_gbps", "prefetch_d2h_gbps", "prefetch_h2d_gbps",
+             "resident_read_gbps", "free_ms", "cpu_first_touch_gbps", "migrate_h2d_gbps",
+             "migrate_d2h_gbps"]
+    for size_mb in ctx.plan.sizes_mb:
+        n = size_mb * MIB
+        s: dict[str, list[float]] = {k: [] for k in names}
+        scratch = host.empty(n)  # the destination of CPU reads, touched once here
+        host.fill(scratch, 0)
+        with mark(f"managed {size_mb} MiB"), torch.cuda.device(dev), torch.cuda.stream(stream):
+            for i in ctx.samples():
+                free, _ = torch.cuda.mem_get_info(dev)
+                if not managed_bytes_allowed(n, free, ctx.env.is_grace_hopper,
+                                             ctx.allow_oversubscription):
+                    raise SkipRun(f"managed memory: {n / 1e9:.2f} GB would exceed half of the "
+                                  f"GPU's free memory ({free / 1e9:.2f} GB) at this point")
+                got: dict[str, float] = {}
+                # A: allocate, GPU first touch, prefetch there and back, resident read, free.
+                t0 = time.perf_counter()
+                ptr = rt.malloc_managed(n)
+                got["alloc_ms"] = (time.perf_counter() - t0) * 1e3
+                try:
+                    g = torch.as_tensor(CudaArray(ptr, n), device=dev)
+                    got["gpu_first_touch_gbps"] = gbps(n, _gpu_timed(torch, lambda: g.fill_(BYTE_A),
+                                                                     stream))
+                    if concurrent:
+                        h = stream.cuda_stream
+                        got["prefetch_d2h_gbps"] = gbps(n, _gpu_timed(
+                            torch, lambda: rt.prefetch(ptr, n, None, h), stream))
+                        got["prefetch_h2d_gbps"] = gbps(n, _gpu_timed(
+                            torch, lambda: rt.prefetch(ptr, n, dev_index, h), stream))
+                        got["resident_read_gbps"] = gbps(n, _gpu_timed(
+                            torch, lambda: g.view(torch.int64).sum(), stream))
+                    _check_gpu(g, BYTE_A, f"managed {size_mb} MiB (A)")
+                    del g
+                finally:
+                    rt.synchronize()
+                    t0 = time.perf_counter()
+                    rt.free(ptr)
+                    got["free_ms"] = (time.perf_counter() - t0) * 1e3
+                # B: CPU first touch, GPU read (on-demand migration), CPU read back.
+                ptr = rt.malloc_managed(n)
+                try:
+                    a = host.view(host_view(ptr, n))
+                    got["cpu_first_touch_gbps"] = gbps(n, _cpu_timed(lambda: host.fill(a, BYTE_B)))
+                    g = torch.as_tensor(CudaArray(ptr, n), device=dev)
+                    got["migrate_h2d_gbps"] = gbps(n, _gpu_timed(
+                        torch, lambda: g.view(torch.int64).sum(), stream))
+                    rt.synchronize()
+                    got["migrate_d2h_gbps"] = gbps(n, _cpu_timed(lambda: host.copy(scratch, a)))
+                    if not host.all_equal(scratch, BYTE_B):
+                        raise RuntimeError(f"managed {size_mb} MiB (B): CPU read back wrong bytes")
+                    del a, g
+                finally:
+                    rt.synchronize()
+                    rt.free(ptr)
+                if ctx.timed(i):
+                    for k, v in got.items():
+                        s[k].append(v)
+        del scratch
+        sweep.add(size_mb, {k: v for k, v in s.items() if v})
+
+
+def _check_gpu(x: Any, value: int, what: str) -> None:
+    if not (bool((x[:4096] == value).all()) and bool((x[-4096:] == value).all())):
+        raise RuntimeError(f"{what}: the GPU write did not land")

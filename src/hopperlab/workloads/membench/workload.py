@@ -1,0 +1,121 @@
+"""membench's entry: ``run(spec, recorder)``; the measurements are in ``copies`` and ``allocation``.
+
+What runs where:
+
+* On a node where torch sees a CUDA device and the spec asks for a GPU: everything, on the
+  current device (tag ``membench.target=cuda``).
+* On a node without one (no torch, a CPU build, no visible device, or ``resources.gpus: 0``):
+  host measurements that stand for what the node *can* do, tagged ``membench.target=host``, and
+  a ``SkipRun`` naming what is missing for the rest. Concretely:
+  - ``copy`` with pageable host memory measures host memcpy between two host buffers (two at
+    once in two threads for ``bidir``), metric prefix ``memcpy`` / ``memcpy_x2`` (never ``h2d``:
+    no device is involved); ``copy`` with pinned memory is skipped.
+  - ``alloc`` of kind ``host`` runs (it never needs a GPU); ``device``, ``pinned`` and
+    ``managed`` are skipped.
+  This way the smoke matrix on a CPU machine measures something real in 4 of its 10 variants
+  and says plainly why the other 6 did not run.
+* Host-side work (memcpy, CPU writes and reads) is numpy in one thread, with or without torch
+  (tag ``membench.host_backend``; ``common.HostBackend`` says why not torch's threaded CPU ops).
+
+Knobs: ``memory`` (device | managed): for ``copy``, where the device buffers come from
+(cudaMalloc, or cudaMallocManaged prefetched to the GPU); for ``alloc``, ``managed`` goes with
+``kind: managed`` only. ``profiler``: ``nsys`` puts an NVTX range around each size (the launcher
+runs nsys); ``torch`` wraps the sweep in ``torch.profiler`` and saves
+``artifacts/torch_trace.json``.
+
+Managed memory never takes more than half of the GPU's free memory unless the node is Grace
+Hopper or the site sets ``allow_oversubscription: true`` (``managed_bytes_allowed``); otherwise
+the variant is skipped before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Iterator, Mapping
+
+from hopperlab.record import SkipRun
+from hopperlab.workloads.membench import HEADLINE_METRICS, MembenchParams, headline_metrics
+from hopperlab.workloads.membench.common import (Env, managed_bytes_allowed, plan_for,
+                                                 probe)
+
+__all__ = ["run", "managed_bytes_allowed", "HEADLINE_METRICS", "headline_metrics"]
+
+
+def _params(spec: Any) -> MembenchParams:
+    p = getattr(spec, "params", None)
+    if isinstance(p, MembenchParams):
+        return p
+    if isinstance(p, Mapping):
+        return MembenchParams(**p)
+    if p is None:
+        return MembenchParams()
+    if dataclasses.is_dataclass(p):
+        return MembenchParams(**dataclasses.asdict(p))
+    raise TypeError(f"membench: spec.params must be MembenchParams, got {type(p).__name__}")
+
+
+def _knob(spec: Any, name: str, default: str) -> str:
+    return str(getattr(getattr(spec, "knobs", None), name, default) or default)
+
+
+def run(spec: Any, recorder: Any, *, use_torch: bool = True) -> None:
+    """Measure the variant ``spec`` describes and record it (see the module docstring).
+
+    ``use_torch=False`` behaves as on a node without torch (tests of the numpy path).
+    """
+    params = _params(spec)
+    scale = str(getattr(spec, "scale", "smoke") or "smoke")
+    memory = _knob(spec, "memory", "device")
+    profiler = _knob(spec, "profiler", "none")
+    allow_over = bool(getattr(getattr(spec, "site", None), "allow_oversubscription", False))
+    plan = plan_for(params, scale)
+
+    env = probe(spec, use_torch=use_torch)
+    recorder.set_tag("membench.test", params.test)
+    recorder.set_tag("membench.target", env.target)
+    recorder.set_tag("membench.host_backend", env.host.name)
+    recorder.set_tag("membench.sizes_mb", ",".join(map(str, plan.sizes_mb)))
+    recorder.set_tag("membench.repeats", plan.repeats)
+    recorder.set_tag("membench.warmup", plan.warmup)
+    if env.target == "cuda":
+        recorder.set_tag("membench.gpu", env.gpu_name)
+        recorder.set_tag("membench.device", env.device)
+        recorder.set_tag("membench.grace_hopper", str(env.is_grace_hopper).lower())
+    else:
+        recorder.set_tag("membench.no_cuda_reason", env.no_cuda_reason)
+    if params.test == "copy":
+        from hopperlab.workloads.membench.copies import check_copy as check  # noqa: PLC0415
+        from hopperlab.workloads.membench.copies import run_copy as measure  # noqa: PLC0415
+    else:
+        from hopperlab.workloads.membench.allocation import check_alloc as check  # noqa: PLC0415
+        from hopperlab.workloads.membench.allocation import run_alloc as measure  # noqa: PLC0415
+    check(env, params, memory)  # skip before the profiler starts
+    if profiler == "torch" and env.torch is None:
+        raise SkipRun("profiler=torch needs torch, which is not installed")
+
+    with _profiling(env, profiler, recorder) as mark:
+        measure(env, params, plan, recorder, mark=mark, memory=memory,
+                allow_oversubscription=allow_over)
+
+
+@contextmanager
+def _profiling(env: Env, profiler: str, recorder: Any) -> Iterator[Callable[[str], Any]]:
+    """Yield ``mark(name)``: a context manager around one size's measurement (an NVTX range under
+    nsys, a record_function under the torch profiler, nothing otherwise)."""
+    torch = env.torch
+    recorder.set_tag("membench.profiler", profiler)
+    if profiler == "nsys" and env.target == "cuda":
+        yield lambda name: torch.cuda.nvtx.range(name)
+        return
+    if profiler == "torch":
+        from torch.profiler import ProfilerActivity, profile, record_function  # noqa: PLC0415
+
+        activities = [ProfilerActivity.CPU]
+        if env.target == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities) as prof:
+            yield lambda name: record_function(name)
+        prof.export_chrome_trace(str(recorder.artifact_path("torch_trace.json")))
+        return
+    yield lambda name: nullcontext()
