@@ -1,0 +1,414 @@
+#!/usr/bin/env bash
+# A real one-node Slurm cluster (slurmctld + slurmd + slurmdbd on MariaDB) for integration tests.
+#
+#   slurm_cluster.sh install       apt-get the Debian packages if missing (root)
+#   slurm_cluster.sh start DIR     write config into DIR, start the daemons, wait until usable;
+#                                  prints KEY=VALUE lines (SLURM_CONF=...) on stdout, progress on stderr
+#   slurm_cluster.sh stop DIR      cancel jobs, stop every daemon by its pid file, wait for exit
+#   slurm_cluster.sh status DIR    show the daemons; exit 0 only if all of them run
+#
+# Why each piece is here:
+# - No systemd on the test machines, so every daemon is started by hand and stopped by its pid file.
+# - submitit needs `sacct`, and `sacct` needs slurmdbd backed by MariaDB (the file-based accounting
+#   plugin is gone); without it a cancelled job's result() waits forever.
+# - Snakemake's nested `srun` drops SLURM_CONF, so /etc/slurm/{slurm,gres}.conf become symlinks to DIR.
+# - `start` is re-runnable after a crash: stale pid files are ignored, an existing MariaDB datadir and
+#   Slurm state are reused. Only one cluster per machine (fixed Slurm ports, /etc/slurm symlinks):
+#   `start` refuses while another DIR's cluster runs; the pytest fixture serialises sessions with a lock.
+set -euo pipefail
+
+PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+CLUSTER=hopperlab
+PARTITION=debug
+CTLD_PORT=6817 SLURMD_PORT=6818 DBD_PORT=6819
+DB_NAME=slurm_acct_db DB_USER=slurm DB_PASS=hopperlab-slurm
+ETC_SLURM=/etc/slurm
+LINKED_CONFS=(slurm.conf gres.conf)
+DAEMONS_STOP_ORDER=(slurmd slurmctld slurmdbd mariadbd munged)
+START_TIMEOUT=${SLURM_CLUSTER_START_TIMEOUT:-120}
+
+log() { printf '[slurm_cluster] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+need_root() { [[ $(id -u) -eq 0 ]] || die "must run as root (daemons run as root/munge)"; }
+
+# ---------------------------------------------------------------- install
+cmd_install() {
+  need_root
+  local missing=() p
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if ((${#missing[@]} == 0)); then log "packages already installed"; return 0; fi
+  command -v apt-get >/dev/null || die "apt-get not available; cannot install: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  local apt=(apt-get install -y -q --no-install-recommends "${missing[@]}")
+  log "installing: ${missing[*]}"
+  # Keep postinst scripts from starting system daemons (default config, port 3306, ...): this
+  # script starts its own. policy-rc.d exit 101 = "action forbidden" for invoke-rc.d.
+  local policy=/usr/sbin/policy-rc.d ours=0
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && ours=1
+  fi
+  local rc=0
+  # Refresh the index only when the first try cannot find the packages (fresh image, empty lists).
+  if ! "${apt[@]}" >&2; then
+    apt-get update -q >&2 && "${apt[@]}" >&2 || rc=$?
+  fi
+  ((ours)) && rm -f "$policy"
+  return $rc
+}
+
+# ---------------------------------------------------------------- helpers
+paths() {
+  DIR=$(realpath -m "$1")
+  ETC=$DIR/etc RUN=$DIR/run LOGD=$DIR/log
+  CTLD_STATE=$DIR/state/slurmctld SLURMD_SPOOL=$DIR/state/slurmd DATADIR=$DIR/mysql
+  SOCK=$RUN/mysqld.sock
+  export SLURM_CONF=$ETC/slurm.conf
+}
+
+pidfile() { echo "$RUN/$1.pid"; }
+
+# Alive and not a zombie: daemons are reparented to PID 1, which may reap them late.
+alive() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [[ ${stat:0:1} != Z ]]
+}
+
+# Pid from DAEMON's pid file if that process is alive and really is DAEMON (pids get reused).
+live_pid() {
+  local f pid comm
+  f=$(pidfile "$1")
+  [[ -s $f ]] || return 1
+  pid=$(tr -dc '0-9' <"$f")
+  [[ -n $pid ]] && alive "$pid" || return 1
+  comm=$(cat "/proc/$pid/comm" 2>/dev/null || true)
+  [[ $comm == "$1" || ($1 == mariadbd && $comm == mysqld) ]] || return 1
+  echo "$pid"
+}
+
+# wait_for SECONDS DESCRIPTION CMD...: poll CMD every 0.2 s.
+wait_for() {
+  local secs=$1 what=$2; shift 2
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || { log "timed out after ${secs}s waiting for $what"; return 1; }
+    sleep 0.2
+  done
+}
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+free_port() {
+  local p
+  for p in $(seq "$1" $(($1 + 200))); do port_in_use "$p" || { echo "$p"; return 0; }; done
+  die "no free port from $1"
+}
+
+show_logs() {
+  local f
+  for f in "$LOGD"/*.log; do
+    [[ -s $f ]] || continue
+    log "---- tail of $f"
+    tail -n 15 "$f" >&2 || true
+  done
+}
+
+# ---------------------------------------------------------------- config
+write_configs() {
+  local host cpus mem_mb db_port=$1
+  host=$(hostname -s)
+  cpus=$(nproc)
+  mem_mb=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.85}' /proc/meminfo)
+
+  cat >"$ETC/slurm.conf" <<EOF
+# Written by tests/infra/slurm_cluster.sh; one-node test cluster.
+ClusterName=$CLUSTER
+SlurmctldHost=$host(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+AuthType=auth/munge
+StateSaveLocation=$CTLD_STATE
+SlurmdSpoolDir=$SLURMD_SPOOL
+SlurmctldPidFile=$(pidfile slurmctld)
+SlurmdPidFile=$(pidfile slurmd)
+SlurmctldLogFile=$LOGD/slurmctld.log
+SlurmdLogFile=$LOGD/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+# No cgroups in the test VM/container.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/linux
+MpiDefault=none
+SwitchType=switch/none
+SchedulerType=sched/backfill
+# Start batch jobs at once instead of up to 3 s after submission.
+SchedulerParameters=batch_sched_delay=0
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+# Without a default the first job takes all memory and jobs run one at a time.
+DefMemPerCPU=1000
+GresTypes=gpu
+# Jobs stay visible to squeue/scontrol for 5 min; accounting goes to slurmdbd (needed by submitit).
+MinJobAge=300
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$DBD_PORT
+JobCompType=jobcomp/none
+AccountingStorageTRES=gres/gpu
+# Time limits act as soon as Slurm checks them, so timeout tests stay short.
+OverTimeLimit=0
+KillWait=2
+InactiveLimit=0
+ReturnToService=2
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb Gres=gpu:1 State=UNKNOWN
+PartitionName=$PARTITION Nodes=$host Default=YES MaxTime=INFINITE State=UP
+EOF
+
+  # A fake GPU so --gpus=1 schedules on a CPU machine (Count= alone makes the node INVAL).
+  cat >"$ETC/gres.conf" <<EOF
+AutoDetect=off
+NodeName=$host Name=gpu File=/dev/null
+EOF
+
+  # slurmdbd refuses a config not owned by SlurmUser with mode 600.
+  install -m 600 -o root -g root /dev/null "$ETC/slurmdbd.conf"
+  cat >"$ETC/slurmdbd.conf" <<EOF
+AuthType=auth/munge
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$(pidfile slurmdbd)
+LogFile=$LOGD/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$db_port
+StorageUser=$DB_USER
+StoragePass=$DB_PASS
+StorageLoc=$DB_NAME
+EOF
+}
+
+# /etc/slurm/X -> DIR/etc/X so commands without SLURM_CONF (nested srun) find this cluster.
+# A real file that is not ours is moved aside once and put back by `stop`.
+link_configs() {
+  mkdir -p "$ETC_SLURM"
+  local c dst
+  for c in "${LINKED_CONFS[@]}"; do
+    dst=$ETC_SLURM/$c
+    if [[ -e $dst && ! -L $dst && ! -e $dst.hopperlab-backup ]]; then
+      log "backing up $dst to $dst.hopperlab-backup"
+      mv "$dst" "$dst.hopperlab-backup"
+    fi
+    ln -sfn "$ETC/$c" "$dst"
+  done
+}
+
+unlink_configs() {
+  local c dst
+  for c in "${LINKED_CONFS[@]}"; do
+    dst=$ETC_SLURM/$c
+    if [[ -L $dst && $(readlink "$dst") == "$ETC/$c" ]]; then
+      rm -f "$dst"
+      [[ -e $dst.hopperlab-backup ]] && mv "$dst.hopperlab-backup" "$dst"
+    fi
+  done
+  return 0
+}
+
+# Another DIR's cluster holds the fixed ports and the /etc/slurm links. Refuse rather than kill it:
+# only the caller knows whether it is stale (the pytest fixture, holding the lock, stops it first).
+other_cluster_dir() {
+  local link=$ETC_SLURM/slurm.conf
+  [[ -L $link ]] || return 1
+  dirname "$(dirname "$(readlink "$link")")"
+}
+
+refuse_other_live_cluster() {
+  local other d
+  other=$(other_cluster_dir) || return 0
+  [[ $other != "$DIR" && -d $other/run ]] || return 0
+  for d in "${DAEMONS_STOP_ORDER[@]}"; do
+    if (paths "$other" && live_pid "$d" >/dev/null); then
+      die "a cluster from $other is running; stop it first: $0 stop $other"
+    fi
+  done
+}
+
+# ---------------------------------------------------------------- daemons
+start_munge() {
+  if munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+    log "munged already answering"
+    return 0
+  fi
+  if [[ ! -s /etc/munge/munge.key ]]; then
+    log "creating /etc/munge/munge.key"
+    install -d -m 700 -o munge -g munge /etc/munge
+    mungekey --create --keyfile=/etc/munge/munge.key 2>/dev/null ||
+      dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none
+    chown munge:munge /etc/munge/munge.key
+    chmod 400 /etc/munge/munge.key
+  fi
+  install -d -m 755 -o munge -g munge /run/munge
+  install -d -m 700 -o munge -g munge /var/log/munge /var/lib/munge
+  install -d -m 755 -o munge -g munge "$RUN/munge"
+  rm -f "$RUN/munged.pid"
+  # munged insists on running as the owner of its key; --force gets past a stale socket after a crash.
+  runuser -u munge -- munged --force --pid-file="$RUN/munge/munged.pid"
+  ln -sfn munge/munged.pid "$RUN/munged.pid"
+  wait_for 15 munged bash -c 'munge -n </dev/null | unmunge'
+}
+
+start_mariadb() {
+  local port=$1
+  if [[ ! -d $DATADIR/mysql ]]; then
+    log "initialising MariaDB datadir $DATADIR"
+    rm -rf "$DATADIR"
+    mariadb-install-db --no-defaults --user=root --datadir="$DATADIR" \
+      --auth-root-authentication-method=socket --skip-test-db >"$LOGD/mariadb-install.log" 2>&1 ||
+      { tail -n 20 "$LOGD/mariadb-install.log" >&2; die "mariadb-install-db failed"; }
+  fi
+  rm -f "$SOCK" "$SOCK.lock"
+  # --no-defaults: keep /etc/mysql (and a system MariaDB on 3306) out of it.
+  setsid mariadbd --no-defaults --user=root --datadir="$DATADIR" --socket="$SOCK" \
+    --pid-file="$(pidfile mariadbd)" --bind-address=127.0.0.1 --port="$port" \
+    --log-error="$LOGD/mariadb.log" --skip-log-bin --innodb-lock-wait-timeout=900 \
+    </dev/null >/dev/null 2>&1 &
+  disown
+  wait_for 60 MariaDB mariadb-admin --no-defaults --socket="$SOCK" -u root ping ||
+    { show_logs; die "MariaDB did not start"; }
+  mariadb --no-defaults --socket="$SOCK" -u root <<EOF
+CREATE DATABASE IF NOT EXISTS $DB_NAME;
+CREATE USER IF NOT EXISTS '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+CREATE USER IF NOT EXISTS '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
+GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'127.0.0.1';
+GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'localhost';
+EOF
+}
+
+node_state() { sinfo -h -N -n "$(hostname -s)" -o %T 2>/dev/null | head -n 1; }
+node_idle() { [[ $(node_state) == idle ]]; }
+cluster_registered() { sacctmgr -n -P list cluster format=cluster 2>/dev/null | grep -qx "$CLUSTER"; }
+sacct_answers() { sacct -n -X -S now >/dev/null 2>&1; }
+
+cmd_start() {
+  need_root
+  [[ -n ${1:-} ]] || die "usage: $0 start DIR"
+  paths "$1"
+  local t0=$SECONDS d
+  for d in "${DAEMONS_STOP_ORDER[@]}"; do
+    if live_pid "$d" >/dev/null; then
+      log "$d already running from $DIR; restarting the cluster"
+      cmd_stop "$DIR"
+      paths "$1"
+      break
+    fi
+  done
+  refuse_other_live_cluster
+  for p in $CTLD_PORT $SLURMD_PORT $DBD_PORT; do
+    port_in_use "$p" && die "port $p is in use by something else (another Slurm?)"
+  done
+  mkdir -p "$ETC" "$RUN" "$LOGD" "$CTLD_STATE" "$SLURMD_SPOOL"
+  chmod 755 "$DIR" "$ETC" "$RUN"
+  local db_port
+  db_port=$(free_port 13306)
+  write_configs "$db_port"
+  link_configs
+
+  start_munge
+  start_mariadb "$db_port"
+  rm -f "$(pidfile slurmdbd)" "$(pidfile slurmctld)" "$(pidfile slurmd)"
+  slurmdbd
+  wait_for 30 slurmdbd sacctmgr -n list cluster || { show_logs; die "slurmdbd did not answer"; }
+  slurmctld
+  wait_for 30 slurmctld scontrol ping || { show_logs; die "slurmctld did not answer"; }
+  slurmd
+  # slurmctld adds the cluster to the accounting DB when it first connects to slurmdbd.
+  wait_for "$START_TIMEOUT" "cluster registration" cluster_registered || { show_logs; die "cluster not in accounting DB"; }
+  if ! wait_for 20 "node idle" node_idle; then
+    # A node left down/drained by a crashed run: ReturnToService does not clear a drain.
+    scontrol update nodename="$(hostname -s)" state=resume 2>/dev/null || true
+    wait_for "$START_TIMEOUT" "node idle" node_idle || { show_logs; die "node is $(node_state), not idle"; }
+  fi
+  wait_for 30 sacct sacct_answers || { show_logs; die "sacct does not answer"; }
+  log "cluster up in $((SECONDS - t0))s (SLURM_CONF=$SLURM_CONF)"
+  echo "SLURM_CONF=$SLURM_CONF"
+}
+
+# ---------------------------------------------------------------- stop / status
+stop_daemon() {
+  local name=$1 pid i
+  if pid=$(live_pid "$name"); then
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 300; i++)); do # 30 s; MariaDB flushes on shutdown
+      alive "$pid" || break
+      sleep 0.1
+    done
+    if alive "$pid"; then
+      log "$name ($pid) ignored SIGTERM; killing"
+      kill -KILL "$pid" 2>/dev/null || true
+      while alive "$pid"; do sleep 0.1; done
+    fi
+    log "stopped $name ($pid)"
+  fi
+  rm -f "$(pidfile "$name")"
+}
+
+cmd_stop() {
+  need_root
+  [[ -n ${1:-} ]] || die "usage: $0 stop DIR"
+  paths "$1"
+  [[ -d $RUN ]] || { log "nothing to stop in $DIR"; return 0; }
+  # Cancel leftover jobs first so their processes do not outlive the cluster.
+  if live_pid slurmctld >/dev/null; then
+    local jobs
+    jobs=$(timeout 10 squeue -h -o %A 2>/dev/null | tr '\n' ' ' || true)
+    if [[ -n ${jobs// /} ]]; then
+      log "cancelling jobs: $jobs"
+      # shellcheck disable=SC2086
+      timeout 10 scancel $jobs 2>/dev/null || true
+      wait_for 10 "jobs to end" bash -c '[[ -z $(squeue -h -t running,completing -o %A) ]]' || true
+    fi
+  fi
+  local d
+  for d in "${DAEMONS_STOP_ORDER[@]}"; do stop_daemon "$d"; done
+  rm -rf "$RUN/munge"
+  unlink_configs
+}
+
+cmd_status() {
+  [[ -n ${1:-} ]] || die "usage: $0 status DIR"
+  paths "$1"
+  local d pid ok=0
+  for d in munged mariadbd slurmdbd slurmctld slurmd; do
+    if pid=$(live_pid "$d"); then
+      printf '%-10s running (pid %s)\n' "$d" "$pid"
+    elif [[ $d == munged ]] && munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+      printf '%-10s running (not started by us)\n' "$d"
+    else
+      printf '%-10s stopped\n' "$d"
+      ok=3
+    fi
+  done
+  if live_pid slurmctld >/dev/null; then sinfo -N -o '%N %P %T %G' 2>/dev/null || true; fi
+  return $ok
+}
+
+case ${1:-} in
+  install) cmd_install ;;
+  start) cmd_start "${2:-}" ;;
+  stop) cmd_stop "${2:-}" ;;
+  status) cmd_status "${2:-}" ;;
+  *)
+    echo "usage: $0 {install|start DIR|stop DIR|status DIR}" >&2
+    exit 2
+    ;;
+esac
