@@ -23,6 +23,11 @@ def copy_project(dest: Path) -> Path:
             shutil.copytree(src, dest / part)
         else:
             shutil.copy(src, dest / part)
+    # a repository of its own, so that runs record a git commit as they do in a real checkout
+    git = ["git", "-C", str(dest), "-c", "user.name=test", "-c", "user.email=test@localhost"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "test project"], check=True)
     return dest
 
 

@@ -129,7 +129,7 @@ def test_collect_runs_ignores_attempts_and_recordless_dirs(results: Path) -> Non
     ]
     by = {r.variant: r for r in runs}
     assert by["pinned"].attempt == 2 and by["pinned"].metrics["h2d_gbps_peak"] == 25.0
-    assert by["managed"].status == "failed"  # from failure.json alone
+    assert by["managed"].status == "failed"  # from record.json alone
     assert by["managed"].reason == 'RuntimeError: <boom> & "quoted"'
     assert by["managed"].hostname == "x86-node07" and by["managed"].cpu_model is None
     assert by["pageable"].is_baseline and by["pageable"].scale == "smoke"

@@ -136,9 +136,9 @@ def test_upload_contents(mlflow_uri, tmp_path):
 
     # artifacts
     arts = all_artifacts(client, run_id)
-    assert {"logs/job.out", "logs/job.err", "spec.json", "metrics.json", "hardware.json",
+    assert {"logs/job.out", "logs/job.err", "spec.json", "record.json", "hardware.json",
             "artifacts/table.csv"} <= arts
-    assert "traceback.txt" not in arts and "failure.json" not in arts
+    assert "traceback.txt" not in arts
 
     # mlflow.json
     info = json.loads((run_dir / MLFLOW_FILE).read_text())
@@ -158,7 +158,7 @@ def test_failed_run(mlflow_uri, tmp_path):
     assert run.data.tags["hopperlab.status"] == "failed"
     assert run.data.tags["hopperlab.reason"] == "RuntimeError: boom"
     arts = all_artifacts(client, run_id)
-    assert {"traceback.txt", "failure.json", "metrics.json"} <= arts
+    assert {"traceback.txt", "record.json"} <= arts
     local = Path(client.download_artifacts(run_id, "traceback.txt", str(tmp_path / "dl")))
     assert local.read_text() == tb
 

@@ -97,22 +97,23 @@ def test_mlflow_has_one_experiment_per_family_parents_and_children(smoke):
 
 def test_rerun_of_one_target_reruns_exactly_that_run(smoke):
     project, _ = smoke
-    target = project / "results/membench/copy/h2d-pinned/metrics.json"
+    target = project / "results/membench/copy/h2d-pageable/metrics.json"
     others = {p: p.stat().st_mtime_ns for p in (project / "results").glob("*/*/*/metrics.json")
               if p != target}
     summary_before = (project / "results/summary.csv").stat().st_mtime_ns
-    out = snakemake([str(target.relative_to(project)), "--cores", "2", "--forcerun"], project)
+    out = snakemake(["--cores", "2", "--forcerun", str(target.relative_to(project))], project)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(target.read_text())["attempt"] == 2
-    assert (target.parent / "attempts" / "1" / "metrics.json").exists()
+    first = json.loads((target.parent / "attempts" / "1" / "record.json").read_text())
+    assert first["attempt"] == 1 and first["metrics"]  # the first attempt's figures are kept
     assert all(p.stat().st_mtime_ns == m for p, m in others.items())
     client = _client(project)
     runs = [r for r in _children(client, "membench", "copy")
-            if r.data.tags["hopperlab.variant"] == "h2d-pinned"]
+            if r.data.tags["hopperlab.variant"] == "h2d-pageable"]
     assert sorted(r.data.tags["hopperlab.attempt"] for r in runs) == ["1", "2"]
     assert (project / "results/summary.csv").stat().st_mtime_ns > summary_before
     rows = [r for r in csv.DictReader(open(project / "results/summary.csv"))
-            if r["variant"] == "h2d-pinned"]
+            if r["variant"] == "h2d-pageable"]
     assert rows[0]["attempt"] == "2"
 
 
@@ -138,8 +139,7 @@ def test_faults_keep_the_workflow_going_and_leave_records(tmp_path):
                      f"only={only}"], project)
     assert out.returncode != 0  # one rule failed
     base = project / "results/selftest/faults"
-    status = {v: json.loads(((base / v / "metrics.json") if (base / v / "metrics.json").exists()
-                             else (base / v / "failure.json")).read_text())["status"]
+    status = {v: json.loads((base / v / "record.json").read_text())["status"]
               for v in ("ok", "raises", "oom", "skipped")}
     assert status == {"ok": "ok", "raises": "failed", "oom": "oom", "skipped": "skipped"}
     assert not (base / "raises" / "metrics.json").exists()  # Snakemake removed the failed output

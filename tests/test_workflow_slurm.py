@@ -33,7 +33,7 @@ def _write_site(project: Path, cluster, tracking_uri: str) -> None:
 
 
 def _record(run_dir: Path) -> dict:
-    for name in ("metrics.json", "failure.json"):
+    for name in ("record.json", "metrics.json"):
         if (run_dir / name).exists():
             return json.loads((run_dir / name).read_text())
     raise AssertionError(f"no record in {run_dir}")

@@ -78,6 +78,9 @@ def make_executor(spec: RunSpec, run_dir: Path) -> Any:
         params: dict[str, Any] = dict(
             job_name=name, time=res.time_min, cpus_per_task=res.cpus, mem=f"{int(res.mem_gb * 1024)}M",
             ntasks_per_node=1, nodes=1, stderr_to_stdout=False,
+            # submitit's default USR2 90 s before the limit, and its "under 10 min means already
+            # timed out" rule, turn a short limit into a FAILED job: no early signal, no requeue.
+            signal_delay_s=0,
         )
         if res.gpus:
             params["gpus_per_node"] = res.gpus
@@ -94,7 +97,7 @@ def make_executor(spec: RunSpec, run_dir: Path) -> Any:
     if site.executor == "local":
         ex = submitit.LocalExecutor(folder=folder, python=python, max_num_timeout=0)
         ex.update_parameters(timeout_min=res.time_min, gpus_per_node=res.gpus,
-                             tasks_per_node=1, nodes=1)
+                             tasks_per_node=1, nodes=1, signal_delay_s=0)
         return ex
     if site.executor == "debug":
         return submitit.DebugExecutor(folder=folder)

@@ -22,7 +22,9 @@ STATUSES: tuple[str, ...] = ("ok", "oom", "failed", "timeout", "skipped")
 FAILING_STATUSES: frozenset[str] = frozenset({"failed", "timeout"})
 
 METRICS_FILE = "metrics.json"
-FAILURE_FILE = "failure.json"
+#: the record under a name Snakemake does not own: it deletes ``metrics.json`` of a failed job
+#: and before a forced rerun; ``record.json`` stays (and moves to ``attempts/<n>/`` with the rest).
+RECORD_FILE = "record.json"
 STEPS_FILE = "steps.jsonl"
 SPEC_FILE = "spec.json"
 HARDWARE_FILE = "hardware.json"
@@ -132,7 +134,7 @@ class Recorder:
         }
 
     def finish(self, status: Status, reason: str | None = None) -> dict[str, Any]:
-        """Write ``metrics.json`` (and ``failure.json`` for failing statuses); return the record."""
+        """Write ``record.json`` and ``metrics.json``; return the record."""
         self._steps.close()
         rec = self.record(status, reason)
         write_record(self.run_dir, rec)
@@ -140,16 +142,15 @@ class Recorder:
 
 
 def write_record(run_dir: Path, record: Mapping[str, Any]) -> None:
-    """Write the record; a failing one also goes to ``failure.json``, which Snakemake leaves alone."""
+    """Write the record twice: ``record.json`` (kept) and ``metrics.json`` (Snakemake's output)."""
     run_dir = Path(run_dir)
-    if record["status"] in FAILING_STATUSES:
-        write_json_atomic(run_dir / FAILURE_FILE, record)
+    write_json_atomic(run_dir / RECORD_FILE, record)
     write_json_atomic(run_dir / METRICS_FILE, record)
 
 
 def load_record(run_dir: Path) -> dict[str, Any] | None:
-    """The run's record: ``metrics.json``, else ``failure.json``, else None."""
-    for name in (METRICS_FILE, FAILURE_FILE):
+    """The run's record: ``record.json``, else ``metrics.json``, else None."""
+    for name in (RECORD_FILE, METRICS_FILE):
         path = Path(run_dir) / name
         if path.exists():
             return read_json(path)

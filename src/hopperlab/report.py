@@ -3,7 +3,7 @@
 The report reads the run directories themselves (docs/run-directory.md), never MLflow: it works
 offline, on a half-finished matrix, and after MLflow is gone. Every run directory is
 ``{results}/{family}/{experiment}/{variant}/`` with a ``spec.json`` and a record
-(``metrics.json`` or, for a failed run Snakemake cleaned up after, ``failure.json``). Archived
+(``record.json``, which stays when Snakemake deletes a failed job's ``metrics.json``). Archived
 attempts (``attempts/{n}/``) and folders without a record are not runs.
 
 ``report.html`` is one self-contained file: inline CSS, charts as inline base64 PNG (matplotlib,

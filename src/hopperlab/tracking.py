@@ -45,7 +45,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from hopperlab.record import (
     FAILING_STATUSES,
-    FAILURE_FILE,
+    RECORD_FILE,
     HARDWARE_FILE,
     METRICS_FILE,
     MLFLOW_FILE,
@@ -488,7 +488,7 @@ def _read_run(run_dir: Path) -> _Run:
     run_dir = Path(run_dir)
     record = load_record(run_dir)
     if record is None:
-        raise TrackingError(f"{run_dir}: no {METRICS_FILE} or {FAILURE_FILE}: nothing to upload")
+        raise TrackingError(f"{run_dir}: no {METRICS_FILE} or {RECORD_FILE}: nothing to upload")
     spec = _find_spec(run_dir)
     ident: dict[str, str] = {}
     for name in ("family", "experiment", "variant"):
@@ -575,7 +575,7 @@ def _log_artifacts(client, run_id: str, run_dir: Path) -> None:
         folder = run_dir / name
         if folder.is_dir() and any(folder.iterdir()):
             client.log_artifacts(run_id, str(folder), artifact_path=name)
-    for name in (TRACEBACK_FILE, SPEC_FILE, METRICS_FILE, FAILURE_FILE, HARDWARE_FILE):
+    for name in (TRACEBACK_FILE, SPEC_FILE, RECORD_FILE, HARDWARE_FILE):
         path = run_dir / name
         if path.is_file():
             client.log_artifact(run_id, str(path))
@@ -693,7 +693,7 @@ def find_run_dirs(results_dir: Path) -> list[Path]:
     """Every run directory and archived attempt under ``results_dir`` that holds a record."""
     results_dir = Path(results_dir)
     found: set[Path] = set()
-    for name in (METRICS_FILE, FAILURE_FILE):
+    for name in (METRICS_FILE, RECORD_FILE):
         for path in results_dir.rglob(name):
             rel = path.parent.relative_to(results_dir).parts
             if _SKIP_PARTS.intersection(rel):

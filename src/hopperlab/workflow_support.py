@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from hopperlab.record import FAILURE_FILE, METRICS_FILE
+from hopperlab.record import RECORD_FILE, METRICS_FILE
 from hopperlab.spec import Matrix, SpecError, unknown_target_message
 
 #: config keys forwarded to `hopperlab` on each rule's command line
@@ -26,6 +26,15 @@ def config_args(config: Mapping[str, Any]) -> str:
             value = ",".join(map(str, value))
         words.append(shlex.quote(f"{key}={value}"))
     return " ".join(words)
+
+
+def bare_forcerun(argv: list[str]) -> bool:
+    """True when ``--forcerun``/``-R`` is given with no names after it."""
+    for i, arg in enumerate(argv):
+        if arg in ("--forcerun", "-R"):
+            rest = argv[i + 1:]
+            return not rest or rest[0].startswith("-")
+    return False
 
 
 def run_key(matrix: Matrix, wildcards: Any) -> str:
@@ -61,7 +70,7 @@ def refresh_report_if_stale(matrix: Matrix) -> bool:
     summary = results / "summary.csv"
     newest = 0.0
     for spec in matrix.runs.values():
-        for name in (METRICS_FILE, FAILURE_FILE):
+        for name in (METRICS_FILE, RECORD_FILE):
             path = matrix.root / spec.run_dir / name
             if path.exists():
                 newest = max(newest, path.stat().st_mtime)

@@ -4,6 +4,7 @@ import sys
 
 from hopperlab.spec import SpecError, load_matrix
 from hopperlab.workflow_support import (
+    bare_forcerun,
     config_args,
     run_key,
     run_output_paths,
@@ -21,3 +22,12 @@ HOPPERLAB = f"{shlex.quote(sys.executable)} -m hopperlab.cli"
 CONFIG_ARGS = config_args(MATRIX.config)
 TRACKING_MARKER = tracking_marker(MATRIX)
 RUN_OUTPUTS = run_output_paths(MATRIX)
+
+# `snakemake <target> --forcerun` (nothing after --forcerun) forces nothing in Snakemake 9.
+if bare_forcerun(sys.argv):
+    print(
+        "hopperlab: `--forcerun` with nothing after it forces nothing in Snakemake 9; "
+        "rerun one run with `snakemake --forcerun results/<family>/<experiment>/<variant>/"
+        "metrics.json` (or `snakemake <that file> --force`)",
+        file=sys.stderr,
+    )

@@ -84,7 +84,7 @@ FAMILY = FamilyInfo(
     entry="hopperlab.workloads.membench.workload:run",
     supported_knobs={
         "memory": frozenset({"device", "managed"}),
-        "profiler": frozenset({"none", "nsys", "torch"}),
+        "profiler": frozenset({"none", "nsys"}),
     },
     params=MembenchParams,
     headline_metrics=HEADLINE_METRICS,
