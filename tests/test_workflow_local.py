@@ -93,6 +93,10 @@ def test_mlflow_has_one_experiment_per_family_parents_and_children(smoke):
     assert child.data.params["params.direction"] == "h2d"
     artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
     assert "logs" in artifacts and "spec.json" in artifacts
+    out = hopperlab(["compare", "membench/copy"], project)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("http://127.0.0.1:5000/#/compare-runs?runs=")
+    assert all(r.info.run_id in out.stdout for r in children)
 
 
 def test_rerun_of_one_target_reruns_exactly_that_run(smoke):

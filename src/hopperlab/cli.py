@@ -1,4 +1,4 @@
-"""The ``hopperlab`` command: list, submit, run, sync, report, prepare-tracking.
+"""The ``hopperlab`` command: list, submit, run, sync, report, compare, prepare-tracking.
 
 Each Snakemake rule calls one of these, so that the workflow stays thin and every piece of logic
 can be run and tested without Snakemake. Config overrides use Snakemake's form:
@@ -95,6 +95,19 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from hopperlab import tracking
+
+    matrix = _matrix(args)
+    family, _, experiment = args.experiment.partition("/")
+    if (family, experiment) not in matrix.experiments():
+        known = ", ".join(f"{f}/{e}" for f, e in matrix.experiments())
+        raise SpecError(f"{args.experiment}: no such experiment in the matrix; it has: {known}")
+    print(tracking.experiment_compare_url(matrix.site.tracking_uri, family, experiment,
+                                          ui_uri=args.ui))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from hopperlab.report import build_report
 
@@ -128,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--touch", help="write this marker file when done")
     add("sync", cmd_sync, "upload every run directory MLflow does not have yet")
     add("report", cmd_report, "write results/summary.csv and results/report.html")
+    p = add("compare", cmd_compare, "print the MLflow UI address comparing an experiment's variants")
+    p.add_argument("experiment", help="family/experiment, e.g. membench/copy")
+    p.add_argument("--ui", help="address of the MLflow UI (default: the tracking server, or "
+                                "http://127.0.0.1:5000 for a SQLite store opened with `mlflow ui`)")
     return parser
 
 

@@ -667,6 +667,37 @@ def compare_url(tracking_uri: str, run_ids: Iterable[str], experiment_ids: Itera
             f"&experiments={js(sorted(set(experiment_ids)))}")
 
 
+def experiment_compare_url(tracking_uri: str, family: str, experiment: str,
+                           ui_uri: str | None = None) -> str:
+    """Compare view of one experiment's variants, the latest attempt of each.
+
+    ``ui_uri`` is where a person opens the UI (``mlflow ui`` on a SQLite store serves
+    http://127.0.0.1:5000); it defaults to the tracking URI when that is a server.
+    """
+    client = _client(tracking_uri)
+    with _translate(tracking_uri):
+        exp = _retry(client.get_experiment_by_name, family)
+        if exp is None:
+            raise TrackingError(f"no MLflow experiment {family!r} at {redact_uri(tracking_uri)}")
+        flt = f"tags.`{TAG_EXPERIMENT}` = {_quote(experiment)}"
+        runs = _retry(client.search_runs, [exp.experiment_id], filter_string=flt,
+                      max_results=5000)
+    latest: dict[str, Any] = {}
+    for run in runs:
+        tags = run.data.tags
+        if tags.get(TAG_ROLE) == "parent" or TAG_VARIANT not in tags:
+            continue
+        variant = tags[TAG_VARIANT]
+        attempt = int(tags.get(TAG_ATTEMPT, 0))
+        if variant not in latest or attempt > int(latest[variant].data.tags.get(TAG_ATTEMPT, 0)):
+            latest[variant] = run
+    if not latest:
+        raise TrackingError(f"no runs of {family}/{experiment} at {redact_uri(tracking_uri)}")
+    base = ui_uri or (tracking_uri if _is_http(tracking_uri) else "http://127.0.0.1:5000")
+    return compare_url(base, [latest[v].info.run_id for v in sorted(latest)],
+                       [exp.experiment_id])
+
+
 # -- sync -----------------------------------------------------------------------------------------
 @dataclass
 class SyncReport:
