@@ -449,7 +449,11 @@ def _hardware_table(runs: Sequence[RunRow]) -> str:
 
 
 def _knobs(knobs: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in knobs.items())
+    """The knobs a variant turns away from their defaults (the rest would only be noise)."""
+    from hopperlab.spec import KNOB_DEFAULTS
+
+    changed = [f"{k}={v}" for k, v in knobs.items() if KNOB_DEFAULTS.get(k) != v]
+    return ", ".join(changed) or "defaults"
 
 
 def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:

@@ -184,13 +184,25 @@ def _cpu_timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def _alloc_samples() -> dict[str, list[float]]:
+    return {"alloc_ms": [], "first_touch_gbps": [], "write_gbps": [], "free_ms": []}
+
+
+def _add_alloc_sample(s: dict[str, list[float]], n: int, t_alloc: float, t_first: float,
+                      t_write: float, t_free: float) -> None:
+    """One timed sample of an allocate / first write / second write / free cycle of n bytes."""
+    s["alloc_ms"].append(t_alloc * 1e3)
+    s["first_touch_gbps"].append(gbps(n, t_first))
+    s["write_gbps"].append(gbps(n, t_write))
+    s["free_ms"].append(t_free * 1e3)
+
+
 def _device(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], _setup: Any) -> None:
     torch = ctx.torch
     dev = torch.device("cuda", ctx.env.device)
     for size_mb in ctx.plan.sizes_mb:
         n = size_mb * MIB
-        s: dict[str, list[float]] = {"alloc_ms": [], "first_touch_gbps": [], "write_gbps": [],
-                                     "free_ms": []}
+        s = _alloc_samples()
         with mark(f"device alloc {size_mb} MiB"):
             for i in ctx.samples():
                 torch.cuda.synchronize(dev)
@@ -205,10 +217,7 @@ def _device(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], _setup: A
                 torch.cuda.synchronize(dev)
                 t_free = _cpu_timed(torch.cuda.empty_cache)
                 if ctx.timed(i):
-                    s["alloc_ms"].append(t_alloc * 1e3)
-                    s["first_touch_gbps"].append(gbps(n, t_first))
-                    s["write_gbps"].append(gbps(n, t_write))
-                    s["free_ms"].append(t_free * 1e3)
+                    _add_alloc_sample(s, n, t_alloc, t_first, t_write, t_free)
         sweep.add(size_mb, s)
 
 
@@ -218,8 +227,7 @@ def _pinned(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: An
     how, tool = setup
     for size_mb in ctx.plan.sizes_mb:
         n = size_mb * MIB
-        s: dict[str, list[float]] = {"alloc_ms": [], "first_touch_gbps": [], "write_gbps": [],
-                                     "free_ms": []}
+        s = _alloc_samples()
         with mark(f"pinned alloc {size_mb} MiB"):
             for i in ctx.samples():
                 if how == "torch":
@@ -248,10 +256,7 @@ def _pinned(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: An
                 if how == "torch":
                     t_free = _cpu_timed(tool)
                 if ctx.timed(i):
-                    s["alloc_ms"].append(t_alloc * 1e3)
-                    s["first_touch_gbps"].append(gbps(n, t_first))
-                    s["write_gbps"].append(gbps(n, t_write))
-                    s["free_ms"].append(t_free * 1e3)
+                    _add_alloc_sample(s, n, t_alloc, t_first, t_write, t_free)
         sweep.add(size_mb, s)
 
 
@@ -259,8 +264,7 @@ def _host(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], _setup: Any
     host = ctx.env.host
     for size_mb in ctx.plan.sizes_mb:
         n = size_mb * MIB
-        s: dict[str, list[float]] = {"alloc_ms": [], "first_touch_gbps": [], "write_gbps": [],
-                                     "free_ms": []}
+        s = _alloc_samples()
         with mark(f"host alloc {size_mb} MiB"):
             for i in ctx.samples():
                 t0 = time.perf_counter()
@@ -277,10 +281,7 @@ def _host(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], _setup: Any
                     a = None  # drop the view: an mmap with exported buffers cannot close
                     t_free = _cpu_timed(mm.close)
                 if ctx.timed(i):
-                    s["alloc_ms"].append(t_alloc * 1e3)
-                    s["first_touch_gbps"].append(gbps(n, t_first))
-                    s["write_gbps"].append(gbps(n, t_write))
-                    s["free_ms"].append(t_free * 1e3)
+                    _add_alloc_sample(s, n, t_alloc, t_first, t_write, t_free)
         sweep.add(size_mb, s)
 
 
