@@ -71,7 +71,7 @@ def test_family_declaration():
     assert family_info("membench") is FAMILY
     assert FAMILY.params is MembenchParams
     assert FAMILY.supported_knobs == {"memory": frozenset({"device", "managed"}),
-                                      "profiler": frozenset({"none", "nsys"})}
+                                      "profiler": frozenset({"none", "nsys", "torch"})}
     for knob in ("num_workers", "offload", "precision"):
         assert knob not in FAMILY.supported_knobs
     assert FAMILY.load_entry() is workload.run

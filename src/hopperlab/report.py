@@ -283,7 +283,10 @@ def _chart_metrics(runs: Sequence[RunRow]) -> tuple[list[str], bool]:
             if m not in declared:
                 declared.append(m)
     if declared:
-        return declared, True
+        # a family may declare figures only some of its experiments record (membench: the
+        # allocation time is an alloc figure); chart those this experiment has, if any
+        present = [m for m in declared if any(m in r.metrics for r in runs)]
+        return present or declared, True
     ok = [r for r in runs if r.status == "ok" and r.metrics]
     if not ok:
         return [], False

@@ -84,7 +84,7 @@ FAMILY = FamilyInfo(
     entry="hopperlab.workloads.membench.workload:run",
     supported_knobs={
         "memory": frozenset({"device", "managed"}),
-        "profiler": frozenset({"none", "nsys"}),
+        "profiler": frozenset({"none", "nsys", "torch"}),
     },
     params=MembenchParams,
     headline_metrics=HEADLINE_METRICS,

@@ -1,7 +1,7 @@
 """The platform's own cost: per run (local executor and local Slurm), dry run of a large matrix,
 and the upload of one run with many step metrics.
 
-    python benchmarks/platform.py [--runs 20] [--slurm] [--out results-bench.json]
+    python benchmarks/platform_overhead.py [--runs 20] [--slurm] [--out results-bench.json]
 
 Each figure is measured on a scratch copy of the project with the `selftest` family, whose runs
 do nothing, so what is timed is hopperlab + submitit + Snakemake + MLflow alone:
