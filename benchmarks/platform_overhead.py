@@ -110,6 +110,7 @@ def main() -> int:
     results: dict = {"machine": {"cores": os.cpu_count()}}
     with tempfile.TemporaryDirectory(prefix="hopperlab-bench-") as tmp:
         tmp_path = Path(tmp)
+        tmp_path.chmod(0o755)  # the Slurm cluster's munged runs as the munge user
         project = copy_project(tmp_path / "local")
         results["local"] = per_run(project, args.runs, "local")
         print(json.dumps(results["local"]), flush=True)
@@ -139,8 +140,10 @@ def slurm_per_run(tmp_path: Path, runs: int, tracking_uri: str) -> dict:
     script = REPO / "tests/infra/slurm_cluster.sh"
     cluster_dir = tmp_path / "slurm"
     subprocess.run(["bash", str(script), "install"], check=True)
-    subprocess.run(["bash", str(script), "start", str(cluster_dir)], check=True,
-                   capture_output=True)
+    started = subprocess.run(["bash", str(script), "start", str(cluster_dir)],
+                             capture_output=True, text=True)
+    if started.returncode != 0:
+        raise RuntimeError(f"slurm_cluster.sh start failed:\n{started.stderr[-3000:]}")
     try:
         project = copy_project(tmp_path / "slurm-project")
         site = {"executor": "slurm", "poll_interval_s": 1, "slurm": {"partition": "debug"},

@@ -7,8 +7,10 @@ run directory ends with a record, and an unreachable MLflow only delays the uplo
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
+import threading
 import shutil
 from pathlib import Path
 from typing import Any
@@ -121,6 +123,10 @@ def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | Non
     _append_history(run_dir, {"attempt": attempt, "event": "start", "time": utc_now(),
                               "executor": spec.site.executor})
     log(f"[hopperlab] {key}: attempt {attempt} via {spec.site.executor}")
+    if upload:
+        # importing MLflow takes ~2 s of CPU: do it while the job runs, not after it
+        threading.Thread(target=importlib.import_module, args=("mlflow",),
+                         daemon=True).start()
     outcome = launch.run_job(
         spec, run_dir, runner.execute, str(spec_file.resolve()),
         on_submitted=lambda job_id: log(f"[hopperlab] {key}: job {job_id} submitted"))
