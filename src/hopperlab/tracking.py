@@ -522,7 +522,7 @@ def _tags(run: _Run, parent_id: str) -> dict[str, str]:
         TAG_STATUS: rec.get("status"),
         TAG_RUN_KEY: run.key,
         "hostname": hw.get("hostname"),
-        "gpu_model": hw.get("gpu_model"),
+        "gpu_model": hw.get("gpu_model") or ("none" if hw else None),
         "cpu_arch": hw.get("cpu_arch"),
         "git_commit": run.spec.get("git_commit", rec.get("git_commit")),
         "slurm_job_id": slurm.get("job_id") if isinstance(slurm, dict) else None,
