@@ -428,14 +428,3 @@ def find_root(start: Path | None = None) -> Path:
             return folder
     raise SpecError(f"{here}: not inside a hopperlab project (no configs/config.yaml + Snakefile "
                     f"found upward); pass --root")
-
-
-def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts to dotted keys (lists stay values): for MLflow params and tables."""
-    out: dict[str, Any] = {}
-    if isinstance(data, Mapping):
-        for k, v in data.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    out[prefix[:-1]] = data
-    return out
