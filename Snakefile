@@ -15,6 +15,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/containers.smk"
 include: "workflow/rules/experiments.smk"
 include: "workflow/rules/report.smk"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-PROJECT_PARTS = ("Snakefile", "configs", "experiments", "workflow", "profiles")
+PROJECT_PARTS = ("Snakefile", "configs", "experiments", "workflow", "profiles", "containers")
 
 
 def copy_project(dest: Path) -> Path:

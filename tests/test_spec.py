@@ -129,3 +129,31 @@ def test_snakemake_rejects_unknown_target_variant(project):
     out = snakemake(["--cores", "1", "results/membench/copy/h2d-pinnned/metrics.json"], project)
     assert out.returncode != 0
     assert "has no variant 'h2d-pinnned'" in out.stdout + out.stderr
+
+
+def test_container_site_without_a_runtime_is_refused_before_submission(project, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no apptainer or singularity here
+    edit_yaml(project / "configs/sites/local.yaml", lambda d: d.update(container="pytorch"))
+    msg = _error(project)
+    assert "configs/sites/local.yaml" in msg and "container" in msg
+    assert "apptainer" in msg and "singularity" in msg
+
+
+def test_container_site_wraps_the_job_python(project, tmp_path, monkeypatch):
+    import shlex
+
+    from hopperlab.launch import job_python
+
+    fake = tmp_path / "bin" / "apptainer"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    edit_yaml(project / "configs/sites/local.yaml", lambda d: d.update(container="pytorch"))
+    for scale, nv in (("smoke", []), ("full", ["--nv"])):
+        spec = load_matrix(project, {"scale": scale}).runs["membench/copy/h2d-pinned"]
+        run_dir = project / spec.run_dir
+        argv = shlex.split(job_python(spec, run_dir))
+        assert argv == ["apptainer", "exec", *nv, "--bind",
+                        f"{(project / 'results').resolve()},{(project / 'assets').resolve()}",
+                        str(project / "containers" / "pytorch.sif"), "python"]

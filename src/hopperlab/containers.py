@@ -38,7 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from hopperlab.spec import SpecError
+from hopperlab.errors import SpecError
 
 #: the runtimes we know, in the order ``auto`` tries them
 RUNTIMES = ("apptainer", "singularity")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from hopperlab.containers import exec_prefix, job_binds
 from hopperlab.profiling import profiler_prefix
 from hopperlab.spec import RunSpec
 
@@ -39,24 +40,21 @@ class JobOutcome:
         return self.state.upper().split()[0] in TIMEOUT_STATES if self.state else False
 
 
-def container_prefix(spec: RunSpec) -> list[str]:
-    """``apptainer exec [--nv] [--bind ...] IMAGE`` when the site runs jobs in a container."""
+def container_prefix(spec: RunSpec, run_dir: Path) -> list[str]:
+    """``<runtime> exec [--nv] --bind <results>,<assets> <image>.sif`` for a container site."""
     c = spec.site.container
-    if c.runtime == "none":
+    if not c.image:
         return []
-    cmd = [c.runtime, "exec"]
-    if c.nv and spec.resources.gpus > 0:
-        cmd.append("--nv")
-    for bind in c.binds:
-        cmd += ["--bind", bind]
-    cmd.append(str(c.image))
-    return cmd
+    results = Path(run_dir).resolve().parents[2]  # results/<family>/<experiment>/<variant>
+    binds = job_binds([results, spec.site.assets_dir], extra=c.binds)
+    return exec_prefix(str(c.runtime), Path(str(c.image_file)), binds,
+                       gpus=spec.resources.gpus > 0)
 
 
 def job_python(spec: RunSpec, run_dir: Path) -> str:
     """The command submitit starts instead of plain python (a shell-quoted string)."""
-    python = sys.executable if spec.site.container.runtime == "none" else "python3"
-    parts = container_prefix(spec) + profiler_prefix(spec, run_dir) + [python]
+    python = "python" if spec.site.container.image else sys.executable
+    parts = container_prefix(spec, run_dir) + profiler_prefix(spec, run_dir) + [python]
     return shlex.join(parts)
 
 

@@ -17,6 +17,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from hopperlab.containers import image_path, resolve_site_runtime
+from hopperlab.errors import SpecError
 from hopperlab.workloads import FAMILY_MODULES, family_info
 from hopperlab.workloads.base import FamilyInfo
 
@@ -29,10 +31,6 @@ KNOB_DEFAULTS: dict[str, Any] = {
 }
 SCALES = ("smoke", "full")
 DEFAULT_RESOURCES = {"gpus": 0, "cpus": 1, "mem_gb": 4.0, "time_min": 10}
-
-
-class SpecError(ValueError):
-    """A mistake in a config, site or experiments file, or an unknown target."""
 
 
 # --------------------------------------------------------------------------- typed specs
@@ -65,10 +63,15 @@ class SlurmSettings:
 
 @dataclass(frozen=True)
 class ContainerSettings:
-    runtime: str = "none"
+    """The site's container: ``image`` names containers/<image>.def (None: no container)."""
+
     image: str | None = None
+    #: resolved on the submitting machine: apptainer or singularity (None without an image)
+    runtime: str | None = None
+    fakeroot: bool = False
     binds: tuple[str, ...] = ()
-    nv: bool = True
+    #: absolute path of the .sif the jobs run in
+    image_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class SiteSpec:
     max_time_min: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     source: str = ""
+    #: absolute folder of models and data sets
+    assets_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -292,10 +297,10 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
     data = load_yaml(path, "site")
     validate_against_schema(data, _schema(root, "site.schema.yaml"), str(path))
     slurm = data.get("slurm", {})
-    container = data.get("container", {})
-    if container.get("runtime", "none") != "none" and not container.get("image"):
-        raise SpecError(f"{path}: container.image: required when container.runtime is "
-                        f"{container['runtime']!r}")
+    image = data.get("container")
+    # refused here, before anything is submitted, when this machine has no runtime for it
+    runtime = resolve_site_runtime(str(path), data.get("container_runtime", "auto"), image,
+                                   containers_dir=root / "containers")
     uri = (data.get("tracking") or {}).get("uri") or \
         f"sqlite:///{(root / results_dir / 'mlflow.db').resolve()}"
     executor = data["executor"]
@@ -308,13 +313,15 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
             extra_sbatch=dict(slurm.get("extra_sbatch", {})),
             setup=tuple(slurm.get("setup", ()))),
         container=ContainerSettings(
-            runtime=container.get("runtime", "none"), image=container.get("image"),
-            binds=tuple(container.get("binds", ())), nv=container.get("nv", True)),
+            image=image, runtime=runtime, fakeroot=bool(data.get("container_fakeroot", False)),
+            binds=tuple(data.get("container_binds", ())),
+            image_file=str(image_path(image, root / "containers")) if image else None),
         tracking_uri=uri, nsys_path=data.get("nsys_path"),
         allow_oversubscription=bool(data.get("allow_oversubscription", False)),
         max_time_min=data.get("max_time_min"),
         env={k: str(v) for k, v in data.get("env", {}).items()},
         source=str(path),
+        assets_dir=str((root / data.get("assets_dir", "assets")).resolve()),
     )
 
 

@@ -22,6 +22,10 @@ HOPPERLAB = f"{shlex.quote(sys.executable)} -m hopperlab.cli"
 CONFIG_ARGS = config_args(MATRIX.config)
 TRACKING_MARKER = tracking_marker(MATRIX)
 RUN_OUTPUTS = run_output_paths(MATRIX)
+# the image every job runs in, when the site names one (built by containers.smk)
+CONTAINER_IMAGE = (
+    [f"containers/{MATRIX.site.container.image}.sif"] if MATRIX.site.container.image else []
+)
 
 # `snakemake <target> --forcerun` (nothing after --forcerun) forces nothing in Snakemake 9.
 if bare_forcerun(sys.argv):

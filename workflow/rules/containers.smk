@@ -3,8 +3,8 @@
 # is in hopperlab.containers. The image is rebuilt when its .def changes (Snakemake reruns on a
 # newer .def whose content differs).
 #   snakemake containers/pytorch.sif            build one image
-# Needs MATRIX (common.smk) whose site carries `container.runtime` (auto | apptainer | singularity)
-# and `container.fakeroot` (see containers/README.md); read only when an image is asked for.
+# Needs MATRIX (common.smk): the site's resolved runtime and `container_fakeroot`
+# (see containers/README.md); read only when an image is asked for.
 import shlex as _shlex
 import sys as _sys
 
@@ -17,14 +17,8 @@ rule container_image:
     output:
         "containers/{name}.sif",
     params:
-        runtime=lambda wc: (
-            MATRIX.site.container.runtime
-            if getattr(MATRIX.site.container, "runtime", None) in ("apptainer", "singularity")
-            else "auto"
-        ),
-        fakeroot=lambda wc: (
-            "--fakeroot" if getattr(MATRIX.site.container, "fakeroot", False) else ""
-        ),
+        runtime=lambda wc: MATRIX.site.container.runtime or "auto",
+        fakeroot=lambda wc: "--fakeroot" if MATRIX.site.container.fakeroot else "",
     wildcard_constraints:
         name="[A-Za-z0-9][A-Za-z0-9._-]*",
     shell:

@@ -12,6 +12,7 @@ rule prepare_tracking:
 rule run:
     input:
         TRACKING_MARKER,
+        CONTAINER_IMAGE,
     output:
         f"{RESULTS}/{{family}}/{{experiment}}/{{variant}}/metrics.json",
     params:

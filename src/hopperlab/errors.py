@@ -1,0 +1,8 @@
+"""Errors shared by the modules that read configuration (kept apart so they import no one)."""
+
+
+class SpecError(ValueError):
+    """A mistake in a config, site, experiments or assets file, or an unknown target.
+
+    The message names the file, the key path and what was expected.
+    """
