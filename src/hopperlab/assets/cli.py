@@ -1,0 +1,119 @@
+"""``python -m hopperlab.assets``: fetch, verify and list assets; count a model's parameters.
+
+The commands Snakemake rules call (through the ``hopperlab`` CLI once wired) and people type:
+
+    python -m hopperlab.assets fetch dolly-smoke-prepared [--assets-dir results/assets]
+    python -m hopperlab.assets fetch --scale smoke          # every asset of a scale
+    python -m hopperlab.assets verify llama-2-7b
+    python -m hopperlab.assets list
+    python -m hopperlab.assets params models/llama-2-7b/config.json
+
+No command takes a token: the Hugging Face token comes from ``HF_TOKEN`` in the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from hopperlab.assets.errors import AssetError
+from hopperlab.assets.manifest import verify
+from hopperlab.assets.registry import ASSETS_FILE, kinds, load_assets, load_scales
+from hopperlab.assets.store import DEFAULT_ASSETS_DIR, asset_dir, materialize, read_info
+from hopperlab.spec import SpecError
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The repository root: the nearest folder upwards that has configs/assets.yaml."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / ASSETS_FILE).is_file():
+            return folder
+    return here
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hopperlab.assets", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--root", type=Path, default=None,
+                       help="repository root (default: the folder holding configs/assets.yaml)")
+        q.add_argument("--assets-dir", default=DEFAULT_ASSETS_DIR,
+                       help=f"where assets live, relative to the root (default: "
+                            f"{DEFAULT_ASSETS_DIR})")
+
+    f = sub.add_parser("fetch", help="fetch or build assets (verify and repair existing ones)")
+    f.add_argument("names", nargs="*", help="asset names (default with --scale: all of it)")
+    f.add_argument("--scale", choices=None, help="refuse assets this scale does not list")
+    f.add_argument("--weights", choices=("pretrained", "random"),
+                   help="override a model's weights (random: architecture only, no download)")
+    common(f)
+    v = sub.add_parser("verify", help="check assets against their MANIFEST.sha256")
+    v.add_argument("names", nargs="*", help="asset names (default: every asset present)")
+    v.add_argument("--quick", action="store_true", help="presence and sizes only, no hashing")
+    common(v)
+    ls = sub.add_parser("list", help="every asset: kind, state, weights")
+    common(ls)
+    c = sub.add_parser("params", help="count the parameters of a config.json (meta device)")
+    c.add_argument("config", type=Path)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        return _run(args)
+    except SpecError as exc:
+        print(f"hopperlab: config error:\n{exc}", file=sys.stderr)
+        return 2
+    except AssetError as exc:
+        print(f"hopperlab: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "params":
+        from hopperlab.assets.random_weights import build_random_model, format_count
+
+        _, n = build_random_model(args.config, "meta")
+        print(f"{args.config}: {n} parameters ({format_count(n)})")
+        return 0
+    root = (args.root or find_root()).resolve()
+    if args.command == "fetch":
+        names = list(args.names)
+        if not names:
+            if not args.scale:
+                raise SpecError("fetch: name at least one asset, or --scale to fetch all of one")
+            names = load_scales(root).get(args.scale, [])
+        specs = load_assets(root)
+        for name in names:
+            path = materialize(name, root, args.assets_dir, scale=args.scale,
+                               weights=args.weights, specs=specs)
+            print(path)
+        return 0
+    specs = load_assets(root)
+    if args.command == "verify":
+        names = args.names or [n for n in specs if asset_dir(root, args.assets_dir, n).is_dir()]
+        bad = 0
+        for name in names:
+            problems = verify(asset_dir(root, args.assets_dir, name), deep=not args.quick)
+            print(f"{name}: {'ok' if not problems else 'DAMAGED'}")
+            for line in problems:
+                print(f"  {line}")
+            bad += bool(problems)
+        return 1 if bad else 0
+    registry = kinds()
+    for name, spec in specs.items():
+        folder = asset_dir(root, args.assets_dir, name)
+        info = read_info(folder) or {}
+        state = "absent" if not folder.is_dir() else (
+            "complete" if not verify(folder, deep=False) else "incomplete")
+        weights = info.get("weights") or getattr(spec, "weights", "") or ""
+        print(f"{name:28} {spec.kind:16} {state:10} {weights:10} "
+              f"{spec.description or registry[spec.kind].summary}")
+    return 0

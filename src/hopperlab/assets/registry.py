@@ -1,0 +1,331 @@
+"""Asset kinds and the asset list of ``configs/assets.yaml``, loaded into typed, validated specs.
+
+An asset kind is the extension point: a typed spec dataclass (the YAML fields), a build function
+that writes the asset's files into a fresh folder, the files it must produce, and the other
+assets it is built from. Models, tokenizers and data sets are kinds; recommender or TPC-H tables
+plug in the same way (``register_kind``). Config mistakes fail here, before anything is fetched,
+naming the file, the key and what was expected (``SpecError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from hopperlab.spec import SpecError, load_yaml, validate_against_schema
+
+ASSETS_FILE = "configs/assets.yaml"
+SCHEMA_FILE = "workflow/schemas/assets.schema.yaml"
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+#: spec fields that say where or how, not what: they never change an asset's fingerprint
+NOT_DEFINITION = "definition"
+
+
+# --------------------------------------------------------------------------- the interface
+@dataclass(frozen=True, kw_only=True)
+class AssetSpec:
+    """Fields every asset has; each kind subclasses this with its own typed fields."""
+
+    name: str
+    kind: str
+    description: str = field(default="", metadata={NOT_DEFINITION: False})
+    #: the file the spec came from and the repository root (for messages and repo-relative paths)
+    source: str = field(default=ASSETS_FILE, metadata={NOT_DEFINITION: False}, compare=False)
+    root: str = field(default=".", metadata={NOT_DEFINITION: False}, compare=False)
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}: assets.{self.name}"
+
+
+@dataclass
+class BuildContext:
+    """What a kind's build function gets: where to write, its inputs, and what to expect.
+
+    ``out`` is a fresh temporary folder; the build writes every file of the asset there and
+    nothing else. ``expect`` records checksums or sizes known from the source (e.g. the Hub's),
+    which are checked against the files before the asset is moved into place.
+    """
+
+    name: str
+    out: Path
+    root: Path
+    inputs: dict[str, Path]
+    weights: str | None = None  # an override of a model's ``weights`` field
+    previous: Path | None = None  # the asset's old folder, if any: files may be reused from it
+    expected: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def expect(self, rel: str, **checks: Any) -> None:
+        """Record checks of one file: ``sha256=``, ``size=``, ``git_blob=`` (None values ignored)."""
+        self.expected.setdefault(rel, {}).update({k: v for k, v in checks.items() if v is not None})
+
+
+@dataclass
+class RepairContext:
+    """What a kind's repair function gets: the asset folder, the damaged files, the reference."""
+
+    name: str
+    folder: Path
+    tmp: Path  # a scratch folder on the same file system (for atomic replaces)
+    damaged: list[str]  # relative paths that are missing or do not match ``reference``
+    reference: dict[str, str]  # path -> sha256 of the complete asset
+
+
+@dataclass(frozen=True)
+class AssetKind:
+    """One kind of asset.
+
+    ``build(spec, ctx) -> dict`` writes the files into ``ctx.out`` and returns where they came
+    from (recorded in ASSET.json). ``produces(spec)`` are glob patterns that must each match a
+    file of the built asset. ``input_kinds`` maps each spec field that names another asset to the
+    kinds it may be. ``repair(spec, ctx)``, when given, replaces damaged files in place
+    (e.g. re-downloads them); without it a damaged asset is rebuilt whole. Bump ``version`` when
+    the build's output changes, so that built assets are rebuilt.
+    """
+
+    name: str
+    spec: type[AssetSpec]
+    build: Callable[[Any, BuildContext], Mapping[str, Any] | None]
+    produces: Callable[[Any], tuple[str, ...]] = lambda spec: ()
+    input_kinds: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    repair: Callable[[Any, RepairContext], None] | None = None
+    validate: Callable[[Any, Mapping[str, AssetSpec]], None] | None = None
+    #: extra definition for the fingerprint (e.g. the content of a repo file the spec names)
+    definition_extra: Callable[[Any], Mapping[str, Any]] | None = None
+    version: int = 1
+    #: a failed fetch keeps its partial folder, and the next fetch resumes into it (downloads)
+    resumable: bool = False
+    summary: str = ""
+
+
+KINDS: dict[str, AssetKind] = {}
+_BUILTIN_MODULES = ("hub", "tiny", "dolly", "tables")
+
+
+def register_kind(kind: AssetKind) -> AssetKind:
+    """Add (or replace) an asset kind: the extension point for new families' inputs."""
+    if not NAME_RE.match(kind.name):
+        raise ValueError(f"asset kind name {kind.name!r} must match {NAME_RE.pattern}")
+    if not (dataclasses.is_dataclass(kind.spec) and issubclass(kind.spec, AssetSpec)):
+        raise TypeError(f"asset kind {kind.name!r}: spec must be an AssetSpec dataclass")
+    KINDS[kind.name] = kind
+    return kind
+
+
+def kinds() -> dict[str, AssetKind]:
+    """Every registered kind, the built-in ones included (imported on first use)."""
+    import importlib
+
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(f"hopperlab.assets.{module}")
+    return KINDS
+
+
+# --------------------------------------------------------------------------- loading
+def _type_ok(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(tp))
+    if origin is typing.Literal:
+        return value in typing.get_args(tp)
+    if tp is type(None):
+        return value is None
+    if origin in (list, tuple):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0] if args else Any)
+                                                        for v in value)
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True
+
+
+def _expected(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
+    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def _build_spec(kind: AssetKind, name: str, data: Mapping[str, Any], source: str,
+                root: Path) -> AssetSpec:
+    where = f"{source}: assets.{name}"
+    hints = typing.get_type_hints(kind.spec)
+    fields = {f.name: f for f in dataclasses.fields(kind.spec)}
+    hidden = {"name", "source", "root"}
+    for key, value in data.items():
+        if key not in fields or key in hidden:
+            allowed = sorted(set(fields) - hidden)
+            raise SpecError(f"{where}.{key}: unknown key for kind {kind.name!r}; "
+                            f"expected one of: {', '.join(allowed)}")
+        if not _type_ok(value, hints[key]):
+            raise SpecError(f"{where}.{key}: expected {_expected(hints[key])}, "
+                            f"got {type(value).__name__} {value!r}")
+    missing = [f.name for f in fields.values() if f.name not in hidden and f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise SpecError(f"{where}: missing required key(s) for kind {kind.name!r}: "
+                        f"{', '.join(missing)}")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    try:
+        return kind.spec(name=name, source=source, root=str(root), **values)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{where}: {exc}") from None
+
+
+def load_assets_file(root: Path | str) -> dict[str, Any]:
+    """The raw, schema-checked ``configs/assets.yaml``."""
+    root = Path(root)
+    data = load_yaml(root / ASSETS_FILE, "assets")
+    schema_path = root / SCHEMA_FILE
+    if not schema_path.exists():  # a test root or an installed package: the bundled schema
+        schema_path = Path(__file__).resolve().parents[3] / SCHEMA_FILE
+    if schema_path.exists():
+        import yaml
+
+        validate_against_schema(data, yaml.safe_load(schema_path.read_text()), ASSETS_FILE)
+    if not isinstance(data.get("assets"), dict):
+        raise SpecError(f"{ASSETS_FILE}: assets: expected a mapping of asset name -> fields")
+    return data
+
+
+def load_assets(root: Path | str) -> dict[str, AssetSpec]:
+    """Every asset of ``configs/assets.yaml`` as a typed spec, in file order, validated."""
+    root = Path(root).resolve()
+    data = load_assets_file(root)
+    registry = kinds()
+    specs: dict[str, AssetSpec] = {}
+    for name, fields_ in data["assets"].items():
+        where = f"{ASSETS_FILE}: assets.{name}"
+        if not NAME_RE.match(str(name)):
+            raise SpecError(f"{where}: asset names must match {NAME_RE.pattern}")
+        if not isinstance(fields_, dict) or "kind" not in fields_:
+            raise SpecError(f"{where}.kind: required; one of: {', '.join(sorted(registry))}")
+        kind = registry.get(fields_["kind"])
+        if kind is None:
+            raise SpecError(f"{where}.kind: unknown kind {fields_['kind']!r}; "
+                            f"expected one of: {', '.join(sorted(registry))}")
+        specs[name] = _build_spec(kind, name, fields_, ASSETS_FILE, root)
+    for spec in specs.values():
+        _check_inputs(spec, specs)
+        validate = registry[spec.kind].validate
+        if validate is not None:
+            validate(spec, specs)
+    _check_cycles(specs)
+    for scale, names in (data.get("scales") or {}).items():
+        for i, name in enumerate(names):
+            if name not in specs:
+                raise SpecError(f"{ASSETS_FILE}: scales.{scale}[{i}]: unknown asset {name!r}")
+    return specs
+
+
+def load_scales(root: Path | str) -> dict[str, list[str]]:
+    """``scales`` of ``configs/assets.yaml``: which assets each scale (smoke, full) uses."""
+    return {k: list(v) for k, v in (load_assets_file(root).get("scales") or {}).items()}
+
+
+def _check_inputs(spec: AssetSpec, specs: Mapping[str, AssetSpec]) -> None:
+    kind = KINDS[spec.kind]
+    for role, allowed in kind.input_kinds.items():
+        dep = getattr(spec, role)
+        if dep is None:
+            continue
+        if dep not in specs:
+            raise SpecError(f"{spec.where}.{role}: unknown asset {dep!r}; "
+                            f"known assets: {', '.join(specs)}")
+        if specs[dep].kind not in allowed:
+            raise SpecError(f"{spec.where}.{role}: {dep!r} is of kind {specs[dep].kind!r}; "
+                            f"expected an asset of kind {' or '.join(allowed)}")
+
+
+def _check_cycles(specs: Mapping[str, AssetSpec]) -> None:
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = " -> ".join(path[path.index(name):] + [name])
+            raise SpecError(f"{specs[name].where}: assets are built from each other: {cycle}")
+        state[name] = 1
+        for dep in asset_inputs(name, specs).values():
+            visit(dep, path + [name])
+        state[name] = 2
+
+    for name in specs:
+        visit(name, [])
+
+
+# --------------------------------------------------------------------------- questions
+def _specs(root_or_specs: Path | str | Mapping[str, AssetSpec]) -> Mapping[str, AssetSpec]:
+    if isinstance(root_or_specs, Mapping):
+        return root_or_specs
+    return load_assets(root_or_specs)
+
+
+def get_spec(specs: Mapping[str, AssetSpec], name: str) -> AssetSpec:
+    try:
+        return specs[name]
+    except KeyError:
+        raise SpecError(f"{ASSETS_FILE}: assets: no asset named {name!r}; "
+                        f"known assets: {', '.join(specs)}") from None
+
+
+def asset_inputs(name: str, root_or_specs: Path | str | Mapping[str, AssetSpec]) -> dict[str, str]:
+    """The assets ``name`` is built from, as ``{role: asset name}`` (e.g. tokenizer, data)."""
+    specs = _specs(root_or_specs)
+    spec = get_spec(specs, name)
+    kind = kinds()[spec.kind]
+    return {role: getattr(spec, role) for role in kind.input_kinds
+            if getattr(spec, role) is not None}
+
+
+def definition(spec: AssetSpec) -> dict[str, Any]:
+    """The fields that say what the asset is (not where it comes from, nor its description)."""
+    out = {}
+    for f in dataclasses.fields(spec):
+        if f.metadata.get(NOT_DEFINITION, True) and f.name != "name":
+            value = getattr(spec, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def effective_spec(spec: AssetSpec, weights: str | None) -> AssetSpec:
+    """The spec with a ``weights`` override applied (models only; others are unchanged)."""
+    if weights and hasattr(spec, "weights") and getattr(spec, "weights") != weights:
+        return dataclasses.replace(spec, weights=weights)
+    return spec
+
+
+def asset_fingerprint(name: str, root_or_specs: Path | str | Mapping[str, AssetSpec], *,
+                      weights: str | None = None) -> str:
+    """A hash of what the asset is: its definition, its kind's version and its inputs'.
+
+    A changed definition means a different fingerprint, and ``materialize`` rebuilds.
+    Snakemake can take it as a rule ``params`` value so that such a change reruns the rule.
+    """
+    specs = _specs(root_or_specs)
+    spec = effective_spec(get_spec(specs, name), weights)
+    kind = kinds()[spec.kind]
+    data = definition(spec)
+    data["kind_version"] = kind.version
+    if kind.definition_extra is not None:
+        data["extra"] = dict(kind.definition_extra(spec))
+    data["inputs"] = {role: asset_fingerprint(dep, specs)
+                      for role, dep in asset_inputs(name, specs).items()}
+    blob = json.dumps(data, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
