@@ -30,7 +30,7 @@ from hopperlab.assets.registry import (
     RepairContext,
     register_kind,
 )
-from hopperlab.spec import SpecError
+from hopperlab.errors import SpecError
 
 log = logging.getLogger("hopperlab.assets")
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from hopperlab.spec import SpecError, load_yaml, validate_against_schema
+from hopperlab.errors import SpecError
+from hopperlab.spec import load_yaml, validate_against_schema
 
 ASSETS_FILE = "configs/assets.yaml"
 SCHEMA_FILE = "workflow/schemas/assets.schema.yaml"

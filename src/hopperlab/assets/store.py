@@ -51,7 +51,7 @@ from hopperlab.assets.registry import (
     load_scales,
 )
 from hopperlab.record import read_json, utc_now, write_json_atomic
-from hopperlab.spec import SpecError
+from hopperlab.errors import SpecError
 
 log = logging.getLogger("hopperlab.assets")
 
