@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import struct
 import subprocess
 import sys
@@ -188,14 +189,19 @@ def test_interrupted_fetch_leaves_nothing_complete_and_resumes(hub, specs, tmp_p
     assert verify(final) and "no such asset folder" in verify(final)[0]
     partial = [p for p in (adir / TMP_DIR).iterdir()]
     assert len(partial) == 1 and not (partial[0] / MANIFEST).exists()
-    done_before = list(hub.downloads)
+    done_before = set(hub.downloads) - {"model-00002-of-00002.safetensors"}
+    assert "model-00001-of-00002.safetensors" in done_before
+    # a finished file damaged meanwhile (same size) is not trusted on resume
+    shard = partial[0] / "model-00001-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\x07")
     hub.fail_on = None
     hub.downloads.clear()
     materialize("llama-2-7b", ROOT, adir, specs=specs)
     assert verify(final) == []
-    # files finished before the interruption were not downloaded again
-    assert not set(hub.downloads) & (set(done_before) - {"model-00002-of-00002.safetensors"})
+    # the other files finished before the interruption were not downloaded again
+    assert "model-00001-of-00002.safetensors" in hub.downloads
     assert "model-00002-of-00002.safetensors" in hub.downloads
+    assert not set(hub.downloads) & (done_before - {"model-00001-of-00002.safetensors"})
     assert not list((adir / TMP_DIR).iterdir())
 
 
@@ -248,7 +254,8 @@ def test_no_network_error_names_the_ways_out(hub, specs, tmp_path):
 def test_no_network_with_the_real_library(tmp_path):
     """huggingface_hub itself, offline (HF_HUB_OFFLINE): the same message, from the CLI."""
     env = {"HF_HUB_OFFLINE": "1", "HF_TOKEN": SECRET, "PATH": "/usr/bin:/bin",
-           "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}
+           "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-m", "hopperlab.assets", "fetch", "llama-2-7b",
                           "--root", str(ROOT), "--assets-dir", str(tmp_path / "assets")],
                          capture_output=True, text=True, env=env, timeout=120)

@@ -194,7 +194,7 @@ def test_interrupted_rebuild_keeps_the_old_complete_version(tmp_path, count_kind
         materialize("first", root, "assets")
     assert (final / "numbers.txt").read_text() == "0 1 2" and verify(final) == []
     # a leftover of a killed process (no cleanup ran) is removed by the next run
-    (root / "assets" / TMP_DIR / "first.build.1.dead").mkdir()
+    (root / "assets" / TMP_DIR / "first@build.1.dead").mkdir()
     _root(tmp_path, COUNTS)
     materialize("first", root, "assets")
     assert not list((root / "assets" / TMP_DIR).iterdir())

@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fetch", help="fetch or build assets (verify and repair existing ones)")
     f.add_argument("names", nargs="*", help="asset names (default with --scale: all of it)")
-    f.add_argument("--scale", choices=None, help="refuse assets this scale does not list")
+    f.add_argument("--scale", help="fetch every asset of this scale (smoke, full), or refuse "
+                                    "named assets it does not list")
     f.add_argument("--weights", choices=("pretrained", "random"),
                    help="override a model's weights (random: architecture only, no download)")
     common(f)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping
 
 from hopperlab.assets.errors import AssetError, NoNetworkError
-from hopperlab.assets.manifest import list_files, read_manifest, sha256_file
+from hopperlab.assets.manifest import git_blob_sha1, list_files, read_manifest, sha256_file
 from hopperlab.assets.registry import (
     NOT_DEFINITION,
     REVISION_RE,
@@ -308,8 +308,9 @@ def _build(spec: HubSpec, ctx: BuildContext) -> dict[str, Any]:
         f = remote[rel]
         dest = ctx.out / rel
         ctx.expect(rel, size=f.size, sha256=f.sha256, git_blob=f.git_blob)
-        if dest.is_file() and dest.stat().st_size == f.size:
-            continue  # downloaded by an earlier, interrupted fetch (checked with the rest)
+        if dest.is_file() and _matches(dest, f):
+            continue  # downloaded whole by an earlier, interrupted fetch
+        dest.unlink(missing_ok=True)
         if f.sha256 and old.get(rel) == f.sha256 and ctx.previous is not None:
             _link_or_copy(ctx.previous / rel, dest)
             reused += 1
@@ -321,6 +322,14 @@ def _build(spec: HubSpec, ctx: BuildContext) -> dict[str, Any]:
              fetched, reused)
     return {**source, "from": "hub", "files": len(wanted),
             "bytes": sum(remote[r].size for r in wanted)}
+
+
+def _matches(path: Path, f: RemoteFile) -> bool:
+    if path.stat().st_size != f.size:
+        return False
+    if f.sha256:
+        return sha256_file(path) == f.sha256
+    return f.git_blob is None or git_blob_sha1(path) == f.git_blob
 
 
 def _clear(folder: Path) -> None:

@@ -213,12 +213,14 @@ def _repair(spec: AssetSpec, kind: AssetKind, final: Path, adir: Path,
 
 
 # --------------------------------------------------------------------------- building
+# temporary folders are named "<asset>@<what>...": "@" is not allowed in asset names, so the
+# leftovers of one asset are never taken for another's
 def _partial_name(name: str, fingerprint: str) -> str:
-    return f"{name}.{fingerprint}.partial"
+    return f"{name}@{fingerprint}.partial"
 
 
 def _new_temp(adir: Path, name: str, what: str) -> Path:
-    path = adir / TMP_DIR / f"{name}.{what}.{os.getpid()}.{secrets.token_hex(4)}"
+    path = adir / TMP_DIR / f"{name}@{what}.{os.getpid()}.{secrets.token_hex(4)}"
     path.mkdir(parents=True)
     return path
 
@@ -229,7 +231,7 @@ def _clean_temps(adir: Path, name: str, keep: str | None) -> None:
     if not tmp.is_dir():
         return
     for path in tmp.iterdir():
-        if path.name.startswith(f"{name}.") and path.name != keep:
+        if path.name.startswith(f"{name}@") and path.name != keep:
             log.info("%s: removing leftovers of an interrupted run: %s", name, path.name)
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
 
@@ -322,7 +324,7 @@ def _drop_failed(tmp: Path, problems: list[str], expected: Mapping[str, Any]) ->
 
 def _swap_into_place(tmp: Path, final: Path, adir: Path) -> None:
     if final.exists():
-        old = adir / TMP_DIR / f"{final.name}.old.{os.getpid()}.{secrets.token_hex(4)}"
+        old = adir / TMP_DIR / f"{final.name}@old.{os.getpid()}.{secrets.token_hex(4)}"
         os.rename(final, old)
         os.rename(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
