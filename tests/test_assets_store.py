@@ -18,7 +18,6 @@ from hopperlab.assets import (
     AssetKind,
     AssetSpec,
     asset_dir,
-    load_assets,
     main,
     materialize,
     read_info,

@@ -58,7 +58,8 @@ def test_tiny_tokenizer_loads_in_transformers(smoke):
     tok = AutoTokenizer.from_pretrained(str(smoke / "tiny-llama"))
     ids = tok("### Instruction:\nSay the word owl two times.").input_ids
     assert ids[0] == tok.bos_token_id == 1 and tok.eos_token_id == 2
-    assert tok.decode(ids, skip_special_tokens=True) == "### Instruction:\nSay the word owl two times."
+    text = "### Instruction:\nSay the word owl two times."
+    assert tok.decode(ids, skip_special_tokens=True) == text
     assert len(ids) < 20  # the tokenizer learned words of this text, not bytes
 
 

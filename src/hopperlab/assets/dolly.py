@@ -26,7 +26,8 @@ from hopperlab.errors import SpecError
 IGNORE_INDEX = -100
 TEMPLATE_VERSION = "hopperlab-dolly-1"
 PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
-PROMPT_WITH_CONTEXT = "### Instruction:\n{instruction}\n\n### Context:\n{context}\n\n### Response:\n"
+PROMPT_WITH_CONTEXT = ("### Instruction:\n{instruction}\n\n### Context:\n{context}\n\n"
+                       "### Response:\n")
 ARRAYS = ("input_ids", "labels", "attention_mask")
 META = "meta.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",

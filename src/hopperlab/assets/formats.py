@@ -24,7 +24,8 @@ def check_safetensors(path: Path) -> str | None:
             return f"{size} bytes: too short for a safetensors header (partial)"
         (n,) = struct.unpack("<Q", raw)
         if n > _MAX_HEADER or 8 + n > size:
-            return f"safetensors header of {n} bytes does not fit in {size} bytes (partial or corrupted)"
+            return (f"safetensors header of {n} bytes does not fit in {size} bytes "
+                    f"(partial or corrupted)")
         try:
             header = json.loads(fh.read(n))
         except (UnicodeDecodeError, ValueError):

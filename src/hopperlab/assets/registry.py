@@ -65,7 +65,7 @@ class BuildContext:
     expected: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def expect(self, rel: str, **checks: Any) -> None:
-        """Record checks of one file: ``sha256=``, ``size=``, ``git_blob=`` (None values ignored)."""
+        """Record checks of one file: ``sha256=``, ``size=``, ``git_blob=`` (None: unknown)."""
         self.expected.setdefault(rel, {}).update({k: v for k, v in checks.items() if v is not None})
 
 

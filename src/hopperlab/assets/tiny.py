@@ -146,7 +146,7 @@ def _build_dolly(spec: DollySyntheticSpec, ctx: BuildContext) -> dict[str, Any]:
 
 
 def training_texts(n: int, seed: int) -> Iterator[str]:
-    """What the tiny tokenizer learns from: whole prompts and responses, as Dolly prep makes them."""
+    """What the tiny tokenizer learns from: prompts and responses, as Dolly prep makes them."""
     from hopperlab.assets.dolly import prompt_text
 
     for rec in synthetic_dolly(n, seed):
