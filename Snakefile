@@ -16,6 +16,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/containers.smk"
+include: "workflow/rules/assets.smk"
 include: "workflow/rules/experiments.smk"
 include: "workflow/rules/report.smk"
 
@@ -23,4 +24,6 @@ include: "workflow/rules/report.smk"
 rule all:
     input:
         REPORT_FILES,
+        # every asset the matrix uses: a deleted one is rebuilt and its runs rerun
+        ASSET_TARGETS,
     default_target: True

@@ -11,7 +11,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-PROJECT_PARTS = ("Snakefile", "configs", "experiments", "workflow", "profiles", "containers")
+PROJECT_PARTS = ("Snakefile", "configs", "experiments", "workflow", "profiles", "containers",
+                 "models")
 
 
 def copy_project(dest: Path) -> Path:

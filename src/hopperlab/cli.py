@@ -1,4 +1,4 @@
-"""The ``hopperlab`` command: list, submit, run, sync, report, compare, prepare-tracking.
+"""The ``hopperlab`` command: list, submit, run, fetch, sync, report, compare, prepare-tracking.
 
 Each Snakemake rule calls one of these, so that the workflow stays thin and every piece of logic
 can be run and tested without Snakemake. Config overrides use Snakemake's form:
@@ -72,7 +72,38 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from hopperlab.submission import submit
 
-    return submit(_matrix(args), args.key, upload=not args.no_upload, executor="debug")
+    matrix = _matrix(args)
+    spec = matrix.get(args.key)
+    for name in sorted(set(spec.assets.values())):  # what Snakemake would have built first
+        _fetch(matrix, name)
+    return submit(matrix, args.key, upload=not args.no_upload, executor="debug")
+
+
+def _fetch(matrix: Matrix, name: str) -> Path:
+    from hopperlab.assets.store import materialize
+
+    return materialize(name, matrix.root, matrix.site.assets_dir)
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """Fetch or build assets into the site's assets_dir (verifying and repairing existing ones)."""
+    from hopperlab.assets.errors import AssetError
+
+    matrix = _matrix(args)
+    names = list(args.names)
+    if args.matrix:
+        names += sorted({a for spec in matrix.runs.values() for a in spec.assets.values()})
+    if not names:
+        raise SpecError("hopperlab fetch: name assets, or give --matrix for every asset the "
+                        "matrix uses")
+    try:
+        for name in names:
+            folder = _fetch(matrix, name)
+            print(f"[hopperlab] asset {name}: {folder}")
+    except AssetError as exc:
+        print(f"hopperlab: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_prepare_tracking(args: argparse.Namespace) -> int:
@@ -136,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = add(name, func, help_)
         p.add_argument("key", help="family/experiment/variant")
         p.add_argument("--no-upload", action="store_true", help="leave MLflow for `sync`")
+    p = add("fetch", cmd_fetch, "fetch or build assets into the site's assets_dir")
+    p.add_argument("names", nargs="*", help="asset names (configs/assets.yaml, configs/assets.d/)")
+    p.add_argument("--matrix", action="store_true", help="every asset the matrix names")
     p = add("prepare-tracking", cmd_prepare_tracking,
             "create the MLflow store, experiments and parent runs once, before any run")
     p.add_argument("--touch", help="write this marker file when done")

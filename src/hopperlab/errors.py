@@ -6,3 +6,8 @@ class SpecError(ValueError):
 
     The message names the file, the key path and what was expected.
     """
+
+
+class AssetMissing(RuntimeError):
+    """A run needs an asset that was not built (or names no asset for a role); the message
+    names the asset and the command that builds it."""

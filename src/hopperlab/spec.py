@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import yaml
 
 from hopperlab.containers import image_path, resolve_site_runtime
-from hopperlab.errors import SpecError
+from hopperlab.errors import AssetMissing, SpecError
 from hopperlab.workloads import FAMILY_MODULES, family_info
 from hopperlab.workloads.base import FamilyInfo
 
@@ -109,10 +109,31 @@ class RunSpec:
     headline_metrics: tuple[str, ...] = ()
     source: str = ""
     git_commit: str | None = None
+    #: role -> asset name (e.g. model -> tiny-llama); built by the workflow before the run
+    assets: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
         return f"{self.family}/{self.experiment}/{self.variant}"
+
+    def asset_path(self, role: str) -> Path:
+        """The folder of the asset this run names for ``role``, checked to be complete.
+
+        Raises ``AssetMissing`` (naming the asset and how to build it) when the run names no
+        asset for ``role`` or the asset has not been built.
+        """
+        if role not in self.assets:
+            named = ", ".join(f"{r}={n}" for r, n in self.assets.items()) or "none"
+            raise AssetMissing(f"{self.source}: experiments.{self.experiment}: {self.key} names "
+                               f"no asset for the role {role!r} (assets: {named})")
+        name = self.assets[role]
+        folder = Path(self.site.assets_dir) / name
+        if not (folder / "MANIFEST.sha256").is_file():
+            raise AssetMissing(
+                f"asset {name!r} ({role} of {self.key}) is not built in {folder}: run "
+                f"`snakemake --cores 2 {folder}/MANIFEST.sha256` or "
+                f"`python -m hopperlab.assets fetch {name} --assets-dir {self.site.assets_dir}`")
+        return folder
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -135,6 +156,7 @@ class RunSpec:
             description=data.get("description", ""),
             headline_metrics=tuple(data.get("headline_metrics", ())),
             source=data.get("source", ""), git_commit=data.get("git_commit"),
+            assets=dict(data.get("assets", {})),
         )
 
 
@@ -349,7 +371,7 @@ def _selected(key: str, only: list[str]) -> bool:
 
 
 def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: SiteSpec,
-                     commit: str | None) -> list[RunSpec]:
+                     commit: str | None, known_assets: set[str] | None = None) -> list[RunSpec]:
     path = root / "experiments" / f"{family}.yaml"
     source = str(path.relative_to(root))
     if family not in FAMILY_MODULES:
@@ -375,6 +397,15 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
             knobs = {k: var[k] for k in KNOB_DEFAULTS if k in var}
             merged_params = {**exp.get("params", {}), **scale_block.get("params", {}),
                              **var.get("params", {})}
+            assets = {**exp.get("assets", {}), **scale_block.get("assets", {}),
+                      **var.get("assets", {})}
+            if known_assets is not None:
+                for role, asset in assets.items():
+                    if asset not in known_assets:
+                        raise SpecError(
+                            f"{source}: {var_path}: assets.{role}: unknown asset {asset!r}; "
+                            f"configs/assets.yaml and configs/assets.d/ define: "
+                            f"{', '.join(sorted(known_assets))}")
             params = build_params(info, merged_params, source, f"{var_path}.params")
             resources = Resources(**{**base_resources, **exp.get("resources", {}),
                                      **scale_block.get("resources", {}),
@@ -389,10 +420,20 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                 resources=resources, site=site,
                 run_dir=str(Path(config["results_dir"]) / family / exp_name / var_name),
                 baseline=exp["baseline"], description=var.get("description", exp.get("description", "")),
-                headline_metrics=info.headline_metrics, source=source, git_commit=commit)
+                headline_metrics=info.headline_metrics, source=source, git_commit=commit,
+                assets=assets)
             if _selected(spec.key, list(config.get("only") or [])):
                 runs.append(spec)
     return runs
+
+
+def _known_assets(root: Path) -> set[str] | None:
+    """Names of every asset (validated); None in a project without configs/assets.yaml."""
+    if not (root / "configs" / "assets.yaml").is_file():
+        return None
+    from hopperlab.assets.registry import load_assets  # noqa: PLC0415 - imports spec
+
+    return set(load_assets(root))
 
 
 def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) -> Matrix:
@@ -402,8 +443,9 @@ def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) ->
     site = load_site(root, config["site"], config["results_dir"])
     commit = git_commit(root)
     runs: dict[str, RunSpec] = {}
+    known_assets = _known_assets(root)
     for family in config["families"]:
-        for spec in load_family_runs(root, family, config, site, commit):
+        for spec in load_family_runs(root, family, config, site, commit, known_assets):
             runs[spec.key] = spec
     for sel in config.get("only") or []:
         if not any(_selected(k, [sel]) for k in runs):

@@ -60,6 +60,71 @@ def tracking_marker(matrix: Matrix) -> str:
     return f"{matrix.config['results_dir']}/.hopperlab/tracking-{digest}.json"
 
 
+def assets_dir_for_rules(matrix: Matrix) -> str:
+    """The site's assets folder as Snakemake should name it: relative to the project root when
+    inside it (so targets read ``assets/NAME/MANIFEST.sha256``), else absolute."""
+    folder = Path(matrix.site.assets_dir)
+    try:
+        return folder.relative_to(matrix.root).as_posix()
+    except ValueError:
+        return folder.as_posix()
+
+
+def asset_manifest(assets_dir: str, name: str) -> str:
+    return f"{assets_dir}/{name}/MANIFEST.sha256"
+
+
+def run_asset_manifests(matrix: Matrix, wildcards: Any, assets_dir: str) -> list[str]:
+    """The manifests of the assets a run names: its rule's inputs."""
+    spec = matrix.get(run_key(matrix, wildcards))
+    return [asset_manifest(assets_dir, name) for name in sorted(set(spec.assets.values()))]
+
+
+def _asset_spec_or_error(specs: Mapping[str, Any], name: str) -> Any:
+    if name not in specs:
+        raise SpecError(f"configs/assets.yaml: assets: no asset named {name!r} (asked for as "
+                        f"a target); known assets: {', '.join(specs)}")
+    return specs[name]
+
+
+def asset_input_manifests(specs: Mapping[str, Any], name: str, assets_dir: str) -> list[str]:
+    """The manifests of the assets ``name`` is built from (a tokenizer, a data set...)."""
+    from hopperlab.assets.registry import asset_inputs
+
+    _asset_spec_or_error(specs, name)
+    return [asset_manifest(assets_dir, dep) for dep in sorted(set(asset_inputs(name, specs)
+                                                                    .values()))]
+
+
+def matrix_asset_manifests(matrix: Matrix, specs: Mapping[str, Any], assets_dir: str) -> list[str]:
+    """The manifests of every asset the matrix uses, with the assets they are built from.
+
+    They are targets of ``rule all``: Snakemake does not rebuild a missing *intermediate* file
+    whose consumers are up to date, so a deleted asset would otherwise stay deleted. As targets,
+    a deleted asset is rebuilt, and the runs that use it rerun (their input is newer).
+    """
+    from hopperlab.assets.registry import asset_inputs
+
+    wanted: set[str] = set()
+    todo = [name for spec in matrix.runs.values() for name in spec.assets.values()]
+    while todo:
+        name = todo.pop()
+        if name in wanted:
+            continue
+        _asset_spec_or_error(specs, name)
+        wanted.add(name)
+        todo.extend(asset_inputs(name, specs).values())
+    return [asset_manifest(assets_dir, name) for name in sorted(wanted)]
+
+
+def asset_rule_fingerprint(specs: Mapping[str, Any], name: str) -> str:
+    """The asset's definition hash: a changed definition reruns its rule (and its dependents)."""
+    from hopperlab.assets.registry import asset_fingerprint
+
+    _asset_spec_or_error(specs, name)
+    return asset_fingerprint(name, specs)
+
+
 def run_output_paths(matrix: Matrix) -> list[str]:
     return [f"{spec.run_dir}/{METRICS_FILE}" for spec in matrix.runs.values()]
 

@@ -3,9 +3,15 @@ import shlex
 import sys
 
 from hopperlab.spec import SpecError, load_matrix
+from hopperlab.assets.registry import load_assets as load_asset_specs
 from hopperlab.workflow_support import (
+    asset_input_manifests,
+    asset_rule_fingerprint,
+    assets_dir_for_rules,
     bare_forcerun,
+    matrix_asset_manifests,
     config_args,
+    run_asset_manifests,
     run_key,
     run_output_paths,
     spec_fingerprint,
@@ -18,6 +24,10 @@ except SpecError as exc:
     raise WorkflowError(f"hopperlab: config error:\n{exc}") from None
 
 RESULTS = MATRIX.config["results_dir"]
+# every asset of configs/assets.yaml + configs/assets.d/, and where the site keeps them
+ASSET_SPECS = load_asset_specs(workflow.basedir)
+ASSETS_DIR = assets_dir_for_rules(MATRIX)
+ASSET_TARGETS = matrix_asset_manifests(MATRIX, ASSET_SPECS, ASSETS_DIR)
 HOPPERLAB = f"{shlex.quote(sys.executable)} -m hopperlab.cli"
 CONFIG_ARGS = config_args(MATRIX.config)
 TRACKING_MARKER = tracking_marker(MATRIX)

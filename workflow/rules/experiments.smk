@@ -13,6 +13,8 @@ rule run:
     input:
         TRACKING_MARKER,
         CONTAINER_IMAGE,
+        # the assets the run names (experiments/<family>.yaml: assets), built before it
+        lambda wc: run_asset_manifests(MATRIX, wc, ASSETS_DIR),
     output:
         f"{RESULTS}/{{family}}/{{experiment}}/{{variant}}/metrics.json",
     params:

@@ -23,6 +23,8 @@ from hopperlab.errors import SpecError
 from hopperlab.spec import load_yaml, validate_against_schema
 
 ASSETS_FILE = "configs/assets.yaml"
+#: more asset files, one per family (same format as ASSETS_FILE), merged in name order
+ASSETS_EXTRA_GLOB = "configs/assets.d/*.yaml"
 SCHEMA_FILE = "workflow/schemas/assets.schema.yaml"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -108,7 +110,9 @@ class AssetKind:
 
 
 KINDS: dict[str, AssetKind] = {}
-_BUILTIN_MODULES = ("hub", "tiny", "dolly", "tables")
+#: modules of this package that define no kind (every other module is imported by ``kinds()``)
+_NOT_KIND_MODULES = frozenset({"__main__", "cli", "errors", "formats", "manifest", "registry",
+                               "store", "random_weights"})
 
 
 def register_kind(kind: AssetKind) -> AssetKind:
@@ -124,9 +128,12 @@ def register_kind(kind: AssetKind) -> AssetKind:
 def kinds() -> dict[str, AssetKind]:
     """Every registered kind, the built-in ones included (imported on first use)."""
     import importlib
+    import pkgutil
 
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(f"hopperlab.assets.{module}")
+    package = Path(__file__).parent
+    for module in pkgutil.iter_modules([str(package)]):
+        if module.name not in _NOT_KIND_MODULES and not module.name.startswith("_"):
+            importlib.import_module(f"hopperlab.assets.{module.name}")
     return KINDS
 
 
@@ -188,20 +195,42 @@ def _build_spec(kind: AssetKind, name: str, data: Mapping[str, Any], source: str
         raise SpecError(f"{where}: {exc}") from None
 
 
-def load_assets_file(root: Path | str) -> dict[str, Any]:
-    """The raw, schema-checked ``configs/assets.yaml``."""
-    root = Path(root)
-    data = load_yaml(root / ASSETS_FILE, "assets")
+def _schema_checked(root: Path, rel: str) -> dict[str, Any]:
+    data = load_yaml(root / rel, "assets")
     schema_path = root / SCHEMA_FILE
     if not schema_path.exists():  # a test root or an installed package: the bundled schema
         schema_path = Path(__file__).resolve().parents[3] / SCHEMA_FILE
     if schema_path.exists():
         import yaml
 
-        validate_against_schema(data, yaml.safe_load(schema_path.read_text()), ASSETS_FILE)
+        validate_against_schema(data, yaml.safe_load(schema_path.read_text()), rel)
     if not isinstance(data.get("assets"), dict):
-        raise SpecError(f"{ASSETS_FILE}: assets: expected a mapping of asset name -> fields")
+        raise SpecError(f"{rel}: assets: expected a mapping of asset name -> fields")
     return data
+
+
+def load_assets_file(root: Path | str) -> dict[str, Any]:
+    """``configs/assets.yaml`` merged with ``configs/assets.d/*.yaml``, each schema-checked.
+
+    The result has ``assets``, ``scales`` and ``sources`` (asset name -> the file defining it).
+    A name defined in two files is refused, naming both.
+    """
+    root = Path(root)
+    files = [ASSETS_FILE] + sorted(str(p.relative_to(root)) for p in root.glob(ASSETS_EXTRA_GLOB))
+    merged: dict[str, Any] = {"assets": {}, "scales": {}, "sources": {}}
+    for rel in files:
+        if rel != ASSETS_FILE and not (root / rel).is_file():
+            continue
+        data = _schema_checked(root, rel)
+        for name, fields_ in data["assets"].items():
+            if name in merged["sources"]:
+                raise SpecError(f"{rel}: assets.{name}: already defined in "
+                                f"{merged['sources'][name]}; asset names are unique")
+            merged["assets"][name] = fields_
+            merged["sources"][name] = rel
+        for scale, names in (data.get("scales") or {}).items():
+            merged["scales"].setdefault(scale, []).extend(names)
+    return merged
 
 
 def load_assets(root: Path | str) -> dict[str, AssetSpec]:
@@ -211,7 +240,8 @@ def load_assets(root: Path | str) -> dict[str, AssetSpec]:
     registry = kinds()
     specs: dict[str, AssetSpec] = {}
     for name, fields_ in data["assets"].items():
-        where = f"{ASSETS_FILE}: assets.{name}"
+        source = data["sources"][name]
+        where = f"{source}: assets.{name}"
         if not NAME_RE.match(str(name)):
             raise SpecError(f"{where}: asset names must match {NAME_RE.pattern}")
         if not isinstance(fields_, dict) or "kind" not in fields_:
@@ -220,7 +250,7 @@ def load_assets(root: Path | str) -> dict[str, AssetSpec]:
         if kind is None:
             raise SpecError(f"{where}.kind: unknown kind {fields_['kind']!r}; "
                             f"expected one of: {', '.join(sorted(registry))}")
-        specs[name] = _build_spec(kind, name, fields_, ASSETS_FILE, root)
+        specs[name] = _build_spec(kind, name, fields_, source, root)
     for spec in specs.values():
         _check_inputs(spec, specs)
         validate = registry[spec.kind].validate

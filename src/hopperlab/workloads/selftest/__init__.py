@@ -11,13 +11,14 @@ from dataclasses import dataclass
 
 from hopperlab.workloads.base import FamilyInfo
 
-ACTIONS = ("ok", "raise", "oom", "sleep", "skip")
+ACTIONS = ("ok", "raise", "oom", "sleep", "skip", "read-table")
 
 
 @dataclass(frozen=True)
 class SelftestParams:
     #: ok: log steps and finish; raise: a bug (RuntimeError); oom: MemoryError;
-    #: sleep: sleep ``sleep_s`` (for time limits and cancels); skip: SkipRun
+    #: sleep: sleep ``sleep_s`` (for time limits and cancels); skip: SkipRun;
+    #: read-table: count the rows of the run's ``table`` asset (the asset wiring, end to end)
     action: str = "ok"
     steps: int = 3
     sleep_s: float = 0.0

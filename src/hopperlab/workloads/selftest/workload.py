@@ -19,5 +19,17 @@ def run(spec, recorder: Recorder) -> None:
         raise MemoryError("selftest: deliberate out-of-memory")
     if p.action == "skip":
         raise SkipRun("selftest: deliberately skipped")
+    if p.action == "read-table":
+        _read_table(spec, recorder)
     recorder.log_metric("value", float(p.steps))
     recorder.log_metric("steps", float(p.steps))
+
+
+def _read_table(spec, recorder: Recorder) -> None:
+    """Read the ``table`` asset the run names: proves the workflow built it before the run."""
+    import pyarrow.parquet as pq
+
+    folder = spec.asset_path("table")
+    table = pq.read_table(next(folder.glob("table.*")))
+    recorder.set_tag("selftest.table", str(folder))
+    recorder.log_metric("table_rows", float(table.num_rows))
