@@ -207,7 +207,7 @@ def test_torch_profiler_writes_a_trace(tmp_path):
                                                  host_memory="pageable", profiler="torch",
                                                  sizes_mb=(1,), repeats=1, warmup=0))
     assert record["status"] == "ok"
-    assert (run_dir / "artifacts" / "torch_trace.json").stat().st_size > 0
+    assert (run_dir / "artifacts" / "profile" / "torch_trace.json").stat().st_size > 0
 
 
 # --------------------------------------------------------------------------- helpers

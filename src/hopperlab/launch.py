@@ -52,9 +52,14 @@ def container_prefix(spec: RunSpec, run_dir: Path) -> list[str]:
 
 
 def job_python(spec: RunSpec, run_dir: Path) -> str:
-    """The command submitit starts instead of plain python (a shell-quoted string)."""
+    """The command submitit starts instead of plain python (a shell-quoted string).
+
+    With a profiler, ``profiler_prefix`` puts hopperlab's profile wrapper (and ``nsys
+    profile``) before python: the wrapper finishes the profile once the job's python has
+    exited (``hopperlab.profiling.finish`` says why there).
+    """
     python = "python" if spec.site.container.image else sys.executable
-    parts = container_prefix(spec, run_dir) + profiler_prefix(spec, run_dir) + [python]
+    parts = container_prefix(spec, run_dir) + profiler_prefix(spec, run_dir, python) + [python]
     return shlex.join(parts)
 
 
@@ -137,6 +142,13 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
         outcome.state = _final_state(job, default="FAILED")
     if spec.site.executor != "debug":
         outcome.stdout, outcome.stderr = Path(job.paths.stdout), Path(job.paths.stderr)
+    elif spec.knobs.profiler == "torch":
+        # no command line to wrap in-process: finish the profile here (nsys is refused before)
+        from hopperlab.profiling.command import site_settings
+        from hopperlab.profiling.finish import finish_profile
+
+        settings = site_settings(spec)
+        finish_profile(run_dir, "torch", gap_threshold_us=settings.gap_threshold_us)
     return outcome
 
 

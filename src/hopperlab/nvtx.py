@@ -16,6 +16,10 @@ Workloads mark their work with ``nvtx_range(name)`` so that an Nsight Systems ti
 ``measured_region()`` opens the capture around the measured steps (``cudaProfilerStart`` /
 ``Stop``), which ``nsys profile --capture-range=cudaProfilerApi`` waits for. Without CUDA, or
 without torch, every helper here is a no-op, so workloads call them unconditionally.
+
+``profiled_region(profiler, recorder)`` is ``measured_region()`` plus, for ``profiler: torch``,
+the torch profiler over the same steps, its Chrome trace saved as ``TORCH_TRACE`` under the run's
+artifacts (where ``hopperlab.profiling`` reads it into ``prof_`` metrics).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ OPTIMIZER = "optimizer"
 DATA_WAIT = "data.wait"
 OFFLOAD_COPY = "offload.copy"
 OFFLOAD_PREFETCH = "offload.prefetch"
+#: the torch profiler's Chrome trace, relative to the run's artifacts/
+TORCH_TRACE = "profile/torch_trace.json"
 
 
 def pipeline(component: str) -> str:
@@ -89,3 +95,25 @@ def measured_region() -> Iterator[None]:
     finally:
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
+
+
+@contextmanager
+def profiled_region(profiler: str, recorder: Any) -> Iterator[None]:
+    """``measured_region()``; with ``profiler == "torch"`` also the torch profiler (CPU, and
+    CUDA where available) over it, saved to ``recorder.artifact_path(TORCH_TRACE)``."""
+    if profiler != "torch":
+        with measured_region():
+            yield
+        return
+    torch = _torch()
+    if torch is None:
+        raise RuntimeError("profiler=torch needs torch, which is not installed")
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        with measured_region():
+            yield
+    prof.export_chrome_trace(str(recorder.artifact_path(TORCH_TRACE)))

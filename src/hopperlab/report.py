@@ -307,8 +307,73 @@ def _plain(text: str) -> str:
     return text.replace("$", r"\$")
 
 
+#: The profile breakdown chart: (label, colour, metric of the share of GPU operation time);
+#: "other kernels" is the kernel share less the top kernel's, idle is 1 - prof_gpu_busy_frac.
+PROFILE_PARTS: tuple[tuple[str, str, str | None], ...] = (
+    ("top kernel", "#1b5e20", "prof_top_kernel_gpu_share"),
+    ("other kernels", "#66bb6a", None),
+    ("memcpy H2D", "#1565c0", "prof_memcpy_h2d_share"),
+    ("memcpy D2H", "#64b5f6", "prof_memcpy_d2h_share"),
+    ("memcpy other", "#90caf9", None),
+    ("unified memory", "#ef6c00", "prof_um_share"),
+    ("memset", "#8d6e63", "prof_memset_share"),
+    ("GPU idle", "#e0e0e0", None),
+)
+
+
+def profile_breakdown(metrics: Mapping[str, float]) -> dict[str, float] | None:
+    """A profiled run's capture as fractions that sum to 1: each kind of GPU operation's share
+    of the GPU's busy time, and idle time. None for a run without nsys/torch GPU figures."""
+    busy = metrics.get("prof_gpu_busy_frac")
+    if busy is None or not math.isfinite(busy):
+        return None
+    busy = min(max(busy, 0.0), 1.0)
+    share = {label: metrics.get(key, 0.0) for label, _, key in PROFILE_PARTS if key}
+    share["other kernels"] = max(0.0, metrics.get("prof_kernel_share", 0.0)
+                                 - share["top kernel"])
+    copies = sum(v for k, v in metrics.items()
+                 if k.startswith("prof_memcpy_") and k.endswith("_share"))
+    share["memcpy other"] = max(0.0, copies - share["memcpy H2D"] - share["memcpy D2H"])
+    total = sum(share.values())
+    out = {label: (share.get(label, 0.0) / total * busy if total else 0.0)
+           for label, _, _ in PROFILE_PARTS if label != "GPU idle"}
+    out["GPU idle"] = 1.0 - sum(out.values())
+    return out
+
+
 class _Plotter:
     """Bar charts as base64 PNG; matplotlib is imported on first use, without pyplot."""
+
+    def profile_chart(self, runs: Sequence[RunRow]) -> str:
+        """One horizontal stacked bar per profiled variant: where the capture's time went."""
+        rows = [(r, profile_breakdown(r.metrics)) for r in runs if r.status == "ok"]
+        rows = [(r, b) for r, b in rows if b is not None]
+        fig = self._figure(figsize=(8.0, 0.9 + 0.38 * len(rows)), dpi=80)
+        self._canvas(fig)
+        ax = fig.add_subplot()
+        for i, (r, parts) in enumerate(rows):
+            left = 0.0
+            for label, colour, _ in PROFILE_PARTS:
+                width = parts[label]
+                ax.barh(i, width, left=left, color=colour, edgecolor="white", linewidth=0.4,
+                        label=label if i == 0 else None)
+                if width >= 0.08:
+                    ax.text(left + width / 2, i, f"{width:.0%}", ha="center", va="center",
+                            fontsize=7, color="black" if label == "GPU idle" else "white")
+                left += width
+        ax.set_yticks(range(len(rows)), [_plain(r.variant[:28]) for r, _ in rows], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1)
+        ax.xaxis.set_major_formatter(lambda x, _pos: f"{x:.0%}")
+        ax.tick_params(axis="x", labelsize=8)
+        ax.legend(ncol=4, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+                  frameon=False)
+        ax.spines[["top", "right"]].set_visible(False)
+        fig.subplots_adjust(left=0.25, right=0.97, top=1 - 0.75 / fig.get_size_inches()[1],
+                            bottom=0.35 / fig.get_size_inches()[1])
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return base64.b64encode(buf.getvalue()).decode("ascii")
 
     def __init__(self) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -514,6 +579,13 @@ def _experiment_section(runs: Sequence[RunRow], plotter: _Plotter | None) -> str
                       + (f" \u2014 hatched bar, bold label and dashed line: baseline {_e(base)}"
                          if base else "")
                       + "</figcaption></figure>")
+    if plotter is not None and any(r.status == "ok" and profile_breakdown(r.metrics)
+                                   for r in runs):
+        out.append('<figure class="profile"><img alt="profile breakdown per variant" '
+                   f'src="data:image/png;base64,{plotter.profile_chart(runs)}"><figcaption>'
+                   "profile (prof_ metrics): the capture of each profiled variant, split into "
+                   "GPU idle time and busy time, the busy part in proportion to each kind of "
+                   "GPU operation's share of GPU operation time</figcaption></figure>")
     if not metrics:
         out.append('<p class="note">No metrics to chart (no headline metrics declared and '
                    "no metric common to the ok variants).</p>")

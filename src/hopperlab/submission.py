@@ -113,6 +113,9 @@ def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | Non
         from dataclasses import replace
         spec = replace(spec, site=replace(spec.site, executor=executor))
     run_dir = matrix.root / spec.run_dir
+    from hopperlab.profiling import check_profiler
+
+    check_profiler(spec)  # e.g. profiler=nsys where no nsys is: refused before anything runs
     attempt = archive_previous(run_dir)
     spec_data = spec.to_dict()
     spec_data["attempt"] = attempt

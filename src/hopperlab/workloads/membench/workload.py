@@ -19,9 +19,10 @@ What runs where:
 
 Knobs: ``memory`` (device | managed): for ``copy``, where the device buffers come from
 (cudaMalloc, or cudaMallocManaged prefetched to the GPU); for ``alloc``, ``managed`` goes with
-``kind: managed`` only. ``profiler``: ``nsys`` puts an NVTX range around each size (the launcher
-runs nsys); ``torch`` wraps the sweep in ``torch.profiler`` and saves
-``artifacts/torch_trace.json``.
+``kind: managed`` only. ``profiler``: the sweep is the measured region
+(``hopperlab.nvtx.profiled_region``: the nsys capture under ``profiler: nsys``, the torch
+profiler and ``artifacts/profile/torch_trace.json`` under ``profiler: torch``), with an NVTX range
+(and torch ``record_function``) around each size.
 
 Managed memory never takes more than half of the GPU's free memory unless the node is Grace
 Hopper or the site sets ``allow_oversubscription: true`` (``managed_bytes_allowed``); otherwise
@@ -34,6 +35,7 @@ import dataclasses
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator, Mapping
 
+from hopperlab.nvtx import nvtx_range, profiled_region
 from hopperlab.record import SkipRun
 from hopperlab.workloads.membench import HEADLINE_METRICS, MembenchParams, headline_metrics
 from hopperlab.workloads.membench.common import (Env, managed_bytes_allowed, plan_for,
@@ -101,21 +103,11 @@ def run(spec: Any, recorder: Any, *, use_torch: bool = True) -> None:
 
 @contextmanager
 def _profiling(env: Env, profiler: str, recorder: Any) -> Iterator[Callable[[str], Any]]:
-    """Yield ``mark(name)``: a context manager around one size's measurement (an NVTX range under
-    nsys, a record_function under the torch profiler, nothing otherwise)."""
-    torch = env.torch
+    """Yield ``mark(name)``: a context manager around one size's measurement (an NVTX range and a
+    torch ``record_function`` where torch is, nothing otherwise), inside the measured region."""
     recorder.set_tag("membench.profiler", profiler)
-    if profiler == "nsys" and env.target == "cuda":
-        yield lambda name: torch.cuda.nvtx.range(name)
+    if env.torch is None:
+        yield lambda name: nullcontext()
         return
-    if profiler == "torch":
-        from torch.profiler import ProfilerActivity, profile, record_function  # noqa: PLC0415
-
-        activities = [ProfilerActivity.CPU]
-        if env.target == "cuda":
-            activities.append(ProfilerActivity.CUDA)
-        with profile(activities=activities) as prof:
-            yield lambda name: record_function(name)
-        prof.export_chrome_trace(str(recorder.artifact_path("torch_trace.json")))
-        return
-    yield lambda name: nullcontext()
+    with profiled_region(profiler, recorder):
+        yield nvtx_range
