@@ -58,7 +58,7 @@ def test_a_deleted_asset_reruns_itself_and_its_dependents_only(built, tmp_path):
     planned = _planned(out.stdout)
     # the asset, the one run that uses it, and the report; the asset-free run stays
     assert planned == {"asset": 1, "run": 1, "report": 1, "all": 1}, out.stdout[-3000:]
-    assert "results/selftest/trivial" not in out.stdout
+    assert "output: results/selftest/trivial" not in out.stdout
     out = snakemake(["--cores", "2", *SELECT], built)
     assert out.returncode == 0, out.stderr[-3000:]
 
