@@ -1,0 +1,112 @@
+"""database: TPC-H queries on the GPU over tables in CPU or GPU memory, checked against DuckDB.
+
+The slides' claim (``../shared/seeds/001_*``, "Database Queries"): when a GPU queries tables
+that live in CPU memory, the host link is the bottleneck (PCIe on x86; NVLink-C2C on Grace
+Hopper carries the load). This family measures it on standard queries (TPC-H Q1, Q3, Q5, Q6,
+Q12, Q14) with standard data (the ``tpch`` asset kind), each query a physical plan of PyTorch
+operators, in five data placements and two column encodings, and checks every answer against
+DuckDB running the same query text on all of the node's cores (also the speed peer).
+
+Modules, one concern each: ``columns`` (Parquet -> exact fixed-width columns), ``encoding``
+(the narrow ``compact`` form and its GPU decode), ``operators`` (filter, projection, sort join,
+group-by aggregation, top-k), ``plans`` (the six queries), ``placement`` (where columns live and
+how chunks reach the kernels), ``sql`` (the query text), ``oracle`` (DuckDB: peer, oracle,
+answer comparison), ``link`` (pinned host->device bandwidth of the node), ``engine`` (timing
+one query in one placement), ``workload`` (``run(spec, recorder)``).
+
+This module is imported by the spec layer: it stays cheap (no torch, no numpy, no duckdb).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hopperlab.workloads.base import FamilyInfo
+
+QUERIES = ("q1", "q3", "q5", "q6", "q12", "q14")
+#: device: columns in GPU memory before timing; host-pinned: pinned host memory, streamed in
+#: chunks by copy engines on a side stream (double buffered); zero-copy: kernels read mapped
+#: pinned host memory; managed: cudaMallocManaged, host-resident at the start of each query
+#: (prefetched chunk by chunk on a side stream, or migrated by page faults); pageable: copies
+#: from ordinary host memory.
+PLACEMENTS = ("device", "host-pinned", "zero-copy", "managed", "pageable")
+#: plain: int32 days, int64 cents, int32 dictionary codes, int64 keys; compact: each column in
+#: its narrowest exact form (frame of reference and common factor), widened on the GPU.
+ENCODINGS = ("plain", "compact")
+
+DEFAULT_REPEATS = {"smoke": 2, "full": 10}
+DEFAULT_WARMUP = {"smoke": 1, "full": 2}
+DEFAULT_CHUNK_ROWS = {"smoke": 16_384, "full": 16 * 2**20}
+
+#: per-query metric names: ``<query>_<name>`` (e.g. ``q6_time_ms``)
+QUERY_METRICS = ("time_ms", "bytes_read", "gbps", "link_fraction", "floor_ms", "duckdb_ms",
+                 "speedup_vs_duckdb", "correct")
+HEADLINE_METRICS: tuple[str, ...] = tuple(f"{q}_time_ms" for q in QUERIES) + tuple(
+    f"{q}_speedup_vs_duckdb" for q in QUERIES) + ("all_correct",)
+
+
+@dataclass(frozen=True)
+class DatabaseParams:
+    #: queries to run, in order (each checked against DuckDB)
+    queries: tuple[str, ...] = QUERIES
+    #: where the columns live while the query runs (see PLACEMENTS)
+    placement: str = "device"
+    #: column form in memory: plain or compact (see ENCODINGS)
+    encoding: str = "plain"
+    #: managed placement only: prefetch each chunk to the GPU ahead of use (else page faults)
+    prefetch: bool = True
+    #: Q1 and Q6 as one fused Triton kernel per chunk where Triton runs (GPU); false: PyTorch
+    #: operators only (``fused.py`` says why the fused form exists)
+    fused_kernels: bool = True
+    #: rows per streamed chunk (host placements); None: DEFAULT_CHUNK_ROWS of the scale
+    chunk_rows: int | None = None
+    #: timed runs per query (the median is reported); None: DEFAULT_REPEATS of the scale
+    repeats: int | None = None
+    #: untimed runs per query before the timed ones; None: DEFAULT_WARMUP of the scale
+    warmup: int | None = None
+    #: DuckDB threads; None: all of the node's cores
+    duckdb_threads: int | None = None
+    #: pinned host->device GB/s of the node for link_fraction; None: measured at the start
+    link_gbps: float | None = None
+
+    def __post_init__(self) -> None:
+        queries = tuple(self.queries)
+        object.__setattr__(self, "queries", queries)
+        if not queries:
+            raise ValueError("queries: expected at least one of " + ", ".join(QUERIES))
+        for q in queries:
+            if q not in QUERIES:
+                raise ValueError(f"queries: unknown query {q!r}; expected some of "
+                                 f"{', '.join(QUERIES)}")
+        if len(set(queries)) != len(queries):
+            raise ValueError(f"queries: each query at most once, got {list(queries)}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement: expected one of {', '.join(PLACEMENTS)}, got "
+                             f"{self.placement!r}")
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding: expected one of {', '.join(ENCODINGS)}, got "
+                             f"{self.encoding!r}")
+        for name in ("prefetch", "fused_kernels"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
+        for name, low in (("chunk_rows", 1), ("repeats", 1), ("warmup", 0),
+                          ("duckdb_threads", 1)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < low):
+                raise ValueError(f"{name}: expected a whole number >= {low}, got {value!r}")
+        if self.link_gbps is not None and not (isinstance(self.link_gbps, (int, float))
+                                               and self.link_gbps > 0):
+            raise ValueError(f"link_gbps: expected a positive number, got {self.link_gbps!r}")
+
+
+FAMILY = FamilyInfo(
+    name="database",
+    entry="hopperlab.workloads.database.workload:run",
+    supported_knobs={
+        "memory": frozenset({"device", "managed"}),
+        "profiler": frozenset({"none", "nsys", "torch"}),
+    },
+    params=DatabaseParams,
+    headline_metrics=HEADLINE_METRICS,
+)

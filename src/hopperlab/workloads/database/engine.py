@@ -1,0 +1,105 @@
+"""Timing one query plan on one source, and the per-query figures every run records.
+
+A timed run: ``source.reset()`` (untimed: e.g. managed columns back to the host), the device
+idle, then the whole plan between two CUDA events on the compute stream (the host clock on the
+CPU), answer included (the plan ends by copying its few result rows to the host). The median of
+``repeats`` runs after ``warmup`` untimed ones is reported.
+
+Figures per query (metric ``<query>_<name>``):
+
+* ``time_ms``: median plan time;
+* ``bytes_read``: bytes of stored columns the plan scans (each column of each scanned table
+  once, in its stored encoding): what crosses the link when the table lives in host memory;
+* ``gbps``: bytes_read / time (GB = 1e9 bytes);
+* ``link_fraction``: gbps over the node's pinned host->device GB/s (host-resident placements);
+* ``floor_ms``: bytes_read at the pinned link rate: no host-resident run can be faster;
+* ``duckdb_ms``, ``speedup_vs_duckdb`` (= duckdb_ms / time_ms), ``correct`` (1 or 0).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from hopperlab.workloads.database.plans import PLANS
+
+HOST_RESIDENT = ("host-pinned", "zero-copy", "managed", "pageable")
+
+
+@dataclass
+class QueryRun:
+    query: str
+    rows: list[tuple]
+    times_ms: list[float]
+    bytes_read: int
+
+    @property
+    def time_ms(self) -> float:
+        s = sorted(self.times_ms)
+        mid = len(s) // 2
+        return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def time_plan(source: Any, plan: Callable[[Any], list[tuple]], warmup: int, repeats: int,
+              on_sample: Callable[[int, float], None] | None = None,
+              query: str = "") -> QueryRun:
+    cuda = source.device.type == "cuda"
+    rows: list[tuple] = []
+    times: list[float] = []
+    bytes_read = 0
+    for i in range(warmup + repeats):
+        source.reset()
+        if cuda:
+            torch.cuda.synchronize(source.device)
+            stream = torch.cuda.current_stream(source.device)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            rows = plan(source)
+            end.record(stream)
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            rows = plan(source)
+            ms = (time.perf_counter() - t0) * 1e3
+        bytes_read = source.bytes_read
+        if i >= warmup:
+            times.append(ms)
+            if on_sample is not None:
+                on_sample(i - warmup, ms)
+    return QueryRun(query, rows, times, bytes_read)
+
+
+def run_query(source: Any, query: str, warmup: int, repeats: int,
+              on_sample: Callable[[int, float], None] | None = None) -> QueryRun:
+    return time_plan(source, PLANS[query], warmup, repeats, on_sample, query)
+
+
+@dataclass
+class QueryFigures:
+    query: str
+    time_ms: float
+    bytes_read: int
+    duckdb_ms: float
+    correct: bool
+    link_gbps: float | None
+    host_resident: bool
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        gbps = self.bytes_read / (self.time_ms / 1e3) / 1e9 if self.time_ms > 0 else math.nan
+        out = {"time_ms": self.time_ms, "bytes_read": float(self.bytes_read), "gbps": gbps,
+               "duckdb_ms": self.duckdb_ms,
+               "speedup_vs_duckdb": self.duckdb_ms / self.time_ms if self.time_ms > 0 else math.nan,
+               "correct": 1.0 if self.correct else 0.0}
+        if self.link_gbps and self.host_resident:
+            out["link_fraction"] = gbps / self.link_gbps
+        if self.link_gbps:
+            out["floor_ms"] = self.bytes_read / (self.link_gbps * 1e9) * 1e3
+        out.update(self.extra)
+        return {f"{self.query}_{k}": float(v) for k, v in out.items() if math.isfinite(v)}

@@ -1,0 +1,233 @@
+"""database's entry: ``run(spec, recorder)``.
+
+1. Load the columns the queries read from the ``tables`` asset (a built ``tpch`` folder).
+2. DuckDB loads the same columns, runs each query's text on all cores (or ``duckdb_threads``):
+   its answer is the oracle, its median time the peer.
+3. Place the columns (``placement``, ``encoding``) and time each plan (``engine``); check each
+   answer against DuckDB's; record the figures of ``engine.QueryFigures``, per query.
+4. Any wrong answer: the run fails (``AnswerMismatch``) after everything is recorded, the
+   differences in the reason and in ``artifacts/answers.json``.
+
+What runs where: with a CUDA device (and ``resources.gpus`` >= 1) the plans run on the GPU. On a
+node without one the plans run on the CPU with torch (``database.target=cpu``: the correctness
+of every plan and the chunking bookkeeping of each placement are real; no GPU was measured, and
+link figures are not recorded); ``managed`` needs a GPU and is skipped there.
+
+Q1 and Q6 run as one fused Triton kernel per chunk where Triton runs on a GPU (tag
+``database.fused_kernels``; ``fused_kernels: false`` keeps to PyTorch operators).
+
+Knobs: ``memory: managed`` goes with ``placement: managed`` (and only with it); ``profiler``:
+``nsys`` runs the timed queries inside ``measured_region`` (the launcher's nsys captures exactly
+those), with NVTX ranges ``query.<operator>``; ``torch`` wraps them in torch.profiler and saves
+``artifacts/profile/torch_trace.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+from contextlib import contextmanager, nullcontext
+from typing import Any, Iterator, Mapping
+
+from hopperlab.nvtx import measured_region
+from hopperlab.record import SkipRun
+from hopperlab.workloads.database import (DEFAULT_CHUNK_ROWS, DEFAULT_REPEATS, DEFAULT_WARMUP,
+                                          DatabaseParams)
+
+
+def _params(spec: Any) -> DatabaseParams:
+    p = getattr(spec, "params", None)
+    if isinstance(p, DatabaseParams):
+        return p
+    if isinstance(p, Mapping):
+        return DatabaseParams(**p)
+    if p is None:
+        return DatabaseParams()
+    return DatabaseParams(**dataclasses.asdict(p))
+
+
+def _knob(spec: Any, name: str, default: str) -> str:
+    return str(getattr(getattr(spec, "knobs", None), name, default) or default)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    chunk_rows: int
+    repeats: int
+    warmup: int
+
+
+def settings(params: DatabaseParams, scale: str) -> Settings:
+    scale = scale if scale in DEFAULT_REPEATS else "smoke"
+    return Settings(
+        chunk_rows=params.chunk_rows or DEFAULT_CHUNK_ROWS[scale],
+        repeats=params.repeats if params.repeats is not None else DEFAULT_REPEATS[scale],
+        warmup=params.warmup if params.warmup is not None else DEFAULT_WARMUP[scale])
+
+
+def check_knobs(params: DatabaseParams, memory: str) -> None:
+    if (memory == "managed") != (params.placement == "managed"):
+        raise ValueError(f"knob memory={memory!r} with placement={params.placement!r}: "
+                         f"memory: managed goes with placement: managed, and only with it")
+
+
+def compute_device(spec: Any) -> tuple[Any, str | None]:
+    """(torch device, None) for a usable GPU, or (cpu device, why not)."""
+    import torch
+
+    gpus = getattr(getattr(spec, "resources", None), "gpus", None)
+    if not getattr(torch.version, "cuda", None):
+        reason = f"torch {torch.__version__} is a CPU-only build"
+    elif not torch.cuda.is_available():
+        reason = "torch.cuda.is_available() is False"
+    elif gpus is not None and gpus < 1:
+        reason = "the run's resources ask for no GPU (resources.gpus = 0)"
+    else:
+        return torch.device("cuda", torch.cuda.current_device()), None
+    return torch.device("cpu"), reason
+
+
+def managed_runtime(device: Any, need: int, allow_oversubscription: bool) -> Any:
+    """The CUDA runtime binding for managed memory, after the free-memory rule allowed ``need``."""
+    import torch
+
+    from hopperlab import hardware
+    from hopperlab.workloads.membench.common import managed_bytes_allowed
+    from hopperlab.workloads.membench.cuda_runtime import CudaError, CudaRuntime
+
+    try:
+        runtime = CudaRuntime()
+    except CudaError as exc:
+        raise SkipRun(f"placement managed needs the CUDA runtime library: {exc}") from None
+    free, _ = torch.cuda.mem_get_info(device)
+    name = torch.cuda.get_device_name(device)
+    cap = tuple(torch.cuda.get_device_capability(device))
+    grace = hardware.is_grace_hopper(platform.machine(), name, cap)
+    if not managed_bytes_allowed(need, free, grace, allow_oversubscription):
+        raise SkipRun(f"managed memory: {need / 1e9:.2f} GB of columns, but at most half of the "
+                      f"GPU's free memory ({free / 1e9:.2f} GB) may be managed on a node that is "
+                      f"not Grace Hopper unless the site sets allow_oversubscription: true")
+    return runtime
+
+
+def run(spec: Any, recorder: Any) -> None:
+    import torch
+
+    from hopperlab.workloads.database.columns import load_tables
+    from hopperlab.workloads.database.engine import (HOST_RESIDENT, QueryFigures, run_query)
+    from hopperlab.workloads.database.oracle import AnswerMismatch, DuckPeer, compare
+    from hopperlab.workloads.database.placement import make_source
+    from hopperlab.workloads.database.encoding import encode
+    from hopperlab.workloads.database.plans import needs_of
+    from hopperlab.workloads.database.sql import SQL
+
+    params = _params(spec)
+    scale = str(getattr(spec, "scale", "smoke") or "smoke")
+    memory = _knob(spec, "memory", "device")
+    profiler = _knob(spec, "profiler", "none")
+    check_knobs(params, memory)
+    cfg = settings(params, scale)
+    device, no_gpu = compute_device(spec)
+    recorder.set_tag("database.placement", params.placement)
+    recorder.set_tag("database.encoding", params.encoding)
+    recorder.set_tag("database.queries", ",".join(params.queries))
+    recorder.set_tag("database.chunk_rows", cfg.chunk_rows)
+    recorder.set_tag("database.repeats", cfg.repeats)
+    recorder.set_tag("database.warmup", cfg.warmup)
+    recorder.set_tag("database.target", device.type)
+    if no_gpu:
+        recorder.set_tag("database.no_gpu_reason", no_gpu)
+        if params.placement == "managed":
+            raise SkipRun(f"placement managed needs a CUDA device: {no_gpu}")
+    else:
+        recorder.set_tag("database.gpu", torch.cuda.get_device_name(device))
+    if params.placement == "managed":
+        recorder.set_tag("database.prefetch", str(params.prefetch).lower())
+
+    folder = spec.asset_path("tables")
+    recorder.set_tag("database.tables", str(folder))
+    needs = needs_of(params.queries)
+    tables = load_tables(folder, needs)
+    recorder.set_tag("database.lineitem_rows", tables["lineitem"].rows
+                     if "lineitem" in tables else 0)
+
+    peer = DuckPeer(folder, needs, params.duckdb_threads)
+    recorder.set_tag("database.duckdb", f"duckdb {peer.version}, {peer.threads} threads")
+    expected: dict[str, list[tuple]] = {}
+    duck_ms: dict[str, float] = {}
+    for q in params.queries:
+        rows, times = peer.timed(SQL[q], cfg.warmup, cfg.repeats)
+        expected[q] = rows
+        duck_ms[q] = sorted(times)[len(times) // 2]
+    peer.close()
+
+    link = params.link_gbps
+    if link is None and not no_gpu:
+        from hopperlab.workloads.database.link import pinned_h2d_gbps
+
+        link = pinned_h2d_gbps(device)
+        recorder.set_tag("database.link_source", "measured: pinned H2D, 256 MiB x 4, median of 3")
+    elif link is not None:
+        recorder.set_tag("database.link_source", "params.link_gbps")
+    if link:
+        recorder.log_metric("link_gbps", link)
+
+    runtime = None
+    if params.placement == "managed":
+        need = sum(encode(c, params.encoding).data.nbytes for t in tables.values()
+                   for c in t.columns.values())
+        allow = bool(getattr(getattr(spec, "site", None), "allow_oversubscription", False))
+        runtime = managed_runtime(device, need, allow)
+    source = make_source(params.placement, tables, params.encoding, device, cfg.chunk_rows,
+                         runtime=runtime, prefetch=params.prefetch,
+                         fused=None if params.fused_kernels else False)
+    recorder.set_tag("database.fused_kernels", str(source.fused).lower())
+    recorder.log_metric("stored_bytes", source.stored_bytes())
+
+    answers: dict[str, Any] = {}
+    failures: list[str] = []
+    step = 0
+    try:
+        with _profiling(profiler, device, recorder):
+            for qi, q in enumerate(params.queries):
+                def sample(i: int, ms: float, qi: int = qi) -> None:
+                    nonlocal step
+                    recorder.log_step(step, query_index=qi, repeat=i, time_ms=ms)
+                    step += 1
+
+                result = run_query(source, q, cfg.warmup, cfg.repeats, sample)
+                diffs = compare(expected[q], result.rows)
+                figures = QueryFigures(q, result.time_ms, result.bytes_read, duck_ms[q],
+                                       correct=not diffs, link_gbps=link if not no_gpu else None,
+                                       host_resident=params.placement in HOST_RESIDENT)
+                recorder.log_metrics(figures.metrics())
+                answers[q] = {"correct": not diffs, "differences": diffs,
+                              "duckdb": [list(map(str, r)) for r in expected[q]],
+                              "plan": [list(map(str, r)) for r in result.rows]}
+                if diffs:
+                    failures.append(f"{q}: " + "; ".join(diffs))
+    finally:
+        source.close()
+    recorder.log_metric("all_correct", 0.0 if failures else 1.0)
+    with open(recorder.artifact_path("answers.json"), "w") as fh:
+        json.dump(answers, fh, indent=1)
+    if failures:
+        raise AnswerMismatch("answers differ from DuckDB's: " + " | ".join(failures))
+
+
+@contextmanager
+def _profiling(profiler: str, device: Any, recorder: Any) -> Iterator[None]:
+    recorder.set_tag("database.profiler", profiler)
+    if profiler == "torch":
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities) as prof, measured_region():
+            yield
+        prof.export_chrome_trace(str(recorder.artifact_path("profile/torch_trace.json")))
+        return
+    with measured_region() if profiler == "nsys" else nullcontext():
+        yield
