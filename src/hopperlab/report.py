@@ -586,6 +586,7 @@ def _experiment_section(runs: Sequence[RunRow], plotter: _Plotter | None) -> str
                    "profile (prof_ metrics): the capture of each profiled variant, split into "
                    "GPU idle time and busy time, the busy part in proportion to each kind of "
                    "GPU operation's share of GPU operation time</figcaption></figure>")
+    charts.extend(_family_charts(family, runs) if plotter is not None else [])
     if not metrics:
         out.append('<p class="note">No metrics to chart (no headline metrics declared and '
                    "no metric common to the ok variants).</p>")
@@ -595,6 +596,34 @@ def _experiment_section(runs: Sequence[RunRow], plotter: _Plotter | None) -> str
                        "metrics common to the ok variants.</p>")
         out.append('<div class="charts">' + "".join(charts) + "</div>")
     return "\n".join(out)
+
+
+def _family_charts(family: str, runs: Sequence[RunRow]) -> list[str]:
+    """The family's own charts (FamilyInfo.charts), as figures; a chart that fails to draw is
+    named in a note instead of breaking the report."""
+    try:
+        from hopperlab.workloads import family_info
+
+        draw = family_info(family).load_charts()
+    except (KeyError, ImportError, AttributeError):
+        return []
+    if draw is None:
+        return []
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        out = []
+        for chart in draw([r for r in runs if r.status == "ok"]):
+            FigureCanvasAgg(chart.figure)
+            buf = io.BytesIO()
+            chart.figure.savefig(buf, format="png")
+            png = base64.b64encode(buf.getvalue()).decode("ascii")
+            out.append(f'<figure><img alt="{_e(chart.title)}" src="data:image/png;base64,{png}">'
+                       f"<figcaption>{_e(chart.caption)}</figcaption></figure>")
+        return out
+    except Exception as exc:  # noqa: BLE001 - a chart never takes the report down
+        return [f'<p class="note">{_e(family)} charts failed: {_e(type(exc).__name__)}: '
+                f"{_e(str(exc)[:200])}</p>"]
 
 
 def _plural(n: int, one: str, many: str | None = None) -> str:

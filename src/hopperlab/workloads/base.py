@@ -23,7 +23,27 @@ class FamilyInfo:
     params: type
     #: metric names the report charts for every experiment of the family.
     headline_metrics: tuple[str, ...] = field(default_factory=tuple)
+    #: "package.module:function" drawing the family's own charts for one experiment:
+    #: ``function(runs) -> list[FamilyChart]`` (runs: the report's rows of that experiment).
+    #: The module imports matplotlib only (no torch): the report runs on the login node.
+    charts: str | None = None
 
     def load_entry(self) -> Callable[..., Any]:
-        module_name, _, func = self.entry.partition(":")
-        return getattr(importlib.import_module(module_name), func)
+        return _load(self.entry)
+
+    def load_charts(self) -> Callable[..., list["FamilyChart"]] | None:
+        return _load(self.charts) if self.charts else None
+
+
+@dataclass(frozen=True)
+class FamilyChart:
+    """One chart of a family's own (a matplotlib ``Figure``, made without pyplot)."""
+
+    title: str
+    caption: str
+    figure: Any
+
+
+def _load(ref: str) -> Callable[..., Any]:
+    module_name, _, func = ref.partition(":")
+    return getattr(importlib.import_module(module_name), func)

@@ -109,4 +109,5 @@ FAMILY = FamilyInfo(
     },
     params=DatabaseParams,
     headline_metrics=HEADLINE_METRICS,
+    charts="hopperlab.workloads.database.charts:charts",
 )

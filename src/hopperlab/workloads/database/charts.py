@@ -1,0 +1,67 @@
+"""The database family's report chart: per query, the time of each placement (log scale), the
+link-bound floor of each host-resident variant, and DuckDB's time on the same node.
+
+It shows the slides' point at a glance: host-resident variants sit on their floor (the link is
+the bottleneck), and only fewer bytes (compact columns) or a faster link move them under DuckDB.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+from hopperlab.workloads.base import FamilyChart
+from hopperlab.workloads.database import QUERIES
+
+
+def _values(runs: Sequence[Any], name: str) -> list[float | None]:
+    return [r.metrics.get(name) for r in runs]
+
+
+def query_chart(runs: Sequence[Any], query: str) -> FamilyChart | None:
+    """One query's chart, or None when no run measured it."""
+    from matplotlib.figure import Figure
+
+    times = _values(runs, f"{query}_time_ms")
+    if not any(t is not None for t in times):
+        return None
+    floors = _values(runs, f"{query}_floor_ms")
+    duckdb = [v for v in _values(runs, f"{query}_duckdb_ms") if v is not None]
+    correct = _values(runs, f"{query}_correct")
+    fig = Figure(figsize=(max(5.0, 0.7 * len(runs) + 1.5), 3.0), dpi=80)
+    ax = fig.add_subplot()
+    for i, (t, ok) in enumerate(zip(times, correct)):
+        if t is None:
+            continue
+        bar = ax.bar(i, t, width=0.7, color="#3f6fb5" if ok != 0 else "#c62828")
+        ax.bar_label(bar, labels=[f"{t:.3g}" + ("" if ok != 0 else " WRONG")], fontsize=7)
+    floor_label = "link floor"
+    for i, f in enumerate(floors):
+        if f is not None and f > 0:
+            ax.hlines(f, i - 0.4, i + 0.4, colors="black", linewidth=1.6, label=floor_label)
+            floor_label = None
+    if duckdb:
+        ax.axhline(statistics.median(duckdb), color="#ef6c00", linestyle="--", linewidth=1,
+                   label="DuckDB (all cores)")
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (median)", fontsize=8)
+    ax.set_xticks(range(len(runs)), [r.variant for r in runs], rotation=30, ha="right",
+                  fontsize=8, rotation_mode="anchor")
+    ax.set_title(f"TPC-H {query.upper()}", fontsize=9)
+    ax.legend(fontsize=7, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.subplots_adjust(bottom=0.35, left=0.12, right=0.98)
+    return FamilyChart(
+        title=f"{query} time per placement",
+        caption=f"{query.upper()}: time per variant (log scale; red: answer differs from "
+                f"DuckDB), black ticks: bytes read / measured pinned bandwidth, dashed: DuckDB",
+        figure=fig)
+
+
+def charts(runs: Sequence[Any]) -> list[FamilyChart]:
+    out = []
+    for query in QUERIES:
+        chart = query_chart(runs, query)
+        if chart is not None:
+            out.append(chart)
+    return out
