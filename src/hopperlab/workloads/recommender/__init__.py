@@ -1,0 +1,114 @@
+"""recommender: the latency pipeline of the source slides, on a trained recommender.
+
+A two-tower retrieval model and a DLRM-style ranking model are trained briefly on the ``recsys``
+tables (``hopperlab.assets.recsys``), checked against a popularity baseline (recall@k, AUC), then
+timed one component after another per query, as the slides do:
+
+1. ``retrieval``  user embedding and top-k over all item embeddings (GPU, or CPU for the peer)
+2. ``features``   CPU feature augmentation: gather the user's and the candidates' features and
+                  build the ranking batch (pandas before, numpy gathers + worker threads after)
+3. ``transfer``   host -> device copy of the batch (pinned or pageable staging)
+4. ``ranking``    the DLRM on the batch
+5. ``topn``       the final top-n, back on the host
+
+Metrics: ``lat_<component>_p50_ms`` / ``_p99_ms``, ``share_<component>`` (of the summed
+end-to-end time), ``lat_e2e_p50_ms`` / ``_p99_ms``, ``qps``; model quality ``recall_at_k``,
+``recall_at_k_popularity``, ``rank_auc``, ``rank_auc_popularity``.
+
+This module is imported by the spec layer: it stays cheap (no torch, no numpy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hopperlab.workloads.base import FamilyInfo
+
+COMPONENTS = ("retrieval", "features", "transfer", "ranking", "topn")
+PIPELINES = ("gpu", "cpu")
+AUGMENTS = ("numpy", "pandas")
+TRANSFERS = ("pinned", "pageable")
+EMBEDDING_PLACES = ("gpu", "host")
+
+HEADLINE_METRICS: tuple[str, ...] = (
+    "lat_e2e_p50_ms", "qps", *(f"lat_{c}_p50_ms" for c in COMPONENTS),
+    *(f"share_{c}" for c in COMPONENTS), "recall_at_k", "recall_at_k_popularity", "rank_auc")
+
+
+@dataclass(frozen=True)
+class RecommenderParams:
+    #: "gpu": retrieval and ranking on the GPU (CPU stand-in on a node without one);
+    #: "cpu": every component on the CPU, on all of the node's cores (the peer)
+    pipeline: str = "gpu"
+    #: feature augmentation: "numpy" (vectorised gathers into staging buffers) or "pandas"
+    #: (DataFrame lookups and concatenation: the "before")
+    augment: str = "numpy"
+    #: feature-augmentation worker threads = the node's core count (knob num_workers must be 0)
+    workers_all_cores: bool = False
+    #: host staging buffers of the ranking batch: "pinned" (page-locked) or "pageable"
+    transfer: str = "pinned"
+    #: where the item embeddings live for retrieval: "gpu", or "host" (pinned, streamed per query)
+    item_embeddings: str = "gpu"
+    #: replay retrieval and ranking as CUDA graphs (fewer launches); GPU only
+    cuda_graphs: bool = True
+    #: candidates retrieved per query (the ranking batch) and the final list's length
+    candidates: int = 1000
+    top_n: int = 10
+    #: timed queries and untimed warm-up queries (random users, seeded)
+    queries: int = 1000
+    warmup: int = 50
+    #: model sizes: categorical embedding width, tower output width, hidden width
+    embedding_dim: int = 16
+    tower_dim: int = 64
+    hidden_dim: int = 256
+    #: brief training: steps and batch size of each model, learning rate
+    retrieval_steps: int = 300
+    ranking_steps: int = 300
+    batch_size: int = 4096
+    learning_rate: float = 0.003
+    #: evaluation: recall@recall_k over at most eval_users held-out users
+    recall_k: int = 100
+    eval_users: int = 2000
+    #: item-embedding chunks streamed per query when item_embeddings is "host"
+    host_chunks: int = 8
+    #: write the trained models' state dicts to artifacts/models.pt
+    save_models: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        choices = {"pipeline": PIPELINES, "augment": AUGMENTS, "transfer": TRANSFERS,
+                   "item_embeddings": EMBEDDING_PLACES}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: expected one of {', '.join(allowed)}, "
+                                 f"got {getattr(self, name)!r}")
+        for name in ("candidates", "top_n", "queries", "embedding_dim", "tower_dim",
+                     "hidden_dim", "retrieval_steps", "ranking_steps", "batch_size", "recall_k",
+                     "eval_users", "host_chunks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive whole number, got {value!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup: expected 0 or more, got {self.warmup!r}")
+        if self.top_n > self.candidates:
+            raise ValueError(f"top_n ({self.top_n}) must not exceed candidates "
+                             f"({self.candidates})")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate: expected a positive number, got "
+                             f"{self.learning_rate!r}")
+        if self.pipeline == "cpu" and (self.item_embeddings != "gpu" or self.transfer != "pinned"):
+            raise ValueError("pipeline: cpu runs every component on the CPU; item_embeddings "
+                             "and transfer are GPU choices (leave them at their defaults)")
+
+
+FAMILY = FamilyInfo(
+    name="recommender",
+    entry="hopperlab.workloads.recommender.workload:run",
+    supported_knobs={
+        "num_workers": frozenset({0, 4}),
+        "memory": frozenset({"device", "managed"}),
+        "profiler": frozenset({"none", "nsys", "torch"}),
+    },
+    params=RecommenderParams,
+    headline_metrics=HEADLINE_METRICS,
+)

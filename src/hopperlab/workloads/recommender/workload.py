@@ -1,0 +1,212 @@
+"""recommender's entry: ``run(spec, recorder)``: train, evaluate, then time the pipeline.
+
+What runs where:
+
+* ``pipeline: gpu`` on a node where torch sees a CUDA device and the spec asks for a GPU:
+  retrieval and ranking on the GPU (tag ``recommender.device=cuda``).
+* ``pipeline: gpu`` elsewhere: the same code path on the CPU (pinned staging and CUDA graphs
+  off), so CI checks its logic; tagged ``recommender.gpu_measured=false``. ``memory: managed``
+  needs a GPU: skipped without one.
+* ``pipeline: cpu``: every component on the CPU with torch using all of the job's cores (the
+  peer; ``job_cores``: the node's, at most ``resources.cpus``).
+
+The models are trained on the GPU when there is one (the CPU peer gets copies of them), briefly:
+``retrieval_steps`` and ``ranking_steps``. Knobs: ``num_workers`` (feature-augmentation threads;
+param ``workers_all_cores`` for the node's core count), ``memory`` (managed feature tables),
+``profiler`` (``nsys``: the timed queries are the capture range; ``torch``: a Chrome trace in
+``artifacts/profile/torch_trace.json``).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+
+from hopperlab.nvtx import measured_region
+from hopperlab.record import SkipRun
+from hopperlab.workloads.recommender import COMPONENTS, RecommenderParams
+
+#: queries checked against the CPU-only pipeline when the GPU pipeline runs (same ranked list?)
+CHECK_QUERIES = 5
+
+
+def node_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def job_cores(spec: Any) -> int:
+    """The cores this job may use: the node's (its CPU affinity), at most ``resources.cpus``.
+
+    Under Slurm the affinity is the allocation; run locally, ``resources.cpus`` keeps two jobs
+    side by side from each starting a thread per core of the whole machine (OpenMP threads that
+    share cores spin against each other and run many times slower).
+    """
+    cpus = int(getattr(getattr(spec, "resources", None), "cpus", 0) or 0)
+    return min(node_cores(), cpus) if cpus > 0 else node_cores()
+
+
+def _knob(spec: Any, name: str, default: Any) -> Any:
+    value = getattr(getattr(spec, "knobs", None), name, default)
+    return default if value is None else value
+
+
+def feature_workers(params: RecommenderParams, num_workers: int, cores: int) -> int:
+    if params.workers_all_cores:
+        if num_workers:
+            raise ValueError("workers_all_cores: true sets the feature workers to the node's "
+                             f"core count; the knob num_workers={num_workers} contradicts it")
+        return cores
+    return int(num_workers)
+
+
+def pipeline_config(params: RecommenderParams, *, device: str, workers: int, managed: bool,
+                    allow_oversubscription: bool) -> Any:
+    from hopperlab.workloads.recommender.pipeline import PipelineConfig  # noqa: PLC0415
+
+    return PipelineConfig(
+        device=device, candidates=params.candidates, top_n=params.top_n, augment=params.augment,
+        workers=workers, pinned=params.transfer == "pinned",
+        item_embeddings=params.item_embeddings, managed=managed, cuda_graphs=params.cuda_graphs,
+        host_chunks=params.host_chunks, allow_oversubscription=allow_oversubscription)
+
+
+def query_users(n_users: int, count: int, seed: int) -> np.ndarray:
+    """The randomly generated queries: user ids, seeded."""
+    return np.random.default_rng(seed + 1).integers(0, n_users, size=count)
+
+
+def run(spec: Any, recorder: Any) -> None:
+    import torch  # noqa: PLC0415
+
+    from hopperlab.workloads.recommender import data as data_mod  # noqa: PLC0415
+    from hopperlab.workloads.recommender.pipeline import Pipeline, summarize  # noqa: PLC0415
+    from hopperlab.workloads.recommender.training import train_and_evaluate  # noqa: PLC0415
+
+    p: RecommenderParams = spec.params
+    memory = str(_knob(spec, "memory", "device"))
+    profiler = str(_knob(spec, "profiler", "none"))
+    cores = job_cores(spec)
+    workers = feature_workers(p, int(_knob(spec, "num_workers", 0)), cores)
+    managed = memory == "managed"
+    if managed and p.pipeline == "cpu":
+        raise ValueError("memory=managed puts the feature tables where the GPU reads them; "
+                         "pipeline: cpu has no GPU component")
+    if managed and (p.transfer != "pinned" or p.augment != "numpy"):
+        raise ValueError("memory=managed gathers the batch on the GPU: there is no staging "
+                         "buffer to transfer nor CPU augmentation (leave transfer and augment "
+                         "at their defaults)")
+    gpus = int(getattr(getattr(spec, "resources", None), "gpus", 0) or 0)
+    has_gpu = gpus > 0 and torch.cuda.is_available()
+    device = "cuda" if (has_gpu and p.pipeline == "gpu") else "cpu"
+    if managed and device != "cuda":
+        raise SkipRun("memory=managed needs a CUDA device (none visible, or resources.gpus: 0)")
+    torch.set_num_threads(cores)  # the CPU peer: all of them; training and the rest: no more
+    recorder.set_tag("recommender.pipeline", p.pipeline)
+    recorder.set_tag("recommender.device", device)
+    recorder.set_tag("recommender.gpu_measured", str(device == "cuda").lower())
+    recorder.set_tag("recommender.feature_workers", workers)
+    recorder.set_tag("recommender.node_cores", node_cores())
+    recorder.set_tag("recommender.job_cores", cores)
+    recorder.set_tag("recommender.torch_threads", torch.get_num_threads())
+    recorder.set_tag("recommender.memory", memory)
+    if device == "cuda":
+        recorder.set_tag("recommender.gpu", torch.cuda.get_device_name())
+
+    t0 = time.perf_counter()
+    data = data_mod.load(spec.asset_path("data"))
+    recorder.log_metrics(load_s=time.perf_counter() - t0, feature_table_mb=data.feature_bytes() / 1e6)
+
+    train_device = torch.device("cuda" if has_gpu else "cpu")
+    losses: list[tuple[str, int, float]] = []
+    t0 = time.perf_counter()
+    trained = train_and_evaluate(data, p, train_device,
+                                 log=lambda model, step, loss: losses.append((model, step, loss)))
+    recorder.log_metrics(train_s=time.perf_counter() - t0, **trained.metrics)
+    recorder.set_tag("recommender.train_device", train_device.type)
+    _write_losses(recorder.artifact_path("training_loss.csv"), losses)
+    if p.save_models:
+        torch.save({"two_tower": trained.two_tower.state_dict(), "dlrm": trained.dlrm.state_dict()},
+                   recorder.artifact_path("models.pt"))
+
+    cfg = pipeline_config(p, device=device, workers=workers, managed=managed,
+                          allow_oversubscription=bool(getattr(spec.site, "allow_oversubscription",
+                                                              False)))
+    pipe = Pipeline(data, trained.two_tower, trained.dlrm, cfg)
+    try:
+        recorder.set_tag("recommender.staging", "pinned" if pipe.staging.is_pinned() else "pageable")
+        recorder.set_tag("recommender.cuda_graphs", str(pipe.graphs).lower())
+        for name, note in pipe.notes.items():
+            recorder.set_tag(f"recommender.{name}", note)
+        users = query_users(data.users, p.warmup + p.queries, p.seed)
+        for user in users[:p.warmup]:
+            pipe.query(int(user))
+        results = []
+        with _profiling(torch, profiler, device, recorder), measured_region():
+            for step, user in enumerate(users[p.warmup:]):
+                res = pipe.query(int(user))
+                results.append(res)
+                recorder.log_step(step, **{f"{c}_ms": res.seconds[c] * 1e3
+                                           for c in (*COMPONENTS, "e2e")})
+        recorder.log_metrics(summarize(results))
+        if device == "cuda":
+            recorder.log_metric("check_same_topn", _agreement(
+                data, trained, p, pipe, users[p.warmup:p.warmup + CHECK_QUERIES], cfg))
+    finally:
+        pipe.close()
+
+
+def _agreement(data: Any, trained: Any, p: RecommenderParams, pipe: Any, users: np.ndarray,
+               gpu_cfg: Any) -> float:
+    """Share of ``users`` whose ranked list is the same through the CPU-only pipeline."""
+    import copy  # noqa: PLC0415
+    import dataclasses  # noqa: PLC0415
+
+    from hopperlab.workloads.recommender.pipeline import Pipeline  # noqa: PLC0415
+
+    cpu_cfg = dataclasses.replace(gpu_cfg, device="cpu", managed=False, item_embeddings="gpu",
+                                  workers=0, cuda_graphs=False)
+    ref = Pipeline(data, copy.deepcopy(trained.two_tower).cpu(), copy.deepcopy(trained.dlrm).cpu(),
+                   cpu_cfg)
+    try:
+        same = [np.array_equal(pipe.query(int(u)).items, ref.query(int(u)).items) for u in users]
+    finally:
+        ref.close()
+    return float(np.mean(same)) if same else float("nan")
+
+
+def _profiling(torch: Any, profiler: str, device: str, recorder: Any) -> Any:
+    if profiler != "torch":
+        return nullcontext()
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    return _TorchTrace(profile(activities=activities),
+                       recorder.artifact_path("profile/torch_trace.json"))
+
+
+class _TorchTrace:
+    def __init__(self, prof: Any, path: Any) -> None:
+        self.prof, self.path = prof, path
+
+    def __enter__(self) -> Any:
+        return self.prof.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.prof.__exit__(*exc)
+        if exc[0] is None:
+            self.prof.export_chrome_trace(str(self.path))
+
+
+def _write_losses(path: Any, losses: list[tuple[str, int, float]]) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["model", "step", "loss"])
+        writer.writerows(losses)
