@@ -111,4 +111,5 @@ FAMILY = FamilyInfo(
     },
     params=RecommenderParams,
     headline_metrics=HEADLINE_METRICS,
+    charts="hopperlab.workloads.recommender.charts:charts",
 )
