@@ -1,0 +1,613 @@
+"""Asynchronous activation offload: saved activations go to pinned host memory during forward
+and come back, ahead of use, during backward.
+
+How it works (``ActivationOffload``):
+
+* ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd saves for backward passes
+  through ``_pack``. Tensors below ``min_bytes``, parameters and views of parameters (the frozen
+  weights are already resident; copying them would only cost bandwidth), and tensors that are not
+  densely laid out stay where they are. The rest is copied into a pinned host buffer on a side
+  CUDA stream that first waits (an event, not the host) for the stream that produced it.
+* The device tensor must not be freed and reused while the copy reads it. We hold a reference
+  until the copy's event has completed (polled with ``Event.query()`` on later hook calls, never
+  waited on by the host) or until the compute stream has waited on a later event of the side
+  stream. This works with any CUDA allocator, also the managed one, which ignores
+  ``record_stream``.
+  When copies lag more than ``max_inflight_bytes`` behind forward, the compute stream waits (on
+  the device) for the oldest: otherwise a link slower than forward would keep every activation
+  alive until its copy is over, and the peak would be the baseline's.
+* Tensors are grouped by decoder layer (``wrap_layers``: forward hooks that set the current
+  group). When backward unpacks the first tensor of a group, the host->device copies of that
+  group and of the next ``prefetch_groups`` groups to come (lower layers) are started on a second
+  side stream (so reloads do not queue behind offloads still running: the link carries both
+  directions at once); the compute stream waits on their event only when it unpacks them.
+* Host buffers come from ``PinnedBufferPool``, keyed by byte size: training repeats its shapes,
+  so from the second step on no pinned memory is allocated. Buffers are page-locked with
+  ``cudaHostRegister`` on plain host memory: exactly the size asked for (PyTorch's pinned
+  allocator rounds every block up to a power of two, up to twice the host memory).
+
+The budget policy (``budget_bytes``): offload only as much as needed to keep the step's peak GPU
+memory under the budget. ``reserve`` is the memory backward needs on top of what forward left
+allocated (gradients, the loss's logits, prefetched groups): learned from the previous step (peak
+since the end of forward minus the memory allocated then) plus ``reserve_bytes``. First step (no
+figures yet): a saved tensor stays on the device while ``allocated_now + reserve <= budget``.
+From the second step, a plan: forward would end with ``allocated at forward end + bytes offloaded``
+had nothing been offloaded; the excess over ``budget - reserve`` (x1.05) is offloaded from the
+*earliest* layer groups, because their copies overlap the rest of forward and backward needs them
+last (their reloads are prefetched as soon as they fit under the budget). Tensors outside the
+plan are still offloaded if memory passes the budget. A warm-up step is needed before the budget
+holds. ``budget_bytes=None`` offloads everything eligible.
+
+The same tensor saved by several consumers (the input of the q/k/v adapters, say) is copied
+once; its host copy serves every consumer.
+
+Without CUDA the same code runs its bookkeeping on the host (host->host copies, no streams or
+events, a memory probe that counts the saved bytes kept): CI tests the logic and the exactness of
+the gradients.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+
+import torch
+from torch import nn
+
+from hopperlab.nvtx import OFFLOAD_COPY, OFFLOAD_PREFETCH, nvtx_range
+
+if TYPE_CHECKING:
+    from hopperlab.memory.parameter_offload import ParameterOffload
+
+#: below this, a saved tensor stays on the device (copy latency dominates, the gain is nil)
+DEFAULT_MIN_BYTES = 1 << 20
+#: the budget plan offloads this much more than the estimate says it must
+PLAN_SAFETY = 1.05
+
+
+class SavedTensorDelegate(Protocol):
+    """Something that claims some saved tensors before activation offload sees them
+    (parameter offload: views of its streamed weights)."""
+
+    def try_pack(self, tensor: torch.Tensor) -> Any | None: ...
+
+    def unpack(self, packed: Any) -> torch.Tensor: ...
+
+
+# ----------------------------------------------------------------------------- pinned pool
+class PinnedBufferPool:
+    """Reusable host buffers (uint8), keyed by exact byte size.
+
+    ``acquire`` returns a free buffer of that size or allocates one; ``release`` gives it back.
+    With ``pin=True`` the memory is page-locked with ``cudaHostRegister`` (exact size), so
+    device<->host copies from and to it are asynchronous DMA. Counters: ``allocated_bytes``
+    (all buffers ever made and not freed), ``allocations`` (how many were made: a steady-state step
+    must not increase it), ``in_use_bytes``.
+    """
+
+    def __init__(self, pin: bool):
+        self.pin = pin
+        self._free: dict[int, list[torch.Tensor]] = collections.defaultdict(list)
+        self.allocated_bytes = 0
+        self.allocations = 0
+        self.in_use_bytes = 0
+
+    def acquire(self, nbytes: int) -> torch.Tensor:
+        free = self._free.get(nbytes)
+        if free:
+            buf = free.pop()
+        else:
+            buf = pinned_empty(nbytes) if self.pin else torch.empty(nbytes, dtype=torch.uint8)
+            self.allocated_bytes += nbytes
+            self.allocations += 1
+        self.in_use_bytes += nbytes
+        return buf
+
+    def release(self, buf: torch.Tensor) -> None:
+        self.in_use_bytes -= buf.numel()
+        self._free[buf.numel()].append(buf)
+
+    def free_bytes(self) -> int:
+        return sum(k * len(v) for k, v in self._free.items())
+
+    def clear(self) -> None:
+        """Drop the free buffers (those in use stay valid until released, then are kept)."""
+        for size, bufs in self._free.items():
+            self.allocated_bytes -= size * len(bufs)
+        self._free.clear()      # unregistered as they are garbage-collected (pinned_empty)
+
+
+def pinned_empty(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of page-locked host memory (uint8), exactly: plain host memory registered with
+    ``cudaHostRegister``, unregistered when the tensor is garbage-collected."""
+    buf = torch.empty(nbytes, dtype=torch.uint8)
+    if nbytes == 0:
+        return buf
+    cudart = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(buf.data_ptr(), nbytes, 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed (error {int(err)})")
+    weakref.finalize(buf, cudart.cudaHostUnregister, buf.data_ptr())
+    return buf
+
+
+# ----------------------------------------------------------------------------- statistics
+@dataclasses.dataclass
+class OffloadStats:
+    """Counters of one step (reset when the forward context is entered)."""
+
+    bytes_offloaded: int = 0          # device -> host, this step
+    bytes_reloaded: int = 0           # host -> device, this step
+    tensors_offloaded: int = 0
+    tensors_kept: int = 0             # saved tensors left on the device (small, budget, layout)
+    bytes_kept: int = 0               # their bytes (those above min_bytes kept by the budget)
+    bytes_kept_by_budget: int = 0
+    parameters_skipped: int = 0       # saved tensors recognised as (views of) parameters
+    tensors_shared: int = 0           # saved again by another consumer: one copy serves both
+    pool_bytes: int = 0               # pinned bytes the pool holds (all buffers)
+    pool_new_allocations: int = 0     # pinned buffers allocated this step (0 in steady state)
+    groups: int = 0                   # layer groups that had offloaded tensors
+    reserve_bytes: int = 0            # the budget policy's backward reserve used this step
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- packed handles
+class _Offloaded:
+    """A saved tensor that lives in a host buffer; ``device_tensor`` once prefetched."""
+
+    __slots__ = ("owner", "group", "buffer", "host", "size", "stride", "dtype", "device", "nbytes",
+                 "device_tensor", "ready_event", "copy_event", "copy_seq", "users", "__weakref__")
+
+    def __init__(self, owner: "ActivationOffload", group: int, buffer: torch.Tensor,
+                 host: torch.Tensor, src: torch.Tensor):
+        self.owner = owner
+        self.group = group
+        self.buffer = buffer
+        self.host = host
+        self.size = src.size()
+        self.stride = src.stride()
+        self.dtype = src.dtype
+        self.device = src.device
+        self.nbytes = src.numel() * src.element_size()
+        self.device_tensor: torch.Tensor | None = None
+        self.ready_event: Any = None     # end of the host->device copy (reads the buffer)
+        self.copy_event: Any = None      # end of the device->host copy
+        self.copy_seq = 0                # its number in the device->host stream's order
+        self.users = 1                   # saved tensors (graph nodes) that share this copy
+
+    def __del__(self) -> None:  # the graph node that held it is gone: recycle the host buffer
+        try:
+            self.owner._release(self)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+# ----------------------------------------------------------------------------- the technique
+class ActivationOffload:
+    """Offload saved activations to pinned host memory; use as a context manager around forward.
+
+    Args:
+        device: the device the model computes on (``cuda:N``; ``cpu`` runs the bookkeeping only).
+        min_bytes: saved tensors smaller than this stay on the device.
+        budget_bytes: GPU-memory budget for the step's peak; ``None`` offloads all eligible tensors.
+        reserve_bytes: added to the learned backward reserve of the budget policy.
+        prefetch_groups: how many layer groups beyond the one being unpacked are copied back ahead.
+        max_inflight_bytes: device->host copies may lag forward by this many bytes; beyond, the
+            compute stream waits for the oldest copy (without it, a link slower than forward keeps
+            every activation alive until its copy is over, and the peak is the baseline's).
+        parameter_offload: a ``ParameterOffload`` (or any ``SavedTensorDelegate``) whose saved
+            weight views are handed to it rather than offloaded (only one pair of saved-tensor hooks
+            is active at a time, so this context carries both).
+        memory_probe: bytes currently allocated on the device, for the budget policy; default
+            ``torch.cuda.memory_allocated`` (CUDA) or the saved bytes kept this step (CPU).
+
+    Example::
+
+        offload = ActivationOffload("cuda", budget_bytes=40 << 30).wrap_layers(decoder_layers(model))
+        offload.track_parameters(model)
+        with offload:
+            loss = model(**batch).loss
+        loss.backward()
+        stats = offload.stats()      # this step's bytes offloaded / reloaded, pool size, ...
+    """
+
+    def __init__(self, device: torch.device | str, *, min_bytes: int = DEFAULT_MIN_BYTES,
+                 budget_bytes: int | None = None, reserve_bytes: int = 0, prefetch_groups: int = 1,
+                 max_inflight_bytes: int = 1 << 30,
+                 parameter_offload: "ParameterOffload | SavedTensorDelegate | None" = None,
+                 memory_probe: Callable[[], int] | None = None):
+        if min_bytes < 0 or prefetch_groups < 0 or reserve_bytes < 0:
+            raise ValueError("min_bytes, prefetch_groups and reserve_bytes must be >= 0")
+        if budget_bytes is not None and budget_bytes <= 0:
+            raise ValueError("budget_bytes must be positive (or None: offload everything)")
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.min_bytes = min_bytes
+        self.budget_bytes = budget_bytes
+        self.reserve_bytes = reserve_bytes
+        self.prefetch_groups = prefetch_groups
+        self.max_inflight_bytes = max_inflight_bytes
+        self.delegate = parameter_offload
+        self.pool = PinnedBufferPool(pin=self.cuda)
+        # one stream each way: in backward, reloads need not queue behind offloads still running
+        self._d2h = torch.cuda.Stream(self.device) if self.cuda else None
+        self._h2d = torch.cuda.Stream(self.device) if self.cuda else None
+        self._buffer_events: dict[int, Any] = {}   # host buffer -> the last copy that read it
+        self._inflight_bytes = 0
+        self._compute: Any = None
+        self._memory_probe = memory_probe or (self._cuda_allocated if self.cuda else self._kept_bytes)
+        self._param_storages: set[int] = set()
+        self._hooks: list[Any] = []
+        self._saved_hooks: Any = None
+        self._active = False
+        self._group = 0
+        self._groups: dict[int, list[Any]] = {}
+        self._pending_groups: list[int] = []      # descending: the order backward needs them
+        self._order: list[int] = []
+        self._inflight: collections.deque[tuple[int, Any, torch.Tensor]] = collections.deque()
+        self._seq = 0                             # device->host copies issued
+        self._learned_reserve = 0
+        self._alloc_at_forward_end: int | None = None
+        self._peak_at_forward_end: int | None = None
+        self._stats = OffloadStats()
+        self._pool_allocations_at_start = 0
+        self._deciding_bytes = 0
+        self._by_key: dict[tuple, Any] = {}
+        self._eligible_bytes: dict[int, int] = {}   # per group, this step
+        self._last_eligible: dict[int, int] = {}    # per group, last step
+        self._last_offloaded = 0
+        self._plan: set[int] | None = None
+
+    # -------------------------------------------------------------- setup
+    def wrap_layers(self, layers: Iterable[nn.Module]) -> "ActivationOffload":
+        """Mark layer boundaries: tensors saved in layer i form group 2i+1, those saved after it
+        (before the next layer) group 2i+2. Idempotent hooks: firing twice (checkpointing) is fine."""
+        for i, layer in enumerate(layers):
+            self._hooks.append(layer.register_forward_pre_hook(self._make_enter(2 * i + 1)))
+            self._hooks.append(layer.register_forward_hook(self._make_exit(2 * i + 2)))
+        return self
+
+    def track_parameters(self, module: nn.Module) -> "ActivationOffload":
+        """Remember the storages of ``module``'s parameters (also frozen ones, also non-leaf views
+        of them) so that saved tensors sharing them are never copied. Call it once the parameters
+        are where they stay (after ``ParameterOffload`` has moved the streamed ones)."""
+        for p in module.parameters():
+            if p.numel():
+                self._param_storages.add(p.untyped_storage().data_ptr())
+        return self
+
+    def remove(self) -> None:
+        """Take the layer hooks away again."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def _make_enter(self, group: int) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: Any) -> None:
+            if self._active:
+                self._group = group
+        return hook
+
+    def _make_exit(self, group: int) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: Any, _out: Any) -> None:
+            if self._active:
+                self._group = group
+        return hook
+
+    # -------------------------------------------------------------- context
+    def __enter__(self) -> "ActivationOffload":
+        if self._active:
+            raise RuntimeError("ActivationOffload is already active")
+        self._learn_reserve()
+        self._reap(all_done_ok=False)
+        self._plan = self._make_plan()
+        self._stats = OffloadStats(reserve_bytes=self._reserve())
+        self._pool_allocations_at_start = self.pool.allocations
+        if self.delegate is not None and hasattr(self.delegate, "reset_stats"):
+            self.delegate.reset_stats()
+        self._group = 0
+        self._groups = {}
+        self._pending_groups = []
+        self._by_key = {}
+        self._eligible_bytes = {}
+        self._compute = torch.cuda.current_stream(self.device) if self.cuda else None
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._saved_hooks.__enter__()
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._active = False
+        self._saved_hooks.__exit__(*exc)
+        self._saved_hooks = None
+        self._pending_groups = sorted(self._groups, reverse=True)
+        self._order = list(self._pending_groups)
+        self._last_eligible = dict(self._eligible_bytes)
+        self._last_offloaded = self._stats.bytes_offloaded
+        if self.cuda:
+            self._alloc_at_forward_end = torch.cuda.memory_allocated(self.device)
+            self._peak_at_forward_end = torch.cuda.max_memory_allocated(self.device)
+        else:
+            self._deciding_bytes = 0
+            self._alloc_at_forward_end = self._memory_probe()
+
+    def stats(self) -> OffloadStats:
+        """This step's counters (complete once backward has run)."""
+        s = dataclasses.replace(self._stats)
+        s.pool_bytes = self.pool.allocated_bytes
+        s.pool_new_allocations = self.pool.allocations - self._pool_allocations_at_start
+        s.groups = len(self._groups)
+        return s
+
+    # -------------------------------------------------------------- budget policy
+    def _cuda_allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def _kept_bytes(self) -> int:
+        # the CPU stand-in for memory_allocated(): what this step kept, plus the tensor being
+        # decided on (on CUDA it is already allocated, so memory_allocated() counts it)
+        return self._stats.bytes_kept + self._deciding_bytes
+
+    def _reserve(self) -> int:
+        return self._learned_reserve + self.reserve_bytes
+
+    def _learn_reserve(self) -> None:
+        """Backward's need beyond forward's end, from the last step (CUDA only)."""
+        if not (self.cuda and self._alloc_at_forward_end is not None):
+            return
+        peak = torch.cuda.max_memory_allocated(self.device)
+        if self._peak_at_forward_end is not None and peak > self._peak_at_forward_end:
+            self._learned_reserve = max(self._learned_reserve, peak - self._alloc_at_forward_end)
+
+    def _make_plan(self) -> set[int] | None:
+        """Which groups to offload this step, from the last step's figures (CUDA): the memory at
+        the end of forward had nothing been offloaded is what was allocated then plus what was
+        offloaded; the excess over the budget (with the reserve) is taken from the *earliest*
+        groups: their copies overlap the rest of forward, and backward needs them last, so their
+        reloads have the whole backward to hide in."""
+        if self.budget_bytes is None or self._alloc_at_forward_end is None:
+            return None
+        if not self._last_eligible:
+            return None
+        all_kept = self._alloc_at_forward_end + self._last_offloaded
+        need = all_kept + self._reserve() - self.budget_bytes
+        plan: set[int] = set()
+        total = 0
+        for g in sorted(self._last_eligible):
+            if total >= need * PLAN_SAFETY:
+                break
+            plan.add(g)
+            total += self._last_eligible[g]
+        return plan
+
+    def _within_budget(self) -> bool:
+        if self.budget_bytes is None:
+            return False
+        return self._memory_probe() + self._reserve() <= self.budget_bytes
+
+    # -------------------------------------------------------------- pack
+    def _is_parameter(self, t: torch.Tensor) -> bool:
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+            return True
+        if t.is_leaf and t.requires_grad:
+            return True
+        return bool(self._param_storages) and t.untyped_storage().data_ptr() in self._param_storages
+
+    def _eligible_device(self, t: torch.Tensor) -> bool:
+        if self.cuda:
+            return t.device == self.device
+        return t.device.type == "cpu"
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        if self.delegate is not None:
+            packed = self.delegate.try_pack(t)
+            if packed is not None:
+                return _Delegated(packed)
+        if self.cuda:
+            self._reap(all_done_ok=False)
+        nbytes = t.numel() * t.element_size()
+        if nbytes < self.min_bytes or not self._eligible_device(t) or not _dense(t):
+            self._keep(nbytes)
+            return t
+        if self._is_parameter(t):
+            self._stats.parameters_skipped += 1
+            return t
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.size()), t.stride(),
+               t.dtype, t._version)
+        same = self._by_key.get(key)
+        if same is not None:
+            handle, source = same[0](), same[1]()
+            # the very same tensor saved again by another consumer (its memory cannot have been
+            # reused while the tensor is alive): one copy serves both
+            if handle is not None and source is t:
+                handle.users += 1
+                self._stats.tensors_shared += 1
+                return handle
+        self._eligible_bytes[self._group] = self._eligible_bytes.get(self._group, 0) + nbytes
+        self._deciding_bytes = nbytes
+        if self._keep_for_budget():
+            self._keep(nbytes)
+            self._stats.bytes_kept_by_budget += nbytes
+            return t
+        handle = self._offload(t, nbytes)
+        self._by_key[key] = (weakref.ref(handle), weakref.ref(t))
+        return handle
+
+    def _keep_for_budget(self) -> bool:
+        """The budget policy (module docstring): with a plan from the last step, keep what is not
+        in a planned group unless memory already passes the budget; without one (first step),
+        keep while the budget holds."""
+        if self.budget_bytes is None:
+            return False
+        if self._plan is None:
+            return self._within_budget()
+        if self._group in self._plan:
+            return False
+        return self._within_budget()
+
+    def _keep(self, nbytes: int) -> None:
+        self._stats.tensors_kept += 1
+        self._stats.bytes_kept += nbytes
+
+    def _offload(self, t: torch.Tensor, nbytes: int) -> _Offloaded:
+        buffer = self.pool.acquire(nbytes)
+        host = buffer.view(t.dtype).as_strided(t.size(), t.stride())
+        handle = _Offloaded(self, self._group, buffer, host, t)
+        with nvtx_range(OFFLOAD_COPY):
+            if self.cuda:
+                self._d2h.wait_stream(self._compute)
+                last_reader = self._buffer_events.pop(buffer.data_ptr(), None)
+                if last_reader is not None:
+                    self._d2h.wait_event(last_reader)
+                with torch.cuda.stream(self._d2h):
+                    host.copy_(t, non_blocking=True)
+                event = self._d2h.record_event()
+                self._seq += 1
+                handle.copy_event, handle.copy_seq = event, self._seq
+                self._inflight.append((self._seq, event, t))   # keeps t alive until copied
+                self._inflight_bytes += nbytes
+                self._throttle()
+            else:
+                host.copy_(t)
+        self._groups.setdefault(self._group, []).append(_weak(handle))
+        self._stats.tensors_offloaded += 1
+        self._stats.bytes_offloaded += nbytes
+        return handle
+
+    def _reap(self, all_done_ok: bool, upto_seq: int | None = None) -> None:
+        """Drop references to device tensors whose device->host copy is over (or ordered before
+        what the compute stream has already waited for: ``upto_seq``)."""
+        while self._inflight:
+            seq, event, t = self._inflight[0]
+            if (upto_seq is not None and seq <= upto_seq) or all_done_ok or event.query():
+                self._inflight.popleft()
+                self._inflight_bytes -= t.numel() * t.element_size()
+            else:
+                break
+
+    def _throttle(self) -> None:
+        """Past ``max_inflight_bytes`` of unfinished copies, make the compute stream wait for the
+        oldest ones: then their device memory may be reused in compute-stream order."""
+        while self._inflight_bytes > self.max_inflight_bytes and self._inflight:
+            if self.budget_bytes is not None and self._memory_probe() + self._reserve() <= self.budget_bytes:
+                break                  # under a budget, lagging copies are fine while it holds
+            _seq, event, t = self._inflight.popleft()
+            self._compute.wait_event(event)
+            self._inflight_bytes -= t.numel() * t.element_size()
+
+    # -------------------------------------------------------------- unpack
+    def _unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        if isinstance(packed, _Delegated):
+            return self.delegate.unpack(packed.inner)
+        handle: _Offloaded = packed
+        self._prefetch_through(handle.group)
+        if handle.device_tensor is None:          # evicted or unpacked twice (retain_graph)
+            self._copy_back([handle])
+        t = handle.device_tensor
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(handle.ready_event)
+            # the reload waited for this handle's offload, which the offload stream ran after
+            # all earlier ones: their source tensors may go
+            self._reap(all_done_ok=False, upto_seq=handle.copy_seq)
+        handle.users -= 1
+        if handle.users <= 0:         # the last consumer: the device copy goes with its use
+            handle.device_tensor = None
+        return t
+
+    def _prefetch_through(self, group: int) -> None:
+        """Start the copies of ``group`` (and of groups skipped above it) and of the next
+        ``prefetch_groups`` groups backward will need; with a budget, also of further groups
+        while they fit under it (backward frees memory as it goes)."""
+        later = [g for g in self._order if g < group]
+        window = set(later[:self.prefetch_groups])
+        while self._pending_groups:
+            g = self._pending_groups[0]
+            if g < group and g not in window and not self._fits_prefetch(g):
+                break
+            self._pending_groups.pop(0)
+            handles = [h for h in (ref() for ref in self._groups.get(g, ())) if h is not None]
+            self._copy_back([h for h in handles if h.device_tensor is None])
+
+    def _fits_prefetch(self, g: int) -> bool:
+        if self.budget_bytes is None or not self.cuda:
+            return False
+        size = sum(h.nbytes for h in (ref() for ref in self._groups.get(g, ())) if h is not None)
+        return self._memory_probe() + size + self._reserve() <= self.budget_bytes
+
+    def _copy_back(self, handles: list[_Offloaded]) -> None:
+        if not handles:
+            return
+        with nvtx_range(OFFLOAD_PREFETCH):
+            # allocated on the compute stream, which uses them: the side stream first waits for
+            # what the compute stream did before (earlier users of that memory)
+            tensors = [torch.empty_strided(h.size, h.stride, dtype=h.dtype, device=h.device)
+                       for h in handles]
+            if self.cuda:
+                self._h2d.wait_stream(torch.cuda.current_stream(self.device))
+                latest = max(handles, key=lambda h: h.copy_seq)
+                self._h2d.wait_event(latest.copy_event)   # the offloads (in order) are over
+                with torch.cuda.stream(self._h2d):
+                    for h, dev in zip(handles, tensors):
+                        dev.copy_(h.host, non_blocking=True)
+                event = self._h2d.record_event()
+                for h in handles:
+                    h.ready_event = event
+            else:
+                for h, dev in zip(handles, tensors):
+                    dev.copy_(h.host)
+        for h, dev in zip(handles, tensors):
+            h.device_tensor = dev
+            self._stats.bytes_reloaded += h.nbytes
+
+    def _release(self, handle: _Offloaded) -> None:
+        if handle.device_tensor is not None and self.cuda and handle.ready_event is not None:
+            # prefetched but never used: the memory may be reused on the compute stream only
+            # after the copy into it is over
+            torch.cuda.current_stream(self.device).wait_event(handle.ready_event)
+        handle.device_tensor = None
+        # the next device->host copy into this buffer must wait for the reload that read it
+        if handle.ready_event is not None:
+            self._buffer_events[handle.buffer.data_ptr()] = handle.ready_event
+        self.pool.release(handle.buffer)
+
+
+class _Delegated:
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+
+def _weak(handle: _Offloaded) -> Any:
+    return weakref.ref(handle)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense (any dimension order): a host buffer of numel elements with
+    the same strides holds it exactly, so the restored tensor has the original layout."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    dims = sorted(((st, s) for s, st in zip(t.shape, t.stride()) if s != 1))
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+# ----------------------------------------------------------------------------- the reference
+def save_on_cpu_reference(pin_memory: bool | None = None) -> Any:
+    """PyTorch's own activation offload, the reference variant: every saved tensor is copied to
+    (pinned) host memory in forward and back, synchronously, when backward unpacks it."""
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    return torch.autograd.graph.save_on_cpu(pin_memory=pin_memory)

@@ -1,0 +1,197 @@
+"""Activation offload and checkpointing (hopperlab.memory): exact gradients on CPU, pool reuse,
+the budget policy. The CPU path runs the same bookkeeping as CUDA, with host->host copies."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from hopperlab.memory._layers import decoder_layers  # noqa: E402
+from hopperlab.memory.activation_offload import (  # noqa: E402
+    ActivationOffload, PinnedBufferPool, _dense, save_on_cpu_reference)
+from hopperlab.memory.checkpointing import checkpoint_layers  # noqa: E402
+
+from .memory_helpers import assert_exact, batch, step, tiny_lora_llama, twin  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def lora_model():
+    return tiny_lora_llama(layers=4)
+
+
+@pytest.fixture(scope="module")
+def baseline(lora_model):
+    return step(lora_model, batch())
+
+
+def _offload(model, **kw) -> ActivationOffload:
+    kw.setdefault("min_bytes", 1024)
+    return ActivationOffload("cpu", **kw).wrap_layers(decoder_layers(model)).track_parameters(model)
+
+
+def test_offload_gradients_exact_and_pool_reused(lora_model, baseline):
+    model = twin(lora_model)
+    off = _offload(model)
+    assert_exact(baseline, step(model, batch(), lambda: off))
+    first = off.stats()
+    assert first.tensors_offloaded > 0 and first.bytes_offloaded == first.bytes_reloaded
+    assert first.groups == 4 + 1              # one per layer, and the head after the last
+    assert first.pool_new_allocations == first.tensors_offloaded
+    assert first.parameters_skipped > 0       # the (frozen) weights' views were recognised
+    assert first.tensors_shared > 0           # q/k/v adapters save the same input: one copy
+    assert_exact(baseline, step(model, batch(), lambda: off))
+    second = off.stats()
+    assert second.pool_new_allocations == 0   # steady state: no new pinned buffers
+    assert second.pool_bytes == first.pool_bytes
+    assert second.bytes_offloaded == first.bytes_offloaded
+    assert off.pool.in_use_bytes == 0         # every host buffer went back after backward
+
+
+def test_full_finetune_exact_with_offload():
+    model = tiny_lora_llama(layers=2, full=True)
+    base = step(model, batch(1))
+    off = _offload(model)
+    assert_exact(base, step(model, batch(1), lambda: off))
+    assert off.stats().tensors_offloaded > 0
+
+
+def test_checkpointing_exact(lora_model, baseline):
+    model = twin(lora_model)
+    handle = checkpoint_layers(decoder_layers(model))
+    assert len(handle) == 4
+    assert_exact(baseline, step(model, batch()))
+    handle.remove()
+    assert "forward" not in decoder_layers(model)[0].__dict__
+    assert_exact(baseline, step(model, batch()))
+
+
+def test_checkpointing_with_offload_moves_only_layer_inputs(lora_model, baseline):
+    model = twin(lora_model)
+    checkpoint_layers(decoder_layers(model))
+    off = _offload(model)
+    assert_exact(baseline, step(model, batch(), lambda: off))
+    s = off.stats()
+    # inside the layers only the checkpoint inputs are saved through our hooks: the hidden
+    # states (and rotary tables) of each of the 4 layers, far fewer than without checkpointing
+    model2 = twin(lora_model)
+    off2 = _offload(model2)
+    step(model2, batch(), lambda: off2)
+    assert 0 < s.bytes_offloaded < off2.stats().bytes_offloaded / 3
+    hidden_bytes = 2 * 16 * 64 * 4
+    assert s.bytes_offloaded >= 4 * hidden_bytes
+
+
+def test_budget_large_offloads_nothing_small_offloads(lora_model, baseline):
+    model = twin(lora_model)
+    big = _offload(model, budget_bytes=1 << 40)
+    assert_exact(baseline, step(model, batch(), lambda: big))
+    assert big.stats().tensors_offloaded == 0 and big.stats().bytes_kept_by_budget > 0
+    big.remove()
+
+    everything = _offload(model)
+    step(model, batch(), lambda: everything)
+    total = everything.stats().bytes_offloaded
+    everything.remove()
+
+    half = _offload(model, budget_bytes=total // 2)
+    assert_exact(baseline, step(model, batch(), lambda: half))
+    s = half.stats()
+    assert 0 < s.bytes_offloaded < total and s.bytes_kept_by_budget > 0
+    # first step, no plan yet: keep while the budget holds, so the first layers stay
+    assert min(half._groups) > 1
+    # from the second step, the plan: offload the earliest groups, just enough
+    assert_exact(baseline, step(model, batch(), lambda: half))
+    planned = half.stats()
+    assert half._plan and min(half._plan) == 1 and max(half._plan) < 9
+    assert sorted(half._groups) == sorted(half._plan)
+    assert 0 < planned.bytes_offloaded < total
+    half.remove()
+
+    tiny = _offload(model, budget_bytes=1)
+    assert_exact(baseline, step(model, batch(), lambda: tiny))
+    assert tiny.stats().bytes_offloaded == total
+
+
+def test_budget_counts_the_reserve():
+    probe = {"bytes": 900}
+    off = ActivationOffload("cpu", budget_bytes=1000, reserve_bytes=50, memory_probe=lambda: probe["bytes"])
+    assert off._within_budget()
+    probe["bytes"] = 960
+    assert not off._within_budget()
+
+
+def test_min_bytes_keeps_small_tensors(lora_model, baseline):
+    model = twin(lora_model)
+    off = _offload(model, min_bytes=1 << 30)
+    assert_exact(baseline, step(model, batch(), lambda: off))
+    assert off.stats().tensors_offloaded == 0
+
+
+def test_save_on_cpu_reference_exact(lora_model, baseline):
+    model = twin(lora_model)
+    assert_exact(baseline, step(model, batch(), save_on_cpu_reference))
+
+
+def test_pool_keys_by_size():
+    pool = PinnedBufferPool(pin=False)
+    a = pool.acquire(100)
+    pool.release(a)
+    assert pool.acquire(100) is a and pool.allocations == 1
+    pool.acquire(200)
+    assert pool.allocations == 2 and pool.allocated_bytes == 300 and pool.in_use_bytes == 300
+
+
+def test_dense_layouts():
+    x = torch.randn(4, 6, 8)
+    assert _dense(x) and _dense(x.transpose(0, 2)) and _dense(x.permute(1, 2, 0))
+    assert not _dense(x[:, ::2]) and not _dense(x[..., :4])
+    assert _dense(torch.randn(1, 5).t())
+
+
+def test_transposed_saved_tensor_round_trip():
+    """A permuted (non-contiguous, dense) saved tensor comes back with its strides."""
+    off = ActivationOffload("cpu", min_bytes=0)
+    w = torch.randn(16, 8, requires_grad=True)
+    x = torch.randn(16, 8).t()            # a transposed activation, saved by the matmul
+    x.requires_grad_(True)
+    with off:
+        y = (x.exp() @ w).sum()
+    y.backward()
+    ref_w, ref_x = w.grad.clone(), x.grad.clone()
+    w.grad = x.grad = None
+    (x.exp() @ w).sum().backward()
+    assert torch.equal(ref_w, w.grad) and torch.equal(ref_x, x.grad)
+    assert off.stats().tensors_offloaded >= 1
+
+
+def test_refuses_bad_arguments():
+    with pytest.raises(ValueError):
+        ActivationOffload("cpu", budget_bytes=0)
+    with pytest.raises(ValueError):
+        ActivationOffload("cpu", min_bytes=-1)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_backward_holds_only_the_prefetch_window(lora_model, baseline, prefetch):
+    """While backward runs, reloaded tensors are on the device for the group in use and the
+    ``prefetch_groups`` next ones only (not everything at once)."""
+    model = twin(lora_model)
+    off = _offload(model, prefetch_groups=prefetch)
+    seen: list[int] = []
+    original = off._unpack
+
+    def counting_unpack(packed):
+        out = original(packed)
+        live = {h.group for refs in off._groups.values() for h in (r() for r in refs)
+                if h is not None and h.device_tensor is not None}
+        seen.append(len(live))
+        return out
+
+    off._unpack = counting_unpack
+    assert_exact(baseline, step(model, batch(), lambda: off))
+    assert seen and max(seen) <= prefetch + 1
+    if prefetch:
+        assert max(seen) == prefetch + 1       # and the window is really used
