@@ -1,0 +1,308 @@
+"""The finetune family's GPU benchmark (docs/benchmarks/finetune.md): random-weight Llama shapes,
+batch 4 x 2048, through the family's own ``run_torch`` with the variants' knobs and params.
+
+    PYTHONPATH=src python3 benchmarks/finetune_gpu.py --suite lora7b --out DIR
+    suites: lora7b (baseline, checkpointing, save_on_cpu, async offload of everything, 40 GiB
+            budget, checkpointing + offload, num_workers 0/4 with tokenization in the loader,
+            torchtune's OffloadActivations), managed (memory: managed, in a fresh process),
+            fp8 (full-1b bf16 eager / compile / fp8; LoRA-7B bf16+compile / fp8; full-7b
+            and torchao's CPUOffloadOptimizer), 70b (LoRA-70B, parameter + activation offload,
+            as many layers as the host's memory holds)
+
+Every variant appends one JSON line to DIR/results.jsonl and the script prints a table. The
+pinned host<->device bandwidth of the node is measured first (1 GiB copies, median of 5) for
+the floors. torchtune and torchao are optional (carried wheels): their comparisons are skipped,
+and say so, when the import fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from hopperlab.record import Recorder, SkipRun  # noqa: E402
+from hopperlab.workloads.finetune import FinetuneParams  # noqa: E402
+from hopperlab.workloads.finetune.techniques import Knobs  # noqa: E402
+
+GIB = float(1 << 30)
+MODELS = {"7b": ROOT / "models/llama-2-7b", "70b": ROOT / "models/llama-2-70b",
+          "1b": ROOT / "models/llama-1b"}
+LORA7B = FinetuneParams(method="lora", weights="random", dtype="bfloat16", seq_len=2048,
+                        micro_batch=4, lora_rank=32, lora_alpha=64, data="synthetic",
+                        warmup_steps=2, measured_steps=6, learning_rate=1e-4)
+
+
+def spec_for(model: str, knobs: Knobs, params: FinetuneParams, assets: dict[str, Path]) -> Any:
+    paths = {"model": MODELS[model], **assets}
+    return SimpleNamespace(
+        params=params, knobs=knobs, resources=SimpleNamespace(gpus=1),
+        site=SimpleNamespace(allow_oversubscription=False), assets={k: str(v) for k, v in
+                                                                   paths.items()},
+        asset_path=lambda role: paths[role], run_dir=tempfile.mkdtemp(prefix="ft-"))
+
+
+def pinned_bandwidth_gbps() -> dict[str, float]:
+    """GB/s (1e9) of 1 GiB copies between pinned host memory and the GPU, median of 5."""
+    import torch
+
+    n = 1 << 30
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    out = {}
+    for name, (dst, src) in {"h2d": (dev, host), "d2h": (host, dev)}.items():
+        times = []
+        for _ in range(6):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        out[name] = n / statistics.median(times[1:]) / 1e9
+    del host, dev
+    torch.cuda.empty_cache()
+    return out
+
+
+def free_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def run_variant(out: Path, suite: str, name: str, model: str, params: FinetuneParams,
+                knobs: Knobs = Knobs(), assets: dict[str, Path] | None = None,
+                **inject: Any) -> dict[str, Any]:
+    """One variant through the family's run_torch; a JSON line in out/results.jsonl."""
+    from hopperlab.workloads.finetune.workload import run_torch
+
+    spec = spec_for(model, knobs, params, assets or {})
+    rec = Recorder(Path(spec.run_dir))
+    t0 = time.time()
+    row: dict[str, Any] = {"suite": suite, "variant": name, "model": model}
+    try:
+        run_torch(spec, params, rec, **inject)
+        row["status"] = "ok"
+    except SkipRun as exc:
+        row.update(status="skipped", reason=str(exc))
+    except Exception as exc:  # noqa: BLE001 - an OOM is a result; keep going
+        oom = "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
+        row.update(status="oom" if oom else "failed", reason=f"{type(exc).__name__}: {exc}"[:400])
+        if not oom:
+            traceback.print_exc()
+    row["wall_s"] = round(time.time() - t0, 1)
+    row["metrics"] = dict(rec.metrics)
+    row["tags"] = dict(rec.tags)
+    rec.finish("ok")
+    with open(out / "results.jsonl", "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    m = row["metrics"]
+    print(f"{suite:8} {name:28} {row['status']:7} tok/s {m.get('tokens_per_s', 0):9.0f}  "
+          f"p50 {m.get('step_time_p50_s', 0):7.3f}s  peak alloc "
+          f"{m.get('peak_gpu_allocated_gib', 0):6.1f} GiB  reserved "
+          f"{m.get('peak_gpu_reserved_gib', 0):6.1f}  to-host "
+          f"{m.get('bytes_to_host_per_step', 0) / 1e9:6.2f} GB  mfu {m.get('mfu', 0):.3f}  "
+          f"wait {m.get('data_wait_fraction', 0):.4f}  loss {m.get('first_loss', 0):.3f}->"
+          f"{m.get('final_loss', 0):.3f}  ({row['wall_s']} s) {row.get('reason', '')[:200]}",
+          flush=True)
+    free_memory()
+    return row
+
+
+# ----------------------------------------------------------------------------- comparisons
+def torchtune_offload() -> Callable[[], Any] | None:
+    """torchtune 0.6.1's OffloadActivations, loaded from its wheel's file alone: the rest of
+    torchtune needs datasets, omegaconf, kagglehub, ... that the GPU image lacks. The two names
+    the file imports from torchtune (TiedLinear, get_logger) are given stand-ins."""
+    import logging
+
+    wheels = sorted((ROOT / ".whl-finetune").glob("torchtune-*.whl"))
+    if not wheels:
+        print("torchtune: no wheel in .whl-finetune: comparison skipped")
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:  # the file imports torchao.dtypes
+        print("torchtune: needs torchao, which is not installed: comparison skipped")
+        return None
+    source = zipfile.ZipFile(wheels[0]).read("torchtune/training/_activation_offloading.py")
+    pkg, modules, utils = (ModuleType(n) for n in ("torchtune", "torchtune.modules",
+                                                   "torchtune.utils"))
+    modules.TiedLinear = type("TiedLinear", (), {})  # type: ignore[attr-defined]
+    utils.get_logger = lambda level="INFO": logging.getLogger("torchtune")  # type: ignore
+    sys.modules.update({"torchtune": pkg, "torchtune.modules": modules, "torchtune.utils": utils})
+    mod = ModuleType("torchtune_activation_offloading")
+    exec(compile(source, "torchtune/training/_activation_offloading.py", "exec"), mod.__dict__)
+    ctx = mod.OffloadActivations(use_pin_memory=True, use_streams=True)
+
+    def factory() -> Any:
+        return ctx
+    factory.__name__ = "torchtune.OffloadActivations"
+    return factory
+
+
+def torchao_cpu_offload_optimizer(lr: float) -> Callable[[Any], Any] | None:
+    try:
+        from torchao.optim import CPUOffloadOptimizer
+    except ImportError as exc:
+        print(f"torchao: {exc}: CPUOffloadOptimizer comparison skipped")
+        return None
+    import torch
+
+    def make(params: Any) -> Any:
+        return CPUOffloadOptimizer(params, torch.optim.AdamW, offload_gradients=True, lr=lr,
+                                   fused=True)
+    return make
+
+
+# ----------------------------------------------------------------------------- suites
+def suite_lora7b(out: Path, args: argparse.Namespace) -> None:
+    """In order of what matters most (a command cut short by its time limit keeps the first)."""
+    p = replace(LORA7B, measured_steps=args.steps, warmup_steps=args.warmup)
+    run_variant(out, "lora7b", "baseline", "7b", p)
+    run_variant(out, "lora7b", "offload-activations", "7b", p, Knobs(offload="activations"))
+    run_variant(out, "lora7b", "save-on-cpu", "7b",
+                replace(p, activation_offload="save_on_cpu", measured_steps=3),
+                Knobs(offload="activations"))
+    run_variant(out, "lora7b", "offload-budget-40", "7b", replace(p, offload_budget_gib=40.0),
+                Knobs(offload="activations"))
+    run_variant(out, "lora7b", "checkpointing", "7b", replace(p, checkpointing=True))
+    data = {"records": ROOT / "assets/dolly-synthetic", "tokenizer": ROOT / "assets/tiny-tokenizer"}
+    if all(v.is_dir() for v in data.values()):
+        for workers in (0, 4):
+            run_variant(out, "lora7b", f"tokenize-workers-{workers}", "7b",
+                        replace(p, data="tokenize"), Knobs(num_workers=workers), data)
+    else:
+        print("num_workers: assets/dolly-synthetic and assets/tiny-tokenizer not carried: skipped")
+    run_variant(out, "lora7b", "checkpointing-offload", "7b", replace(p, checkpointing=True),
+                Knobs(offload="activations"))
+    tt = torchtune_offload()
+    if tt is not None:
+        run_variant(out, "lora7b", "torchtune-offload", "7b", p, forward_context=tt)
+
+
+def suite_managed(out: Path, args: argparse.Namespace) -> None:
+    """memory: managed must be installed before CUDA starts: a fresh process."""
+    p = replace(LORA7B, measured_steps=args.steps, warmup_steps=args.warmup)
+    run_variant(out, "managed", "lora7b-managed", "7b", p, Knobs(memory="managed"))
+
+
+def suite_fp8(out: Path, args: argparse.Namespace) -> None:
+    full1b = replace(LORA7B, method="full", measured_steps=args.steps, warmup_steps=args.warmup + 1)
+    run_variant(out, "fp8", "full1b-bf16-eager", "1b", full1b)
+    run_variant(out, "fp8", "full1b-bf16-compile", "1b", replace(full1b, compile=True))
+    run_variant(out, "fp8", "full1b-fp8-compile", "1b", full1b, Knobs(precision="fp8"))
+    lora = replace(LORA7B, measured_steps=args.steps, warmup_steps=args.warmup + 1)
+    run_variant(out, "fp8", "lora7b-fp8-compile", "7b", lora, Knobs(precision="fp8"))
+    run_variant(out, "fp8", "lora7b-bf16-compile", "7b", replace(lora, compile=True))
+    make = torchao_cpu_offload_optimizer(full1b.learning_rate)
+    if make is not None:
+        run_variant(out, "fp8", "full1b-torchao-cpu-offload-optim", "1b", full1b,
+                    make_optimizer=make)
+    if args.full7b:
+        full7b = replace(LORA7B, method="full", measured_steps=3, warmup_steps=1,
+                         learning_rate=1e-5)
+        run_variant(out, "fp8", "full7b-baseline", "7b", full7b)
+        if make is not None:
+            run_variant(out, "fp8", "full7b-ckpt-torchao-cpu-offload-optim", "7b",
+                        replace(full7b, checkpointing=True), make_optimizer=make)
+
+
+def host_layers_that_fit(reserve_gib: float) -> tuple[int, float]:
+    """How many 70B decoder layers fit into the host's available memory, keeping
+    ``reserve_gib`` for everything else; each layer's frozen weights take one pinned buffer of
+    exactly their size (ParameterOffload registers plain host memory, no power-of-two
+    rounding)."""
+    import json as _json
+
+    import psutil
+
+    cfg = _json.loads((MODELS["70b"] / "config.json").read_text())
+    d, f = cfg["hidden_size"], cfg["intermediate_size"]
+    kv = d // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+    layer_bytes = 2 * (2 * d * d + 2 * d * kv + 3 * d * f)
+    avail = psutil.virtual_memory().available / GIB
+    n = int((avail - reserve_gib) // (layer_bytes / GIB))
+    return max(1, min(n, cfg["num_hidden_layers"])), layer_bytes / GIB
+
+
+def suite_70b(out: Path, args: argparse.Namespace) -> None:
+    n, layer_gib = host_layers_that_fit(args.host_reserve_gib)
+    if args.layers:
+        n = min(n, args.layers)
+    print(f"70b: {n} of 80 layers ({layer_gib:.2f} GiB of frozen bf16 weights each)", flush=True)
+    p = replace(LORA7B, micro_batch=1, num_layers=n, checkpointing=True, resident_layers=0,
+                prefetch_layers=1, measured_steps=args.steps_70b, warmup_steps=1)
+    run_variant(out, "70b", f"lora70b-offload-both-{n}layers", "70b", p, Knobs(offload="both"))
+
+
+SUITES = {"lora7b": suite_lora7b, "managed": suite_managed, "fp8": suite_fp8, "70b": suite_70b}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", action="append", choices=sorted(SUITES), required=True)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/finetune-gpu")))
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps-70b", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=0, help="70b: at most this many layers")
+    ap.add_argument("--host-reserve-gib", type=float, default=24.0)
+    ap.add_argument("--full7b", action="store_true", help="fp8 suite: also full-7b runs")
+    ap.add_argument("--in-subprocess", action="store_true",
+                    help="run each suite in its own python process (managed needs one)")
+    ap.add_argument("--no-autocast", action="store_true",
+                    help="forward without bf16 autocast (the adapters in float32), as the "
+                         "figures of docs/benchmarks/finetune.md were taken")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.no_autocast:
+        global LORA7B
+        LORA7B = replace(LORA7B, autocast=False)
+    import torch
+
+    # memory: managed must find CUDA uninitialised: no device query before its suite runs
+    print(f"torch {torch.__version__}"
+          + ("" if "managed" in args.suite else f", {torch.cuda.get_device_name(0)}"), flush=True)
+    if args.in_subprocess and len(args.suite) > 1:
+        for suite in args.suite:
+            cmd = [sys.executable, __file__, "--suite", suite, "--out", str(args.out),
+                   "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--steps-70b", str(args.steps_70b), "--layers", str(args.layers),
+                   "--host-reserve-gib", str(args.host_reserve_gib)] + \
+                (["--full7b"] if args.full7b else []) + \
+                (["--no-autocast"] if args.no_autocast else [])
+            subprocess.run(cmd, check=False)
+        return 0
+    if args.suite != ["managed"]:
+        bw = pinned_bandwidth_gbps()
+        print(f"pinned bandwidth: h2d {bw['h2d']:.1f} GB/s, d2h {bw['d2h']:.1f} GB/s", flush=True)
+        with open(args.out / "results.jsonl", "a") as fh:
+            fh.write(json.dumps({"suite": "bandwidth", "variant": "pinned-1GiB",
+                                 "metrics": bw}) + "\n")
+    for suite in args.suite:
+        SUITES[suite](args.out, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""finetune: LoRA and full fine-tuning of Llama models on Dolly, under the memory techniques.
+
+The study of the source talk (LoRA of Llama-2-7B on Dolly-15k, num_workers 0 vs 4, activation
+offload, unified memory, FP8) and the slides' single-GPU 70B LoRA, as one training loop whose
+knobs dispatch to ``hopperlab.memory`` (one module per technique):
+
+* ``num_workers``: data-loader worker processes (with ``data: tokenize`` they tokenize).
+* ``offload``: ``activations`` (saved tensors to pinned host memory on a side stream, or the
+  ``activation_offload: save_on_cpu`` reference), ``parameters`` (frozen weights streamed from
+  pinned host memory layer by layer), ``both``.
+* ``memory``: ``managed`` routes every PyTorch allocation through cudaMallocManaged.
+* ``precision``: ``fp8`` swaps linear layers for torchao float8 ones and compiles each layer;
+  its baseline is ``bf16`` with ``compile: true``.
+
+Two backends: ``torch`` (transformers + peft, this package) and ``nemo`` (builds and runs the
+NeMo fine-tuning command in the site's ``nemo`` container, parses its log into the same
+metrics; see ``nemo.py``). ``workload.py`` says what runs on a node without CUDA.
+
+This module is imported by the spec layer: it stays cheap (no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hopperlab.workloads.base import FamilyInfo
+
+BACKENDS = ("torch", "nemo")
+METHODS = ("lora", "full")
+WEIGHTS = ("random", "pretrained")
+DATA_SOURCES = ("prepared", "tokenize", "synthetic")
+ACTIVATION_OFFLOADS = ("async", "save_on_cpu")
+DTYPES = ("bfloat16", "float32")
+MANAGED_ADVICE = ("none", "preferred_device", "accessed_by", "both")
+
+#: The figures the report charts for every finetune run.
+HEADLINE_METRICS: tuple[str, ...] = (
+    "tokens_per_s", "step_time_p50_s", "peak_gpu_allocated_gib", "mfu", "data_wait_fraction",
+    "loss_drop")
+
+
+@dataclass(frozen=True)
+class FinetuneParams:
+    #: "torch" (transformers + peft in this process) or "nemo" (the NeMo container)
+    backend: str = "torch"
+    #: "lora" (frozen base, peft adapters) or "full" (every weight trained)
+    method: str = "lora"
+    #: "random": the architecture of the model asset with random weights (performance studies);
+    #: "pretrained": the asset's weights (a random-weights asset is refused)
+    weights: str = "pretrained"
+    #: dtype of the model's weights (LoRA adapters stay float32, as peft makes them)
+    dtype: str = "bfloat16"
+    #: on CUDA with bfloat16 weights: forward under torch.autocast(bfloat16), so the float32
+    #: adapters compute (and save their activations) in bf16 too
+    autocast: bool = True
+    lora_rank: int = 32
+    lora_alpha: int = 64
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    seq_len: int = 2048
+    micro_batch: int = 4
+    #: steps run before the measured ones (compilation, allocator warm-up); excluded from figures
+    warmup_steps: int = 2
+    measured_steps: int = 10
+    seed: int = 0
+    #: "prepared" (the pre-tokenized asset of role data), "tokenize" (records of role records,
+    #: tokenized in the loader's workers with the tokenizer of role tokenizer) or "synthetic"
+    #: (random tokens of the right shape)
+    data: str = "prepared"
+    #: when the data assets are not built: use synthetic tokens (tagged) instead of failing
+    synthetic_if_missing: bool = False
+    pin_memory: bool = True
+    #: offload: activations|both: "async" (hopperlab.memory.activation_offload) or
+    #: "save_on_cpu" (torch.autograd.graph.save_on_cpu(pin_memory=True), the reference)
+    activation_offload: str = "async"
+    #: the GPU-memory budget of the async activation offload, GiB (None: offload everything)
+    offload_budget_gib: float | None = None
+    #: saved tensors smaller than this stay on the GPU
+    offload_min_bytes: int = 1 << 20
+    #: activation checkpointing of each decoder layer (combinable with offload)
+    checkpointing: bool = False
+    #: offload: parameters|both: decoder layers kept resident on the GPU, and layers prefetched
+    resident_layers: int = 0
+    prefetch_layers: int = 1
+    #: torch.compile each decoder layer (the bf16 + compile baseline of fp8; fp8 always compiles)
+    compile: bool = False
+    #: only the first N decoder layers of the architecture (None: all): for a 70B run on a host
+    #: too small for all 80 layers; runs tag the layer count and report per-layer figures
+    num_layers: int | None = None
+    #: memory: managed: cudaMemAdvise of each new block ("none", "preferred_device",
+    #: "accessed_by", "both") and whether to prefetch each new block to the GPU
+    managed_advise: str = "preferred_device"
+    managed_prefetch: bool = False
+    #: nemo backend: the NeMo recipe (a Llama-2-7B LoRA fine-tuning on Dolly by default)
+    nemo_recipe: str = "llama2_7b"
+    #: nemo backend: extra arguments appended to the command (key=value overrides)
+    nemo_extra: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        choices = {"backend": BACKENDS, "method": METHODS, "weights": WEIGHTS,
+                   "data": DATA_SOURCES, "activation_offload": ACTIVATION_OFFLOADS,
+                   "dtype": DTYPES, "managed_advise": MANAGED_ADVICE}
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+        positive = ("lora_rank", "lora_alpha", "seq_len", "micro_batch", "measured_steps")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a whole number of at least 1, got {value!r}")
+        if isinstance(self.prefetch_layers, bool) or not isinstance(self.prefetch_layers, int) \
+                or self.prefetch_layers < 1:
+            raise ValueError(f"prefetch_layers: expected at least 1 (the layer being fetched "
+                             f"while one computes), got {self.prefetch_layers!r}")
+        for name in ("warmup_steps", "resident_layers", "offload_min_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: expected a whole number of 0 or more, got {value!r}")
+        if self.measured_steps < 2:
+            raise ValueError("measured_steps: expected at least 2 (a loss drop needs two)")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout: expected 0 <= p < 1, got {self.lora_dropout!r}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate: expected > 0, got {self.learning_rate!r}")
+        if self.offload_budget_gib is not None and self.offload_budget_gib <= 0:
+            raise ValueError(f"offload_budget_gib: expected > 0 GiB, got "
+                             f"{self.offload_budget_gib!r}")
+        if self.num_layers is not None and self.num_layers < 1:
+            raise ValueError(f"num_layers: expected at least 1, got {self.num_layers!r}")
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        object.__setattr__(self, "nemo_extra", tuple(self.nemo_extra))
+        if self.method == "lora" and not self.lora_targets:
+            raise ValueError("lora_targets: LoRA needs at least one target module name")
+
+
+FAMILY = FamilyInfo(
+    name="finetune",
+    entry="hopperlab.workloads.finetune.workload:run",
+    supported_knobs={
+        "num_workers": frozenset(range(0, 65)),
+        "offload": frozenset({"none", "activations", "parameters", "both"}),
+        "memory": frozenset({"device", "managed"}),
+        "precision": frozenset({"bf16", "fp8"}),
+        "profiler": frozenset({"none", "nsys", "torch"}),
+    },
+    params=FinetuneParams,
+    headline_metrics=HEADLINE_METRICS,
+)

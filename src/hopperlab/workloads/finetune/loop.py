@@ -1,0 +1,96 @@
+"""The training loop: warm-up steps, then measured steps inside the profiler's capture window.
+
+A step is: wait for the loader's batch (``data.wait``), copy it to the device, forward and
+backward under the step's techniques (activation offload hooks), the optimizer step, and the
+loss read back (``.item()``: the synchronisation that makes the host-clock step time cover the
+GPU's work). Step time runs from asking for the batch to the loss on the host, so the data wait
+is part of it and the data-wait fraction is ``wait / step time``.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from typing import Any, Callable, Iterator
+
+from hopperlab.nvtx import BACKWARD, FORWARD, OPTIMIZER, STEP, measured_region, nvtx_range
+from hopperlab.workloads.finetune.metrics import StepRecord
+
+Batch = dict[str, Any]
+
+
+def to_device(batch: Batch, device: Any) -> Batch:
+    """Inputs on ``device``; an attention mask that masks nothing is dropped (lets SDPA take
+    its causal fast path: padded rows keep their mask)."""
+    mask = batch.get("attention_mask")
+    out = {"input_ids": batch["input_ids"].to(device, non_blocking=True),
+           "labels": batch["labels"].to(device, non_blocking=True)}
+    if mask is not None and not bool(mask.all()):
+        out["attention_mask"] = mask.to(device, non_blocking=True)
+    return out
+
+
+def forward_backward(model: Any, inputs: Batch, forward_context: Callable[[], Any]) -> Any:
+    """Loss of one batch and its gradients (accumulated into ``.grad``); returns the loss.
+
+    ``forward_context()`` is entered around the forward only: saved-tensor hooks (activation
+    offload) must see what forward saves, not what backward's recomputation saves again."""
+    with forward_context():
+        with nvtx_range(FORWARD):
+            loss = model(**inputs).loss
+    with nvtx_range(BACKWARD):
+        loss.backward()
+    return loss
+
+
+def _profiler(kind: str, cuda: bool, trace_path: Callable[[], Any]) -> Any:
+    if kind != "torch":
+        return nullcontext(None)
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    return profile(activities=activities, record_shapes=False, profile_memory=False)
+
+
+def train(model: Any, optimizer: Any, batches: Iterator[tuple[Batch, float]], *, device: Any,
+          warmup_steps: int, measured_steps: int, techniques: Any, profiler: str = "none",
+          cuda: bool = False, on_step: Callable[[StepRecord], None] | None = None,
+          trace_path: Callable[[], Any] | None = None,
+          on_measure_start: Callable[[], None] | None = None) -> list[StepRecord]:
+    """Run warm-up then measured steps; return every step's record (``measured`` marks them).
+
+    ``on_measure_start`` runs between the two phases (e.g. to reset peak-memory counters);
+    ``profiler: torch`` wraps the measured steps in torch.profiler and writes its Chrome trace
+    to ``trace_path()``.
+    """
+    records: list[StepRecord] = []
+    model.train()
+
+    def one(step: int, measured: bool) -> None:
+        t0 = time.perf_counter()
+        batch, wait = next(batches)
+        with nvtx_range(STEP):
+            inputs = to_device(batch, device)
+            loss = forward_backward(model, inputs, techniques.forward_context)
+            with nvtx_range(OPTIMIZER):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            value = float(loss.detach().float().item())
+        elapsed = time.perf_counter() - t0
+        rec = StepRecord(step=step, loss=value, step_s=elapsed, data_wait_s=wait,
+                         tokens=int(inputs["input_ids"].numel()), measured=measured,
+                         extra=techniques.step_stats())
+        records.append(rec)
+        if on_step is not None:
+            on_step(rec)
+
+    for step in range(warmup_steps):
+        one(step, False)
+    if on_measure_start is not None:
+        on_measure_start()
+    with measured_region(), _profiler(profiler, cuda, trace_path) as prof:
+        for step in range(warmup_steps, warmup_steps + measured_steps):
+            one(step, True)
+    if prof is not None and trace_path is not None:
+        prof.export_chrome_trace(str(trace_path()))
+    return records

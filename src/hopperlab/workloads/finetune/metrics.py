@@ -1,0 +1,120 @@
+"""What a run reports: per-step figures, their summary, the FLOP count and MFU, peaks.
+
+FLOPs (model FLOPs, as in MFU; recomputation by checkpointing is *not* counted, so a
+checkpointed run shows the MFU it costs):
+
+* full fine-tuning, per token: ``6 * N + 12 * L * d * T``;
+* LoRA, per token: ``4 * N_frozen + 6 * N_lora + 12 * L * d * T``: the frozen weights do the
+  forward product (2 N) and the product for the activations' gradient (2 N), never the one for
+  their own gradient; the adapters do all three.
+
+``N`` counts parameters that take part in matrix products (everything but the input embedding,
+whose lookup is no product; the LM head counts), ``L`` layers, ``d`` the hidden size, ``T`` the
+sequence length; ``12 L d T`` is attention's two products (``Q K^T`` and ``P V``, 2 * 2 * d * T
+per token and layer forward, twice that backward), counted over the whole square as the PaLM
+paper's formula does (no causal halving). MFU = FLOPs per second / the GPU's dense bf16 peak
+(``PEAK_BF16_FLOPS``), for fp8 runs too, so that fp8 and bf16 compare on one scale.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from hopperlab.workloads.finetune.model import ModelCounts
+
+GIB = float(1 << 30)
+#: the final loss is the mean of the last few measured steps' losses (one batch is noisy)
+FINAL_LOSS_STEPS = 3
+#: dense bf16 tensor-core peak FLOP/s by GPU model (vendor data sheets); matched by substring
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("GH200", 989.4e12), ("H200", 989.4e12), ("H100 PCIe", 756.0e12), ("H100 NVL", 835.0e12),
+    ("H100", 989.4e12), ("H800", 989.4e12), ("A100", 312.0e12), ("L40S", 362.0e12),
+)
+
+
+def flops_per_token(c: ModelCounts, seq_len: int, method: str) -> float:
+    attention = 12.0 * c.layers * c.hidden * seq_len
+    if method == "full":
+        return 6.0 * c.matmul + attention
+    frozen = c.matmul - c.trainable
+    return 4.0 * frozen + 6.0 * c.trainable + attention
+
+
+def peak_flops(gpu_name: str | None) -> float | None:
+    if not gpu_name:
+        return None
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in gpu_name:
+            return flops
+    return None
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile ``q`` in [0, 100] (numpy's default method)."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("percentile of no values")
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def host_peak_rss_gib() -> float:
+    """The process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / GIB if sys.platform == "darwin" else peak * 1024 / GIB
+
+
+@dataclass
+class StepRecord:
+    step: int
+    loss: float
+    step_s: float
+    data_wait_s: float
+    tokens: int
+    measured: bool
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def summarize(steps: Sequence[StepRecord], *, flops_token: float,
+              peak: float | None) -> dict[str, float]:
+    """Final figures from the measured steps (warm-up steps only give the first loss)."""
+    measured = [s for s in steps if s.measured]
+    if len(measured) < 1:
+        raise ValueError("no measured step")
+    times = [s.step_s for s in measured]
+    rates = [s.tokens / s.step_s for s in measured]
+    first = steps[0].loss
+    tail = [s.loss for s in measured[-FINAL_LOSS_STEPS:]]
+    last = statistics.fmean(tail)
+    out = {
+        "tokens_per_s": statistics.median(rates),
+        "step_time_p50_s": percentile(times, 50),
+        "step_time_p90_s": percentile(times, 90),
+        "step_time_mean_s": statistics.fmean(times),
+        "data_wait_fraction": sum(s.data_wait_s for s in measured) / sum(times),
+        "data_wait_p50_s": percentile([s.data_wait_s for s in measured], 50),
+        "tokens_per_step": float(measured[0].tokens),
+        "first_loss": first,
+        "final_loss": last,
+        "loss_drop": first - last,
+        "loss_ratio": last / first if first else float("nan"),
+        "measured_steps": float(len(measured)),
+        "flops_per_token": flops_token,
+        "model_tflops_per_s": flops_token * statistics.median(rates) / 1e12,
+        "peak_host_rss_gib": host_peak_rss_gib(),
+    }
+    if peak:
+        out["mfu"] = flops_token * statistics.median(rates) / peak
+    return out
+
+
+def gpu_memory(torch: Any, device: Any) -> dict[str, float]:
+    """Peak allocated / reserved GiB since the last reset, from the caching allocator."""
+    return {"peak_gpu_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            "peak_gpu_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB}

@@ -1,0 +1,184 @@
+"""The knobs and technique params of a run, turned into what the training loop applies.
+
+One place maps ``offload``, ``memory``, ``precision`` and the family params (checkpointing,
+``activation_offload``, budget, resident layers, compile) onto ``hopperlab.memory`` (one module
+per technique), in the order they must happen:
+
+1. ``before_cuda()``: the managed allocator, before anything touches CUDA memory;
+2. ``prepare_model(model)``: checkpointing, FP8 or compiled layers, parameter offload;
+3. ``forward_context()`` around each forward: activation offload (the async technique,
+   or the ``save_on_cpu`` reference) and the parameter offload's saved-weight hooks;
+4. ``step_stats()`` after each step: bytes moved to and from the host, what stayed.
+
+On a node without CUDA every technique still runs its bookkeeping on the CPU (host-to-host
+copies, no streams), so CI tests the logic; the run is tagged ``finetune.gpu_measured=false``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, ContextManager
+
+from hopperlab.spec import Knobs  # re-exported: the knobs a run's spec carries
+from hopperlab.workloads.finetune import FinetuneParams
+
+__all__ = ["Knobs", "Techniques"]
+
+GIB = 1 << 30
+
+
+def _memory(module: str) -> Any:
+    """``hopperlab.memory.<module>``, with a clear message when it is not there."""
+    try:
+        return importlib.import_module(f"hopperlab.memory.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("hopperlab.memory"):
+            raise RuntimeError(f"this variant needs hopperlab.memory.{module}, which is not "
+                               f"installed in this checkout") from None
+        raise
+
+
+@dataclass
+class Techniques:
+    knobs: Any
+    params: FinetuneParams
+    device: Any
+    cuda: bool
+    allow_oversubscription: bool = False
+    tags: dict[str, str] = field(default_factory=dict)
+    _offload: Any = None
+    _param_offload: Any = None
+    _managed: Any = None
+
+    # -- which techniques ----------------------------------------------------------------
+    @property
+    def offloads_activations(self) -> bool:
+        return self.knobs.offload in ("activations", "both")
+
+    @property
+    def offloads_parameters(self) -> bool:
+        return self.knobs.offload in ("parameters", "both")
+
+    @property
+    def compiles(self) -> bool:
+        return self.params.compile or self.knobs.precision == "fp8"
+
+    def describe(self) -> dict[str, str]:
+        p = self.params
+        act = "none"
+        if self.offloads_activations:
+            act = p.activation_offload
+            if p.activation_offload == "async" and p.offload_budget_gib is not None:
+                act += f"(budget {p.offload_budget_gib:g} GiB)"
+        return {"finetune.activation_offload": act,
+                "finetune.parameter_offload": (f"resident {p.resident_layers}, prefetch "
+                                               f"{p.prefetch_layers}")
+                if self.offloads_parameters else "none",
+                "finetune.checkpointing": str(p.checkpointing).lower(),
+                "finetune.precision": self.knobs.precision,
+                "finetune.compile": str(self.compiles).lower(),
+                "finetune.memory": self.knobs.memory}
+
+    # -- 1. before CUDA --------------------------------------------------------------------
+    def before_cuda(self) -> None:
+        """Route allocations through cudaMallocManaged (knob memory: managed), capped at the
+        GPU's free memory. Without CUDA: the cap policy only (tagged), training on the host."""
+        if self.knobs.memory != "managed":
+            return
+        managed = _memory("managed_allocator")
+        if not self.cuda:
+            import platform
+
+            over = managed.oversubscription_allowed(platform.machine(), None,
+                                                    self.allow_oversubscription)
+            self.tags["finetune.managed"] = ("not installed: no CUDA device; oversubscription "
+                                             f"{'allowed' if over else 'refused'} on this host")
+            return
+        self._managed = managed.install_managed_allocator(
+            self.device.index or 0, allow_oversubscription=self.allow_oversubscription,
+            advise=self.params.managed_advise, prefetch=self.params.managed_prefetch)
+        cap = self._managed.cap_bytes
+        self.tags["finetune.managed"] = (
+            f"installed on {self._managed.gpu_name}; cap "
+            f"{'none (oversubscription allowed)' if cap is None else f'{cap / GIB:.1f} GiB'}; "
+            f"advise {self.params.managed_advise}; prefetch {self.params.managed_prefetch}")
+
+    @property
+    def managed(self) -> Any:
+        """The installed managed allocator (its stats replace torch.cuda's memory figures)."""
+        return self._managed
+
+    # -- 2. the model ----------------------------------------------------------------------
+    def prepare_model(self, model: Any, layers: Any) -> Any:
+        """Apply checkpointing, FP8 / compile, and the offloads to the decoder ``layers``."""
+        p = self.params
+        if self.offloads_parameters and self.offloads_activations and \
+                p.activation_offload == "save_on_cpu":
+            raise ValueError("activation_offload: save_on_cpu cannot be combined with parameter "
+                             "offload (one pair of saved-tensor hooks at a time); use async")
+        if p.checkpointing:
+            _memory("checkpointing").checkpoint_layers(layers)
+        if self.knobs.precision == "fp8":
+            fp8 = _memory("fp8")
+            if self.cuda:
+                fp8.require_fp8(self.device)  # Fp8Unavailable: the workload skips the run
+            converted = fp8.convert_to_fp8(model, lora=p.method == "lora")
+            self.tags["finetune.fp8_linears"] = str(len(converted))
+        if self.compiles:
+            # CPU (smoke): dynamo's tracing and guards with the eager backend; the inductor
+            # kernels are a GPU matter and would cost minutes of C++ compilation here
+            kwargs = {} if self.cuda else {"backend": "eager"}
+            n = _memory("fp8").compile_layers(model, **kwargs)
+            self.tags["finetune.compiled_layers"] = f"{n} ({kwargs.get('backend', 'inductor')})"
+        if self.offloads_parameters:
+            po = _memory("parameter_offload")
+            self._param_offload = po.ParameterOffload(
+                layers, self.device, resident_layers=p.resident_layers,
+                prefetch=p.prefetch_layers)
+        if self.offloads_activations and p.activation_offload == "async":
+            ao = _memory("activation_offload")
+            budget = None if p.offload_budget_gib is None else int(p.offload_budget_gib * GIB)
+            self._offload = ao.ActivationOffload(
+                self.device, min_bytes=p.offload_min_bytes, budget_bytes=budget,
+                parameter_offload=self._param_offload)
+            self._offload.wrap_layers(layers).track_parameters(model)
+        return model
+
+    # -- 3. each step ----------------------------------------------------------------------
+    def forward_context(self) -> ContextManager[Any]:
+        """Around one forward (saved-tensor hooks: one pair active at a time, so the async
+        activation offload carries the parameter offload's when both are on)."""
+        if self._offload is not None:
+            return self._offload
+        if self.offloads_activations:  # the save_on_cpu reference
+            return _memory("activation_offload").save_on_cpu_reference(pin_memory=self.cuda)
+        if self._param_offload is not None:
+            return self._param_offload
+        return nullcontext()
+
+    def step_stats(self) -> dict[str, float]:
+        """Bytes moved to / from the host in the last step (and what the techniques report)."""
+        out: dict[str, float] = {}
+        for name, tech in (("act", self._offload), ("param", self._param_offload),
+                           ("managed", self._managed)):
+            if tech is None:
+                continue
+            stats = tech.stats()
+            stats = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+            for key, value in stats.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    out[f"{name}_{key}"] = float(value)
+        return out
+
+    def close(self) -> None:
+        """Take the techniques' hooks away and give the activation offload's pinned pool back
+        (``ActivationOffload.remove`` keeps it, for a next step that will not come)."""
+        for tech in (self._offload, self._param_offload):
+            if tech is not None and hasattr(tech, "remove"):
+                tech.remove()
+        pool = getattr(self._offload, "pool", None)
+        if pool is not None and hasattr(pool, "clear"):
+            pool.clear()
+

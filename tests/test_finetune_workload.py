@@ -1,0 +1,177 @@
+"""The finetune workload end to end on CPU at smoke scale: the loss falls, the records hold
+the listed figures, the knobs reach the techniques, CUDA-only variants run their bookkeeping,
+and the experiment file resolves at both scales."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hopperlab.assets import materialize
+from hopperlab.record import Recorder, SkipRun, read_steps
+from hopperlab.spec import load_matrix
+from hopperlab.workloads.finetune import FAMILY, FinetuneParams
+from hopperlab.workloads.finetune.metrics import flops_per_token, percentile
+from hopperlab.workloads.finetune.model import ModelCounts
+from hopperlab.workloads.finetune.techniques import Knobs
+from hopperlab.workloads.finetune.workload import run
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = FinetuneParams(weights="pretrained", dtype="float32", seq_len=128, micro_batch=8,
+                       lora_rank=16, lora_alpha=64, learning_rate=0.005, warmup_steps=1,
+                       measured_steps=12, data="prepared",
+                       lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                     "up_proj", "down_proj"))
+ROLES = {"model": "tiny-llama", "data": "dolly-smoke-prepared", "records": "dolly-synthetic",
+         "tokenizer": "tiny-tokenizer"}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> Path:
+    adir = tmp_path_factory.mktemp("assets")
+    for name in ("tiny-llama", "dolly-smoke-prepared"):
+        materialize(name, ROOT, adir, scale="smoke")
+    return adir
+
+
+def spec(assets: Path, params: FinetuneParams, run_dir: Path, **knobs) -> SimpleNamespace:
+    return SimpleNamespace(
+        params=params, knobs=Knobs(**knobs), resources=SimpleNamespace(gpus=0),
+        site=SimpleNamespace(allow_oversubscription=False), assets=dict(ROLES),
+        run_dir=str(run_dir), asset_path=lambda role: assets / ROLES[role])
+
+
+def run_it(assets, tmp_path, params=SMOKE, **knobs):
+    rec = Recorder(tmp_path / "run")
+    run(spec(assets, params, tmp_path / "run", **knobs), rec)
+    rec.finish("ok")
+    return rec
+
+
+def test_lora_loss_falls_and_metrics_are_recorded(assets, tmp_path):
+    rec = run_it(assets, tmp_path)
+    m = rec.metrics
+    assert m["final_loss"] < 0.97 * m["first_loss"]
+    for key in ("tokens_per_s", "step_time_p50_s", "step_time_p90_s", "data_wait_fraction",
+                "peak_host_rss_gib", "flops_per_token", "loss_drop"):
+        assert key in m and m[key] >= 0, key
+    assert m["step_time_p90_s"] >= m["step_time_p50_s"]
+    assert "mfu" not in m  # no GPU, no peak to divide by
+    assert rec.tags["finetune.gpu_measured"] == "false"
+    assert int(rec.tags["model.trainable_parameters"]) < int(rec.tags["model.parameters"])
+    steps = read_steps(tmp_path / "run")
+    assert len(steps) == SMOKE.warmup_steps + SMOKE.measured_steps
+    assert [s["metrics"]["measured"] for s in steps[:2]] == [0.0, 1.0]
+    assert {"loss", "step_time_s", "tokens_per_s", "data_wait_s"} <= set(steps[0]["metrics"])
+
+
+def test_full_finetune_loss_falls_clearly(assets, tmp_path):
+    m = run_it(assets, tmp_path, replace(SMOKE, method="full")).metrics
+    assert m["final_loss"] < 0.85 * m["first_loss"]
+
+
+def test_workers_tokenize_and_give_the_same_batches(assets, tmp_path):
+    materialize("dolly-synthetic", ROOT, assets, scale="smoke")
+    materialize("tiny-tokenizer", ROOT, assets, scale="smoke")
+    p = replace(SMOKE, data="tokenize", measured_steps=3)
+    run_it(assets, tmp_path / "a", p)
+    two = run_it(assets, tmp_path / "b", p, num_workers=2)
+    assert two.tags["data.num_workers"] == "2"
+    assert two.tags["data.source"].startswith("tokenize:")
+    losses = [[s["metrics"]["loss"] for s in read_steps(d / "run")] for d in
+              (tmp_path / "a", tmp_path / "b")]
+    assert losses[0] == losses[1]  # same seeded order, whoever tokenizes
+
+
+def test_offload_records_bytes_per_step(assets, tmp_path):
+    m = run_it(assets, tmp_path, replace(SMOKE, offload_min_bytes=0, measured_steps=2),
+               offload="activations").metrics
+    assert m["bytes_to_host_per_step"] > 0
+    assert m["bytes_from_host_per_step"] == m["bytes_to_host_per_step"]
+
+
+def test_cuda_only_variants_run_their_bookkeeping(assets, tmp_path):
+    managed = run_it(assets, tmp_path / "m", replace(SMOKE, measured_steps=2), memory="managed")
+    assert managed.tags["finetune.managed"].startswith("not installed: no CUDA device")
+    fp8 = run_it(assets, tmp_path / "f", replace(SMOKE, measured_steps=2), precision="fp8")
+    assert int(fp8.tags["finetune.fp8_linears"]) == 2 * 7  # 2 layers x 7 frozen projections
+    assert fp8.tags["finetune.compiled_layers"] == "2 (eager)"
+
+
+def test_missing_data_becomes_synthetic_only_when_allowed(assets, tmp_path):
+    p = replace(SMOKE, data="tokenize", measured_steps=2)
+    bad = spec(assets, p, tmp_path, num_workers=0)
+    bad.assets = {"model": "tiny-llama", "records": "nope", "tokenizer": "nope"}
+    from hopperlab.errors import AssetMissing
+
+    def missing(role):
+        if role == "model":
+            return assets / "tiny-llama"
+        raise AssetMissing(role)
+    bad.asset_path = missing
+    with pytest.raises(AssetMissing):
+        run(bad, Recorder(tmp_path / "x"))
+    bad.params = replace(p, synthetic_if_missing=True)
+    rec = Recorder(tmp_path / "y")
+    run(bad, rec)
+    assert rec.tags["data.source"] == "synthetic (asset nope,nope not built)"
+
+
+def test_nemo_backend_without_image_is_skipped(assets, tmp_path, monkeypatch):
+    monkeypatch.delenv("HOPPERLAB_IMAGE", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    s = spec(assets, replace(SMOKE, backend="nemo"), tmp_path)
+    s.site = SimpleNamespace(allow_oversubscription=False, assets_dir=str(assets),
+                             container=SimpleNamespace(image_file=None, runtime=None, binds=()))
+    with pytest.raises(SkipRun):
+        run(s, Recorder(tmp_path / "n"))
+
+
+def test_flop_formula():
+    c = ModelCounts(total=1100, trainable=100, matmul=1000, layers=2, hidden=8, vocab=10)
+    assert flops_per_token(c, 16, "full") == 6 * 1000 + 12 * 2 * 8 * 16
+    assert flops_per_token(c, 16, "lora") == 4 * 900 + 6 * 100 + 12 * 2 * 8 * 16
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 90) == 5
+
+
+@pytest.mark.parametrize("bad", [{"method": "qlora"}, {"lora_rank": 0}, {"measured_steps": 1},
+                                 {"offload_budget_gib": 0.0}, {"data": "hub"},
+                                 {"managed_advise": "yes"}, {"num_layers": 0}])
+def test_params_are_checked(bad):
+    with pytest.raises(ValueError):
+        FinetuneParams(**bad)
+
+
+@pytest.mark.parametrize("scale", ["smoke", "full"])
+def test_experiments_resolve(scale):
+    matrix = load_matrix(ROOT, {"families": ["finetune"], "scale": scale})
+    runs = matrix.runs
+    assert len(runs) <= 14
+    assert {s.experiment for s in runs.values()} == {
+        "lora-llama2-7b", "full-llama2-7b", "lora-llama2-70b", "full-1b"}
+    soc = runs["finetune/lora-llama2-7b/save-on-cpu"]
+    assert soc.knobs.offload == "activations" and soc.params.activation_offload == "save_on_cpu"
+    assert runs["finetune/lora-llama2-70b/offload-both"].knobs.offload == "both"
+    assert runs["finetune/full-1b/fp8"].knobs.precision == "fp8"
+    base = runs["finetune/lora-llama2-7b/baseline"]
+    if scale == "full":
+        assert (base.params.seq_len, base.params.micro_batch, base.params.lora_rank) == \
+            (2048, 4, 32)
+        assert base.resources.gpus == 1 and base.params.weights == "random"
+        assert runs["finetune/lora-llama2-7b/offload-budget"].params.offload_budget_gib == 40.0
+    else:
+        assert base.resources.gpus == 0 and base.params.dtype == "float32"
+    assert set(FAMILY.supported_knobs) == {"num_workers", "offload", "memory", "precision",
+                                           "profiler"}
+    json.dumps(base.to_dict(), default=str)
+
+
+def test_torch_profiler_traces_the_measured_steps(assets, tmp_path):
+    run_it(assets, tmp_path, replace(SMOKE, measured_steps=2), profiler="torch")
+    trace = tmp_path / "run" / "artifacts" / "profile" / "torch_trace.json"
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert {"step", "forward", "backward", "optimizer", "data.wait"} <= names
