@@ -1,5 +1,6 @@
-"""The membench smoke matrix through `snakemake --profile profiles/slurm` on a real one-node Slurm
-cluster, uploaded to a real MLflow server; plus what happens to jobs Slurm kills or cancels."""
+"""The default smoke matrix (every family) through `snakemake --profile profiles/slurm` on a real
+one-node Slurm cluster, uploaded to a real MLflow server; plus what happens to jobs Slurm kills or
+cancels."""
 
 from __future__ import annotations
 
@@ -46,19 +47,23 @@ def slurm_project(tmp_path_factory, slurm_cluster, mlflow_server):
     return project
 
 
-def test_membench_matrix_runs_as_slurm_jobs_and_lands_in_mlflow(slurm_project, slurm_cluster,
-                                                                 mlflow_server):
+def test_default_matrix_runs_as_slurm_jobs_and_lands_in_mlflow(slurm_project, slurm_cluster,
+                                                                mlflow_server):
     project = slurm_project
     out = snakemake(["--profile", "profiles/slurm", "--config", "site=slurm-test"], project,
                     env=slurm_cluster.env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     matrix = load_matrix(project, {"site": "slurm-test"})
+    assert {s.family for s in matrix.runs.values()} >= {"membench", "finetune", "inference",
+                                                         "recommender", "database"}
     client = MlflowClient(mlflow_server.uri)
-    exp = client.get_experiment_by_name("membench")
-    children = [r for r in client.search_runs([exp.experiment_id], max_results=500)
-                if r.data.tags.get("hopperlab.role") != "parent"]
-    by_key = {f"{r.data.tags['hopperlab.experiment']}/{r.data.tags['hopperlab.variant']}": r
-              for r in children}
+    by_key = {}
+    for family in sorted({s.family for s in matrix.runs.values()}):
+        exp = client.get_experiment_by_name(family)
+        for r in client.search_runs([exp.experiment_id], max_results=500):
+            if r.data.tags.get("hopperlab.role") != "parent":
+                by_key[f"{family}/{r.data.tags['hopperlab.experiment']}/"
+                       f"{r.data.tags['hopperlab.variant']}"] = r
     for key, spec in matrix.runs.items():
         rec = _record(project / spec.run_dir)
         assert rec["status"] in ("ok", "skipped"), (key, rec["reason"])
@@ -66,7 +71,7 @@ def test_membench_matrix_runs_as_slurm_jobs_and_lands_in_mlflow(slurm_project, s
         rows = slurm_cluster.sacct(job_id)
         assert rows, f"sacct knows no job {job_id} for {key}"
         assert rows[0]["State"].startswith("COMPLETED"), rows
-        run = by_key[f"{spec.experiment}/{spec.variant}"]
+        run = by_key[key]
         assert run.data.tags["slurm_job_id"] == job_id
         assert run.data.tags["hopperlab.status"] == rec["status"]
     assert (project / "results/report.html").exists()

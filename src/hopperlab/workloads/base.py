@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, TypeVar
+
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -47,3 +49,30 @@ class FamilyChart:
 def _load(ref: str) -> Callable[..., Any]:
     module_name, _, func = ref.partition(":")
     return getattr(importlib.import_module(module_name), func)
+
+
+def spec_params(spec: Any, params_type: type[P]) -> P:
+    """The run's typed params: ``spec.params`` as ``params_type``.
+
+    Workloads are also called by tests and benchmarks with a plain mapping, another dataclass
+    or nothing (the defaults) in place of a resolved RunSpec; all of those are accepted here, so
+    each workload does not grow its own coercion.
+    """
+    import dataclasses
+
+    p = getattr(spec, "params", None)
+    if isinstance(p, params_type):
+        return p
+    if p is None:
+        return params_type()
+    if isinstance(p, Mapping):
+        return params_type(**p)
+    if dataclasses.is_dataclass(p) and not isinstance(p, type):
+        return params_type(**dataclasses.asdict(p))
+    raise TypeError(f"spec.params must be {params_type.__name__}, got {type(p).__name__}")
+
+
+def spec_knob(spec: Any, name: str, default: Any) -> Any:
+    """The value of knob ``name`` (``default`` when the spec has no knobs or leaves it unset)."""
+    value = getattr(getattr(spec, "knobs", None), name, None)
+    return default if value is None or value == "" else value

@@ -28,27 +28,15 @@ import dataclasses
 import json
 import platform
 from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
+from hopperlab.workloads.base import spec_knob, spec_params
 from hopperlab.nvtx import measured_region
 from hopperlab.record import SkipRun
 from hopperlab.workloads.database import (DEFAULT_CHUNK_ROWS, DEFAULT_REPEATS, DEFAULT_WARMUP,
                                           DatabaseParams)
 
 
-def _params(spec: Any) -> DatabaseParams:
-    p = getattr(spec, "params", None)
-    if isinstance(p, DatabaseParams):
-        return p
-    if isinstance(p, Mapping):
-        return DatabaseParams(**p)
-    if p is None:
-        return DatabaseParams()
-    return DatabaseParams(**dataclasses.asdict(p))
-
-
-def _knob(spec: Any, name: str, default: str) -> str:
-    return str(getattr(getattr(spec, "knobs", None), name, default) or default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +110,10 @@ def run(spec: Any, recorder: Any) -> None:
     from hopperlab.workloads.database.plans import needs_of
     from hopperlab.workloads.database.sql import SQL
 
-    params = _params(spec)
+    params = spec_params(spec, DatabaseParams)
     scale = str(getattr(spec, "scale", "smoke") or "smoke")
-    memory = _knob(spec, "memory", "device")
-    profiler = _knob(spec, "profiler", "none")
+    memory = str(spec_knob(spec, "memory", "device"))
+    profiler = str(spec_knob(spec, "profiler", "none"))
     check_knobs(params, memory)
     cfg = settings(params, scale)
     device, no_gpu = compute_device(spec)

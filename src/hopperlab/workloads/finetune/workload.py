@@ -20,6 +20,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any
 
+from hopperlab.workloads.base import spec_params
 from hopperlab.record import SkipRun
 from hopperlab.workloads.finetune import HEADLINE_METRICS, FinetuneParams
 
@@ -27,14 +28,6 @@ __all__ = ["run", "HEADLINE_METRICS"]
 
 GIB = float(1 << 30)
 
-
-def _params(spec: Any) -> FinetuneParams:
-    p = getattr(spec, "params", None)
-    if isinstance(p, FinetuneParams):
-        return p
-    if isinstance(p, dict):
-        return FinetuneParams(**p)
-    raise TypeError(f"finetune: spec.params must be FinetuneParams, got {type(p).__name__}")
 
 
 def use_cuda(spec: Any) -> tuple[bool, str]:
@@ -51,7 +44,7 @@ def use_cuda(spec: Any) -> tuple[bool, str]:
 
 
 def run(spec: Any, recorder: Any) -> None:
-    params = _params(spec)
+    params = spec_params(spec, FinetuneParams)
     recorder.set_tag("finetune.backend", params.backend)
     if params.backend == "nemo":
         from hopperlab.workloads.finetune.nemo import run_nemo

@@ -15,13 +15,13 @@ torch`` saves ``artifacts/profile/torch_trace.json`` of the measured part.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
+from hopperlab.workloads.base import spec_knob, spec_params
 from hopperlab.nvtx import measured_region
 from hopperlab.workloads.inference import InferenceParams
 from hopperlab.workloads.inference.runtime import GB, Runtime, percentile
@@ -29,21 +29,6 @@ from hopperlab.workloads.inference.runtime import GB, Runtime, percentile
 MIB = 2**20
 
 
-def _params(spec: Any) -> InferenceParams:
-    p = getattr(spec, "params", None)
-    if isinstance(p, InferenceParams):
-        return p
-    if isinstance(p, Mapping):
-        return InferenceParams(**p)
-    if p is None:
-        return InferenceParams()
-    if dataclasses.is_dataclass(p):
-        return InferenceParams(**dataclasses.asdict(p))
-    raise TypeError(f"inference: spec.params must be InferenceParams, got {type(p).__name__}")
-
-
-def _knob(spec: Any, name: str, default: str) -> str:
-    return str(getattr(getattr(spec, "knobs", None), name, default) or default)
 
 
 def check_variant(params: InferenceParams, memory: str) -> None:
@@ -59,9 +44,9 @@ def run(spec: Any, recorder: Any) -> None:
 
     from hopperlab.workloads.inference.runtime import probe  # noqa: PLC0415
 
-    params = _params(spec)
-    memory = _knob(spec, "memory", "device")
-    profiler = _knob(spec, "profiler", "none")
+    params = spec_params(spec, InferenceParams)
+    memory = str(spec_knob(spec, "memory", "device"))
+    profiler = str(spec_knob(spec, "profiler", "none"))
     check_variant(params, memory)
     gpus = getattr(getattr(spec, "resources", None), "gpus", None)
     rt = probe(torch, want_gpu=gpus is None or gpus >= 1)

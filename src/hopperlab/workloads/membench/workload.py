@@ -31,10 +31,10 @@ the variant is skipped before anything is allocated.
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
+from hopperlab.workloads.base import spec_knob, spec_params
 from hopperlab.nvtx import nvtx_range, profiled_region
 from hopperlab.record import SkipRun
 from hopperlab.workloads.membench import HEADLINE_METRICS, MembenchParams, headline_metrics
@@ -44,21 +44,6 @@ from hopperlab.workloads.membench.common import (Env, managed_bytes_allowed, pla
 __all__ = ["run", "managed_bytes_allowed", "HEADLINE_METRICS", "headline_metrics"]
 
 
-def _params(spec: Any) -> MembenchParams:
-    p = getattr(spec, "params", None)
-    if isinstance(p, MembenchParams):
-        return p
-    if isinstance(p, Mapping):
-        return MembenchParams(**p)
-    if p is None:
-        return MembenchParams()
-    if dataclasses.is_dataclass(p):
-        return MembenchParams(**dataclasses.asdict(p))
-    raise TypeError(f"membench: spec.params must be MembenchParams, got {type(p).__name__}")
-
-
-def _knob(spec: Any, name: str, default: str) -> str:
-    return str(getattr(getattr(spec, "knobs", None), name, default) or default)
 
 
 def run(spec: Any, recorder: Any, *, use_torch: bool = True) -> None:
@@ -66,10 +51,10 @@ def run(spec: Any, recorder: Any, *, use_torch: bool = True) -> None:
 
     ``use_torch=False`` behaves as on a node without torch (tests of the numpy path).
     """
-    params = _params(spec)
+    params = spec_params(spec, MembenchParams)
     scale = str(getattr(spec, "scale", "smoke") or "smoke")
-    memory = _knob(spec, "memory", "device")
-    profiler = _knob(spec, "profiler", "none")
+    memory = str(spec_knob(spec, "memory", "device"))
+    profiler = str(spec_knob(spec, "profiler", "none"))
     allow_over = bool(getattr(getattr(spec, "site", None), "allow_oversubscription", False))
     plan = plan_for(params, scale)
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hopperlab.workloads.base import spec_knob
 from hopperlab.nvtx import measured_region
 from hopperlab.record import SkipRun
 from hopperlab.workloads.recommender import COMPONENTS, RecommenderParams
@@ -52,10 +53,6 @@ def job_cores(spec: Any) -> int:
     cpus = int(getattr(getattr(spec, "resources", None), "cpus", 0) or 0)
     return min(node_cores(), cpus) if cpus > 0 else node_cores()
 
-
-def _knob(spec: Any, name: str, default: Any) -> Any:
-    value = getattr(getattr(spec, "knobs", None), name, default)
-    return default if value is None else value
 
 
 def feature_workers(params: RecommenderParams, num_workers: int, cores: int) -> int:
@@ -91,10 +88,10 @@ def run(spec: Any, recorder: Any) -> None:
     from hopperlab.workloads.recommender.training import train_and_evaluate  # noqa: PLC0415
 
     p: RecommenderParams = spec.params
-    memory = str(_knob(spec, "memory", "device"))
-    profiler = str(_knob(spec, "profiler", "none"))
+    memory = str(spec_knob(spec, "memory", "device"))
+    profiler = str(spec_knob(spec, "profiler", "none"))
     cores = job_cores(spec)
-    workers = feature_workers(p, int(_knob(spec, "num_workers", 0)), cores)
+    workers = feature_workers(p, int(spec_knob(spec, "num_workers", 0)), cores)
     managed = memory == "managed"
     if managed and p.pipeline == "cpu":
         raise ValueError("memory=managed puts the feature tables where the GPU reads them; "
