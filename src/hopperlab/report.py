@@ -530,7 +530,7 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
     head = ["variant", "status", "attempt", "scale", "host", "duration s"]
     head += ["knobs"] if show_knobs else []
     for m in metrics:
-        head += [m, f"\u00d7 baseline"]
+        head += [m, "\u00d7 baseline"]
     head.append("reason")
     out = ['<div class="scroll"><table><thead><tr>', *(f"<th>{_e(h)}</th>" for h in head),
            "</tr></thead><tbody>"]

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from hopperlab.errors import SpecError
-from hopperlab.nvtx import TORCH_TRACE
 
 if TYPE_CHECKING:
     from hopperlab.spec import RunSpec
