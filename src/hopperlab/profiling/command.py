@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from hopperlab.errors import SpecError
+from hopperlab.nvtx import TORCH_TRACE  # noqa: F401 - re-exported: part of this module's API
 
 if TYPE_CHECKING:
     from hopperlab.spec import RunSpec
