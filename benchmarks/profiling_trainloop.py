@@ -58,8 +58,8 @@ class ManagedStaging:
     reads it where it is (pages migrate on each step's first touch)."""
 
     def __init__(self, shapes: list[tuple[int, ...]], device: int) -> None:
-        from hopperlab.workloads.membench.common import managed_bytes_allowed
-        from hopperlab.workloads.membench.cuda_runtime import CudaArray, CudaRuntime, host_view
+        from hopperlab.memory.managed_policy import managed_bytes_allowed
+        from hopperlab.memory.cuda_runtime import CudaArray, CudaRuntime, host_view
 
         self.rt = CudaRuntime()
         sizes = [4 * int(torch.tensor(s).prod()) for s in shapes]

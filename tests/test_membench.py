@@ -18,8 +18,8 @@ from hopperlab.workloads import family_info
 from hopperlab.workloads.membench import (FAMILY, HEADLINE_METRICS, MembenchParams,
                                           headline_metrics)
 from hopperlab.workloads.membench import workload
-from hopperlab.workloads.membench.common import MANAGED_FREE_FRACTION, inner_copies, plan_for
-from hopperlab.workloads.membench.workload import managed_bytes_allowed
+from hopperlab.memory.managed_policy import MANAGED_FREE_FRACTION, managed_bytes_allowed
+from hopperlab.workloads.membench.common import inner_copies, plan_for
 
 GB = 10**9
 SIZES = (1, 4, 8)
@@ -212,7 +212,7 @@ def test_torch_profiler_writes_a_trace(tmp_path):
 
 # --------------------------------------------------------------------------- helpers
 def test_loaded_cudart_paths():
-    from hopperlab.workloads.membench.cuda_runtime import loaded_cudart_paths
+    from hopperlab.memory.cuda_runtime import loaded_cudart_paths
 
     maps = (
         "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n"

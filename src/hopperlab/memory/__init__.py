@@ -9,6 +9,9 @@
 ``managed_allocator``       every CUDA allocation through cudaMallocManaged (pluggable allocator),
                             with a cap so that it never asks for more than the GPU has free
 ``fp8``                     torchao float8 linears and per-layer ``torch.compile``
+``managed_policy``          the free-memory rule every family checks before managed memory
+``cuda_runtime``            the CUDA runtime through ctypes: managed/pinned/mapped buffers, advice,
+                            prefetch, free memory (what torch does not expose)
 ==========================  ===============================================================
 
 How they compose (see docs/memory.md): only one pair of saved-tensor hooks is active at a time,

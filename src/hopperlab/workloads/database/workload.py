@@ -81,8 +81,8 @@ def managed_runtime(device: Any, need: int, allow_oversubscription: bool) -> Any
     import torch
 
     from hopperlab import hardware
-    from hopperlab.workloads.membench.common import managed_bytes_allowed
-    from hopperlab.workloads.membench.cuda_runtime import CudaError, CudaRuntime
+    from hopperlab.memory.managed_policy import managed_bytes_allowed
+    from hopperlab.memory.cuda_runtime import CudaError, CudaRuntime
 
     try:
         runtime = CudaRuntime()

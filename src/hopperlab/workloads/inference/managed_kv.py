@@ -9,7 +9,7 @@ pinned reload, with the driver's page migration instead of cudaMemcpy.
 
 The house rule of ARCHITECTURE.md holds: managed memory never takes more than half of the GPU's
 free memory unless the node is a Grace Hopper or the site allows oversubscription
-(``membench.common.managed_bytes_allowed``). The run checks its worst case before it starts
+(``hopperlab.memory.managed_policy``). The run checks its worst case before it starts
 (``check_budget``) and every allocation again.
 
 Without CUDA there is no managed memory: the buffers are plain host tensors and the prefetches
@@ -68,7 +68,7 @@ class ManagedStore:
         self.cuda = None
         self.grace_hopper = False
         if rt.is_cuda:
-            from hopperlab.workloads.membench import cuda_runtime as cr  # noqa: PLC0415
+            from hopperlab.memory import cuda_runtime as cr  # noqa: PLC0415
 
             try:
                 self.cuda = cr.CudaRuntime()
@@ -83,7 +83,7 @@ class ManagedStore:
         return self.cuda is None
 
     def allowed(self, nbytes: int) -> bool:
-        from hopperlab.workloads.membench.common import managed_bytes_allowed  # noqa: PLC0415
+        from hopperlab.memory.managed_policy import managed_bytes_allowed  # noqa: PLC0415
 
         if self.emulated:
             return True
@@ -112,7 +112,7 @@ class ManagedStore:
             buffer = torch.empty(size, dtype=torch.uint8)
             self.allocated_bytes += size
             return 0, buffer
-        from hopperlab.workloads.membench.cuda_runtime import CudaArray  # noqa: PLC0415
+        from hopperlab.memory.cuda_runtime import CudaArray  # noqa: PLC0415
 
         if not self.allowed(size):
             raise SkipRun(f"managed memory: {size / 1e9:.2f} GB more would break the "

@@ -40,8 +40,8 @@ from typing import Any, Callable
 
 from hopperlab.record import SkipRun
 from hopperlab.workloads.membench import MembenchParams
-from hopperlab.workloads.membench.common import (MIB, Env, Plan, SweepRecord, gbps, log_finite,
-                                                 managed_bytes_allowed)
+from hopperlab.memory.managed_policy import managed_bytes_allowed
+from hopperlab.workloads.membench.common import (MIB, Env, Plan, SweepRecord, gbps, log_finite)
 
 BYTE_A = 0x5A
 BYTE_B = 0xA5
@@ -113,7 +113,7 @@ def _prepare(ctx: _Ctx, kind: str) -> Any:
                              "empty its pinned-memory cache)")
         return ("ctypes", _runtime_or_skip("pinned allocations"))
     # managed
-    from hopperlab.workloads.membench import cuda_runtime as cr  # noqa: PLC0415
+    from hopperlab.memory import cuda_runtime as cr  # noqa: PLC0415
 
     rt = _runtime_or_skip("managed memory")
     torch, dev = ctx.torch, ctx.env.device
@@ -137,7 +137,7 @@ def _prepare(ctx: _Ctx, kind: str) -> Any:
 
 
 def _runtime_or_skip(what: str) -> Any:
-    from hopperlab.workloads.membench.cuda_runtime import CudaError, CudaRuntime  # noqa: PLC0415
+    from hopperlab.memory.cuda_runtime import CudaError, CudaRuntime  # noqa: PLC0415
 
     try:
         return CudaRuntime()
@@ -238,7 +238,7 @@ def _pinned(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: An
                     ptr = None
                     a = x.numpy()
                 else:
-                    from hopperlab.workloads.membench.cuda_runtime import host_view  # noqa: PLC0415
+                    from hopperlab.memory.cuda_runtime import host_view  # noqa: PLC0415
 
                     t0 = time.perf_counter()
                     ptr = tool.host_alloc(n)
@@ -286,7 +286,7 @@ def _host(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], _setup: Any
 
 
 def _managed(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: Any) -> None:
-    from hopperlab.workloads.membench.cuda_runtime import CudaArray, host_view  # noqa: PLC0415
+    from hopperlab.memory.cuda_runtime import CudaArray, host_view  # noqa: PLC0415
 
     rt, concurrent = setup
     torch = ctx.torch

@@ -21,27 +21,6 @@ GB = 1e9
 SAMPLE_BYTES = {"smoke": 16 * MIB, "full": 256 * MIB}
 #: The most copies one timed sample repeats.
 MAX_INNER = 256
-#: Managed memory may take at most this share of the GPU's free memory (unless Grace Hopper or
-#: the site allows oversubscription): a program that asks for more can hang the GPU.
-MANAGED_FREE_FRACTION = 0.5
-
-
-def managed_bytes_allowed(request: int, free: int | None, is_grace_hopper: bool,
-                          allow_oversubscription: bool) -> bool:
-    """Whether ``request`` bytes of managed memory may be asked for on this node.
-
-    Always on Grace Hopper (coherent NVLink-C2C: the CPU's memory backs the GPU's) or where the
-    site says ``allow_oversubscription: true``; otherwise only up to ``MANAGED_FREE_FRACTION`` of
-    the GPU's free memory, and never when the free memory is unknown.
-    """
-    if request < 0:
-        raise ValueError(f"request must be 0 or more bytes, got {request}")
-    if is_grace_hopper or allow_oversubscription:
-        return True
-    if free is None:
-        return False
-    return request <= MANAGED_FREE_FRACTION * free
-
 
 # --------------------------------------------------------------------------- plan
 @dataclass(frozen=True)

@@ -34,8 +34,9 @@ from typing import Any, Callable
 
 from hopperlab.record import SkipRun
 from hopperlab.workloads.membench import MembenchParams
+from hopperlab.memory.managed_policy import managed_bytes_allowed
 from hopperlab.workloads.membench.common import (MIB, Env, Plan, SweepRecord, gbps,
-                                                 inner_copies, log_finite, managed_bytes_allowed)
+                                                 inner_copies, log_finite)
 
 SRC_BYTE = 0x5A
 DST_BYTE = 0x11
@@ -155,7 +156,7 @@ def _cuda_copies(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *,
     recorder.set_tag("membench.spin_kernel", str(sleep_ok).lower())
     runtime = None
     if memory == "managed":
-        from hopperlab.workloads.membench.cuda_runtime import CudaError, CudaRuntime  # noqa: PLC0415
+        from hopperlab.memory.cuda_runtime import CudaError, CudaRuntime  # noqa: PLC0415
 
         try:
             runtime = CudaRuntime()
@@ -176,7 +177,7 @@ def _cuda_copies(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *,
             def device_buffer() -> Any:
                 if runtime is None:
                     return torch.empty(n, dtype=torch.uint8, device=dev)
-                from hopperlab.workloads.membench.cuda_runtime import CudaArray  # noqa: PLC0415
+                from hopperlab.memory.cuda_runtime import CudaArray  # noqa: PLC0415
 
                 ptr = stack.enter_context(runtime.managed(n))
                 t = torch.as_tensor(CudaArray(ptr, n), device=dev)

@@ -38,10 +38,9 @@ from hopperlab.workloads.base import spec_knob, spec_params
 from hopperlab.nvtx import nvtx_range, profiled_region
 from hopperlab.record import SkipRun
 from hopperlab.workloads.membench import HEADLINE_METRICS, MembenchParams, headline_metrics
-from hopperlab.workloads.membench.common import (Env, managed_bytes_allowed, plan_for,
-                                                 probe)
+from hopperlab.workloads.membench.common import Env, plan_for, probe
 
-__all__ = ["run", "managed_bytes_allowed", "HEADLINE_METRICS", "headline_metrics"]
+__all__ = ["run", "HEADLINE_METRICS", "headline_metrics"]
 
 
 
