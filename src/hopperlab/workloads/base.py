@@ -76,3 +76,16 @@ def spec_knob(spec: Any, name: str, default: Any) -> Any:
     """The value of knob ``name`` (``default`` when the spec has no knobs or leaves it unset)."""
     value = getattr(getattr(spec, "knobs", None), name, None)
     return default if value is None or value == "" else value
+
+
+def no_cuda_reason(torch: Any, gpus: int | None) -> str | None:
+    """Why this run measures no GPU (None: it can use CUDA). ``gpus`` is the run's
+    ``resources.gpus`` (None: the caller sets no limit). One wording for every family, so that
+    records and reports say the same thing for the same cause."""
+    if not getattr(torch.version, "cuda", None):
+        return f"torch {torch.__version__} is a CPU-only build (no CUDA)"
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False (no visible CUDA device)"
+    if gpus is not None and gpus < 1:
+        return "the run's resources ask for no GPU (resources.gpus = 0)"
+    return None

@@ -30,7 +30,7 @@ import platform
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
-from hopperlab.workloads.base import spec_knob, spec_params
+from hopperlab.workloads.base import no_cuda_reason, spec_knob, spec_params
 from hopperlab.nvtx import measured_region
 from hopperlab.record import SkipRun
 from hopperlab.workloads.database import (DEFAULT_CHUNK_ROWS, DEFAULT_REPEATS, DEFAULT_WARMUP,
@@ -64,14 +64,8 @@ def compute_device(spec: Any) -> tuple[Any, str | None]:
     """(torch device, None) for a usable GPU, or (cpu device, why not)."""
     import torch
 
-    gpus = getattr(getattr(spec, "resources", None), "gpus", None)
-    if not getattr(torch.version, "cuda", None):
-        reason = f"torch {torch.__version__} is a CPU-only build"
-    elif not torch.cuda.is_available():
-        reason = "torch.cuda.is_available() is False"
-    elif gpus is not None and gpus < 1:
-        reason = "the run's resources ask for no GPU (resources.gpus = 0)"
-    else:
+    reason = no_cuda_reason(torch, getattr(getattr(spec, "resources", None), "gpus", None))
+    if reason is None:
         return torch.device("cuda", torch.cuda.current_device()), None
     return torch.device("cpu"), reason
 

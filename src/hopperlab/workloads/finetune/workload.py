@@ -20,7 +20,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any
 
-from hopperlab.workloads.base import spec_params
+from hopperlab.workloads.base import no_cuda_reason, spec_params
 from hopperlab.record import SkipRun
 from hopperlab.workloads.finetune import HEADLINE_METRICS, FinetuneParams
 
@@ -36,11 +36,8 @@ def use_cuda(spec: Any) -> tuple[bool, str]:
         import torch
     except ImportError:
         return False, "torch is not installed"
-    if int(getattr(getattr(spec, "resources", None), "gpus", 0) or 0) < 1:
-        return False, "the run asks for no GPU (resources.gpus: 0)"
-    if not torch.cuda.is_available():
-        return False, f"torch {torch.__version__} sees no CUDA device"
-    return True, ""
+    reason = no_cuda_reason(torch, int(getattr(getattr(spec, "resources", None), "gpus", 0) or 0))
+    return reason is None, reason or ""
 
 
 def run(spec: Any, recorder: Any) -> None:

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hopperlab.workloads.base import no_cuda_reason
+
 GB = 1e9
 MIB = 2**20
 
@@ -145,13 +147,7 @@ class GpuTimer:
 
 def probe(torch: Any, want_gpu: bool = True) -> Runtime:
     """A CUDA runtime when torch has one and the run asks for a GPU, else the CPU."""
-    reason = None
-    if not getattr(torch.version, "cuda", None):
-        reason = f"torch {torch.__version__} is a CPU-only build (no CUDA)"
-    elif not torch.cuda.is_available():
-        reason = "torch.cuda.is_available() is False (no visible CUDA device)"
-    elif not want_gpu:
-        reason = "the run's resources ask for no GPU (resources.gpus = 0)"
+    reason = no_cuda_reason(torch, 1 if want_gpu else 0)
     if reason is not None:
         return Runtime(torch=torch, device=torch.device("cpu"), is_cuda=False,
                        no_cuda_reason=reason)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hopperlab import hardware
+from hopperlab.workloads.base import no_cuda_reason
 from hopperlab.workloads.membench import (DEFAULT_REPEATS, DEFAULT_SIZES_MB, DEFAULT_WARMUP,
                                           MembenchParams)
 
@@ -82,12 +83,7 @@ def probe(spec: Any, *, use_torch: bool = True) -> Env:
     host = HostBackend()
     gpus = getattr(getattr(spec, "resources", None), "gpus", None)
     if torch is not None:
-        if not getattr(torch.version, "cuda", None):
-            reason = f"torch {torch.__version__} is a CPU-only build (no CUDA)"
-        elif not torch.cuda.is_available():
-            reason = "torch.cuda.is_available() is False (no visible CUDA device)"
-        elif gpus is not None and gpus < 1:
-            reason = "the run's resources ask for no GPU (resources.gpus = 0)"
+        reason = no_cuda_reason(torch, gpus)
     if reason is not None:
         return Env(target="host", torch=torch, no_cuda_reason=reason, host=host)
     device = torch.cuda.current_device()
