@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-rows", type=int, default=16 * 2**20)
     ap.add_argument("--fused-block", type=int, default=None, help="rows per Triton program")
     ap.add_argument("--fused-warps", type=int, default=None, help="warps per Triton program")
+    ap.add_argument("--zero-copy-chunked", action="store_true",
+                    help="zero-copy fused kernels read the columns in chunk_rows pieces, "
+                         "not whole (placement.ZERO_COPY_WHOLE_COLUMN)")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new variant after this many seconds")
     args = ap.parse_args(argv)
@@ -96,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         fused.BLOCK = args.fused_block
     if args.fused_warps:
         fused.NUM_WARPS = args.fused_warps
+    if args.zero_copy_chunked:
+        from hopperlab.workloads.database import placement as _placement
+
+        _placement.ZERO_COPY_WHOLE_COLUMN = False
     queries = args.queries.split(",")
     report: dict = {"machine": machine(), "args": vars(args), "timings_s": {}, "results": [],
                     "errors": []}

@@ -157,3 +157,45 @@ def test_container_site_wraps_the_job_python(project, tmp_path, monkeypatch):
         assert argv == ["apptainer", "exec", *nv, "--bind",
                         f"{(project / 'results').resolve()},{(project / 'assets').resolve()}",
                         str(project / "containers" / "pytorch.sif"), "python"]
+
+
+def test_profiler_override_sets_every_selected_run():
+    matrix = load_matrix(REPO, {"scale": "full", "profiler": "nsys",
+                                "only": "finetune/lora-llama2-7b,membench/copy"})
+    assert matrix.runs and {s.knobs.profiler for s in matrix.runs.values()} == {"nsys"}
+    plain = load_matrix(REPO, {"scale": "full", "only": "membench/copy"})
+    assert {s.knobs.profiler for s in plain.runs.values()} == {"none"}
+
+
+def test_profiler_override_with_an_unknown_value_is_refused(project):
+    assert "profiler" in _error(project, profiler="nsight")
+
+
+def test_asset_substitutes_replace_names_in_every_run():
+    subs = "dolly-15k:dolly-synthetic,llama-2-tokenizer:tiny-tokenizer"
+    for form in (subs, {"dolly-15k": "dolly-synthetic", "llama-2-tokenizer": "tiny-tokenizer"}):
+        matrix = load_matrix(REPO, {"scale": "full", "asset_substitutes": form,
+                                    "only": "finetune/lora-llama2-7b/baseline"})
+        spec = matrix.runs["finetune/lora-llama2-7b/baseline"]
+        assert spec.assets == {"model": "llama-2-7b-random", "records": "dolly-synthetic",
+                               "tokenizer": "tiny-tokenizer"}
+
+
+def test_asset_substitutes_refuse_unknown_names_and_bad_pairs(project):
+    msg = _error(project, asset_substitutes="dolly-15k:dolly-synthtic")
+    assert "asset_substitutes.dolly-15k" in msg and "'dolly-synthtic'" in msg
+    assert "NAME:SUBSTITUTE" in _error(project, asset_substitutes="dolly-15k")
+
+
+def test_config_args_forward_profiler_and_substitutes_to_the_job():
+    from hopperlab.cli import parse_overrides
+    from hopperlab.workflow_support import config_args
+
+    config = {"site": "local", "scale": "full", "results_dir": "r", "families": ["finetune"],
+              "only": ["finetune/lora-llama2-7b/baseline"], "profiler": "torch",
+              "asset_substitutes": {"dolly-15k": "dolly-synthetic"}}
+    words = config_args(config).split()
+    assert "profiler=torch" in words and "asset_substitutes=dolly-15k:dolly-synthetic" in words
+    again = load_matrix(REPO, parse_overrides(words))
+    spec = again.runs["finetune/lora-llama2-7b/baseline"]
+    assert spec.knobs.profiler == "torch" and spec.assets["records"] == "dolly-synthetic"

@@ -299,9 +299,38 @@ def load_config(root: Path, overrides: Mapping[str, Any] | None = None) -> dict[
         config["families"] = [f for f in config["families"].split(",") if f]
     if isinstance(config.get("only"), str):
         config["only"] = [f for f in config["only"].split(",") if f]
+    if isinstance(config.get("asset_substitutes"), str):
+        config["asset_substitutes"] = parse_substitutes(config["asset_substitutes"])
     validate_against_schema(config, _schema(root, "config.schema.yaml"),
                             f"{path.relative_to(root)} (with --config overrides)")
     return config
+
+
+def parse_substitutes(text: str) -> dict[str, str]:
+    """``"a:b,c:d"`` (the ``--config`` form of ``asset_substitutes``) -> ``{"a": "b", "c": "d"}``."""
+    out: dict[str, str] = {}
+    for pair in (p.strip() for p in text.split(",")):
+        if not pair:
+            continue
+        old, sep, new = pair.partition(":")
+        if not sep or not old.strip() or not new.strip():
+            raise SpecError(f"configs/config.yaml (with --config overrides): asset_substitutes: "
+                            f"{pair!r} is not NAME:SUBSTITUTE (e.g. dolly-15k:dolly-synthetic)")
+        out[old.strip()] = new.strip()
+    return out
+
+
+def check_substitutes(substitutes: Mapping[str, str], known: set[str] | None) -> None:
+    """Both sides of every substitution must be assets of configs/assets.yaml (+ assets.d/)."""
+    if known is None:
+        return
+    for old, new in substitutes.items():
+        for name in (old, new):
+            if name not in known:
+                raise SpecError(f"configs/config.yaml (with --config overrides): "
+                                f"asset_substitutes.{old}: unknown asset {name!r}; "
+                                f"configs/assets.yaml and configs/assets.d/ define: "
+                                f"{', '.join(sorted(known))}")
 
 
 def site_path(root: Path, site: str) -> Path:
@@ -395,10 +424,14 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
         for var_name, var in exp["variants"].items():
             var_path = f"{exp_path}.variants.{var_name}"
             knobs = {k: var[k] for k in KNOB_DEFAULTS if k in var}
+            if config.get("profiler"):   # one profiler for every run of this invocation
+                knobs["profiler"] = config["profiler"]
             merged_params = {**exp.get("params", {}), **scale_block.get("params", {}),
                              **var.get("params", {})}
             assets = {**exp.get("assets", {}), **scale_block.get("assets", {}),
                       **var.get("assets", {})}
+            substitutes = config.get("asset_substitutes") or {}
+            assets = {role: substitutes.get(name, name) for role, name in assets.items()}
             if known_assets is not None:
                 for role, asset in assets.items():
                     if asset not in known_assets:
@@ -444,6 +477,7 @@ def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) ->
     commit = git_commit(root)
     runs: dict[str, RunSpec] = {}
     known_assets = _known_assets(root)
+    check_substitutes(config.get("asset_substitutes") or {}, known_assets)
     for family in config["families"]:
         for spec in load_family_runs(root, family, config, site, commit, known_assets):
             runs[spec.key] = spec

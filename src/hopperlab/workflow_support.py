@@ -12,7 +12,8 @@ from hopperlab.record import RECORD_FILE, METRICS_FILE
 from hopperlab.spec import Matrix, SpecError, unknown_target_message
 
 #: config keys forwarded to `hopperlab` on each rule's command line
-FORWARDED_KEYS = ("site", "scale", "results_dir", "families", "only")
+FORWARDED_KEYS = ("site", "scale", "results_dir", "families", "only", "profiler",
+                  "asset_substitutes")
 
 
 def config_args(config: Mapping[str, Any]) -> str:
@@ -24,6 +25,8 @@ def config_args(config: Mapping[str, Any]) -> str:
             continue
         if isinstance(value, (list, tuple)):
             value = ",".join(map(str, value))
+        elif isinstance(value, Mapping):
+            value = ",".join(f"{k}:{v}" for k, v in value.items())
         words.append(shlex.quote(f"{key}={value}"))
     return " ".join(words)
 

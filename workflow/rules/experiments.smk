@@ -21,6 +21,10 @@ rule run:
         key=lambda wc: run_key(MATRIX, wc),
         # a change of the resolved spec (params, knobs, resources, site) reruns the run
         spec=lambda wc: spec_fingerprint(MATRIX, wc),
+    resources:
+        # GPUs the run asks for: `--resources gpus=1` keeps a one-GPU node to one GPU job at a
+        # time (local executor); without it (Slurm) the scheduler does the counting
+        gpus=lambda wc: MATRIX.runs[run_key(MATRIX, wc)].resources.gpus,
     wildcard_constraints:
         family="[a-z0-9][a-z0-9._-]*",
         experiment="[a-z0-9][a-z0-9._-]*",

@@ -158,18 +158,22 @@ class _Streamed(Source):
         super().__init__(*args, **kwargs)
         self.side = torch.cuda.Stream(self.device) if self.cuda else None
 
+    def _chunk_rows(self, raw: bool) -> int:
+        return self.chunk_rows
+
     def _chunks(self, table, columns, rows, raw):
-        n_chunks = max(1, math.ceil(rows / self.chunk_rows))
+        chunk_rows = self._chunk_rows(raw)
+        n_chunks = max(1, math.ceil(rows / chunk_rows))
         if not self.cuda:  # CPU bookkeeping: same chunks and slots, no streams
             for i in range(n_chunks):
-                lo, hi = i * self.chunk_rows, min(rows, (i + 1) * self.chunk_rows)
+                lo, hi = i * chunk_rows, min(rows, (i + 1) * chunk_rows)
                 yield self._transfer(table, columns, lo, hi, i % 2, raw)
             return
         main = torch.cuda.current_stream(self.device)
         released: list[Any] = [None, None]  # per slot: kernels done with its buffers
 
         def issue(i: int) -> tuple[dict[str, torch.Tensor], Any]:
-            lo, hi = i * self.chunk_rows, min(rows, (i + 1) * self.chunk_rows)
+            lo, hi = i * chunk_rows, min(rows, (i + 1) * chunk_rows)
             slot = i % 2
             with torch.cuda.stream(self.side):
                 if released[slot] is not None:
@@ -247,10 +251,23 @@ def _read_by_kernel(t: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_or(t, 0)
 
 
+#: zero-copy: hand a consumer that reads the mapped pages itself the whole column at once
+#: (module attribute: the benchmark compares both)
+ZERO_COPY_WHOLE_COLUMN = True
+
+
 class ZeroCopySource(_Streamed):
     """Kernels read page-locked host memory mapped into the GPU's address space."""
 
     placement = "zero-copy"
+
+    def _chunk_rows(self, raw: bool) -> int:
+        """A consumer that reads the mapped pages itself (``raw``: the fused kernels) may get
+        the whole column in one piece: nothing is staged, so chunks only add a launch tail and
+        a host synchronisation (the exact totals) per chunk."""
+        if raw and ZERO_COPY_WHOLE_COLUMN:
+            return max(self.chunk_rows, max(t.rows for t in self.tables.values()))
+        return self.chunk_rows
 
     def _place(self, enc: Encoded) -> Stored:
         host = torch.from_numpy(enc.data)
