@@ -43,6 +43,8 @@ from hopperlab.workloads.finetune.techniques import Knobs  # noqa: E402
 GIB = float(1 << 30)
 MODELS = {"7b": ROOT / "models/llama-2-7b", "70b": ROOT / "models/llama-2-70b",
           "1b": ROOT / "models/llama-1b"}
+#: --variants: run only these variant names (empty: all of the suite)
+ONLY_VARIANTS: set[str] = set()
 LORA7B = FinetuneParams(method="lora", weights="random", dtype="bfloat16", seq_len=2048,
                         micro_batch=4, lora_rank=32, lora_alpha=64, data="synthetic",
                         warmup_steps=2, measured_steps=6, learning_rate=1e-4)
@@ -95,6 +97,8 @@ def run_variant(out: Path, suite: str, name: str, model: str, params: FinetunePa
     """One variant through the family's run_torch; a JSON line in out/results.jsonl."""
     from hopperlab.workloads.finetune.workload import run_torch
 
+    if ONLY_VARIANTS and name not in ONLY_VARIANTS:
+        return {}
     spec = spec_for(model, knobs, params, assets or {})
     rec = Recorder(Path(spec.run_dir))
     t0 = time.time()
@@ -148,6 +152,14 @@ def torchtune_offload() -> Callable[[], Any] | None:
     pkg, modules, utils = (ModuleType(n) for n in ("torchtune", "torchtune.modules",
                                                    "torchtune.utils"))
     modules.TiedLinear = type("TiedLinear", (), {})  # type: ignore[attr-defined]
+    # torchtune 0.6.1 imports NF4Tensor (for an isinstance check on QLoRA weights) from a
+    # module torchao 0.18 no longer has; no weight here is NF4, so a stand-in class serves
+    try:
+        import torchao.dtypes.nf4tensor  # noqa: F401
+    except ImportError:
+        nf4 = ModuleType("torchao.dtypes.nf4tensor")
+        nf4.NF4Tensor = type("NF4Tensor", (), {})  # type: ignore[attr-defined]
+        sys.modules["torchao.dtypes.nf4tensor"] = nf4
     utils.get_logger = lambda level="INFO": logging.getLogger("torchtune")  # type: ignore
     sys.modules.update({"torchtune": pkg, "torchtune.modules": modules, "torchtune.utils": utils})
     mod = ModuleType("torchtune_activation_offloading")
@@ -195,7 +207,7 @@ def suite_lora7b(out: Path, args: argparse.Namespace) -> None:
         print("num_workers: assets/dolly-synthetic and assets/tiny-tokenizer not carried: skipped")
     run_variant(out, "lora7b", "checkpointing-offload", "7b", replace(p, checkpointing=True),
                 Knobs(offload="activations"))
-    tt = torchtune_offload()
+    tt = torchtune_offload() if not ONLY_VARIANTS or "torchtune-offload" in ONLY_VARIANTS else None
     if tt is not None:
         run_variant(out, "lora7b", "torchtune-offload", "7b", p, forward_context=tt)
 
@@ -273,7 +285,10 @@ def main() -> int:
     ap.add_argument("--no-autocast", action="store_true",
                     help="forward without bf16 autocast (the adapters in float32), as the "
                          "figures of docs/benchmarks/finetune.md were taken")
+    ap.add_argument("--variants", default="", help="comma-separated variant names to run "
+                                                    "(default: every variant of the suites)")
     args = ap.parse_args()
+    ONLY_VARIANTS.update(v for v in args.variants.split(",") if v)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.no_autocast:
         global LORA7B

@@ -28,6 +28,15 @@ recomputed forward runs the same pre-hook (``checkpointing.checkpoint_layers`` c
 module inside the checkpoint). Prefetch follows the visiting order: forward 0..n-1, then backward
 n-1..0, then the next forward.
 
+Device memory of frozen weights (``stats()``): ``device_bytes`` now and ``peak_device_bytes``
+since ``reset_stats()``. The slots and the resident layers are counted from the start; every
+layer entered is checked for weights in other device storage (a copy that a saved tensor would keep
+alive), counted while that storage lives. By design the peak is the slots plus the resident layers.
+
+``remove()`` puts each streamed weight back where it was before the offload: weights that came
+from host memory (``build_host_layers_model``) become views of their host buffers, with no copy and
+no device memory; only weights that came from the device are copied back there.
+
 Without CUDA the same bookkeeping runs with host memory on both sides (host->host copies, no
 streams), which CI uses to check that gradients are exactly the baseline's.
 """
@@ -39,6 +48,7 @@ from typing import Any, Iterable
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from hopperlab.memory.activation_offload import pinned_empty
 from hopperlab.nvtx import OFFLOAD_PREFETCH, nvtx_range
@@ -53,6 +63,8 @@ class ParameterOffloadStats:
     host_bytes: int = 0           # pinned host bytes holding the streamed weights
     slot_bytes: int = 0           # device bytes of the slots
     slots: int = 0
+    device_bytes: int = 0         # frozen-weight bytes on the device now (slots, resident, copies)
+    peak_device_bytes: int = 0    # the most at once since reset_stats()
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -75,6 +87,7 @@ class _Entry:
     offset: int
     numel: int
     shape: torch.Size
+    origin: torch.device          # where the weight was before the offload; remove() restores it
 
 
 class ParameterOffload:
@@ -119,6 +132,10 @@ class ParameterOffload:
         self._saved_hooks: Any = None
         self._stats = ParameterOffloadStats()
         self._pinned: list[torch.Tensor] = []
+        self._frozen: list[list[nn.Parameter]] = []      # per layer, for the device-memory check
+        self._known: set[int] = set()                    # storages counted in _fixed_bytes
+        self._fixed_bytes = 0                            # slots + resident layers' frozen weights
+        self._copies: dict[int, tuple[StorageWeakRef, int]] = {}   # other device storages seen
         self._setup()
 
     # -------------------------------------------------------------- setup
@@ -131,9 +148,15 @@ class ParameterOffload:
             for mod in layer.modules():
                 for name, buf in list(mod.named_buffers(recurse=False)):
                     mod._buffers[name] = buf.to(self.device)
+            self._frozen.append(_frozen(layer))
             if i >= self.n_streamed:
                 for p in layer.parameters():
                     p.data = p.data.to(self.device)
+                for storage in {p.untyped_storage().data_ptr(): p.untyped_storage()
+                                for p in self._frozen[-1]}.values():
+                    if storage.data_ptr() not in self._known:
+                        self._known.add(storage.data_ptr())
+                        self._fixed_bytes += storage.nbytes()
                 self._stats.resident_layers += 1
                 continue
             by_dtype: dict[torch.dtype, list[_Entry]] = {}
@@ -144,7 +167,7 @@ class ParameterOffload:
                     continue
                 seen.add(id(p))
                 off = sizes.get(p.dtype, 0)
-                by_dtype.setdefault(p.dtype, []).append(_Entry(p, off, p.numel(), p.shape))
+                by_dtype.setdefault(p.dtype, []).append(_Entry(p, off, p.numel(), p.shape, p.device))
                 sizes[p.dtype] = off + p.numel()
             host = {}
             for dtype, entries in by_dtype.items():
@@ -160,6 +183,7 @@ class ParameterOffload:
                     flat[e.offset:e.offset + e.numel].copy_(e.param.data.reshape(-1))
                     e.param.data = self._placeholder(dtype)
                 host[dtype] = flat
+                self._known.add(flat.untyped_storage().data_ptr())   # host memory, not counted
                 self._stats.host_bytes += flat.numel() * flat.element_size()
             self._entries.append(by_dtype)
             self._host.append(host)
@@ -174,8 +198,11 @@ class ParameterOffload:
             self._slots.append(slot)
             for dtype, flat in slot.items():
                 self._slot_of_storage[flat.untyped_storage().data_ptr()] = (len(self._slots) - 1, dtype)
+                self._known.add(flat.untyped_storage().data_ptr())
                 self._stats.slot_bytes += flat.numel() * flat.element_size()
         self._stats.slots = self.n_slots
+        self._fixed_bytes += self._stats.slot_bytes
+        self._note_device_bytes()
         for i, layer in enumerate(self.layers):
             self._hooks.append(layer.register_forward_pre_hook(self._make_pre_hook(i)))
 
@@ -188,7 +215,10 @@ class ParameterOffload:
         return hook
 
     def remove(self) -> None:
-        """Bring every streamed weight back to the device for good and take the hooks away."""
+        """Take the hooks away and put every streamed weight back where it was before: a view of
+        its host buffer if it came from host memory (no copy: materialising every layer on the
+        device is what the offload exists to avoid, and would set the run's peak), a copy on its
+        device otherwise. The slots are released."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -197,9 +227,15 @@ class ParameterOffload:
         for i in range(self.n_streamed):
             for dtype, entries in self._entries[i].items():
                 for e in entries:
-                    src = self._host[i][dtype][e.offset:e.offset + e.numel]
-                    e.param.data = src.to(self.device).view(e.shape)
+                    src = self._host[i][dtype][e.offset:e.offset + e.numel].view(e.shape)
+                    e.param.data = src if e.origin.type == "cpu" else src.to(e.origin)
+                    self._observe(e.param.data)
         self._occupant = [None] * self.n_slots
+        if self._slots:
+            self._slots = []
+            self._slot_of_storage.clear()
+            self._fixed_bytes -= self._stats.slot_bytes
+        self._note_device_bytes()
 
     # -------------------------------------------------------------- stats
     def stats(self) -> ParameterOffloadStats:
@@ -208,6 +244,28 @@ class ParameterOffload:
     def reset_stats(self) -> None:
         self._stats.bytes_streamed = 0
         self._stats.layer_fetches = 0
+        self._note_device_bytes()
+        self._stats.peak_device_bytes = self._stats.device_bytes
+
+    def _observe(self, t: torch.Tensor) -> None:
+        """Count ``t``'s storage if it holds a frozen weight on the device outside the slots and
+        the resident layers (a copy: it is device memory for as long as anything references it)."""
+        if t.device != self.device or t.numel() == 0:
+            return
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self._known:
+            return
+        seen = self._copies.get(ptr)
+        if seen is None or seen[0].expired():
+            self._copies[ptr] = (StorageWeakRef(storage), storage.nbytes())
+
+    def _note_device_bytes(self) -> None:
+        for ptr in [p for p, (ref, _n) in self._copies.items() if ref.expired()]:
+            del self._copies[ptr]
+        now = self._fixed_bytes + sum(n for _ref, n in self._copies.values())
+        self._stats.device_bytes = now
+        self._stats.peak_device_bytes = max(self._stats.peak_device_bytes, now)
 
     # -------------------------------------------------------------- saved-tensor hooks
     def __enter__(self) -> "ParameterOffload":
@@ -241,6 +299,8 @@ class ParameterOffload:
         return _WeightRef(layer, dtype, t.size(), t.stride(), t.storage_offset())
 
     def unpack(self, ref: _WeightRef) -> torch.Tensor:
+        if not self._slots and self.n_slots:
+            raise RuntimeError("ParameterOffload.remove() was called before this backward")
         self.enter(ref.layer)
         slot = self._slots[ref.layer % self.n_slots][ref.dtype]
         return slot.as_strided(ref.size, ref.stride, ref.offset)
@@ -269,6 +329,9 @@ class ParameterOffload:
             s = j % self.n_slots
             if self._occupant[s] != j and self._occupant[s] != i:
                 self._fetch(j)
+        for p in self._frozen[i]:
+            self._observe(p.data)
+        self._note_device_bytes()
 
     def _upcoming(self, i: int) -> list[int]:
         """The next ``prefetch`` streamed layers after ``i`` in the visiting order."""
@@ -313,3 +376,8 @@ class ParameterOffload:
                 e.param.data = flat[e.offset:e.offset + e.numel].view(e.shape)
         self._stats.layer_fetches += 1
         self._stats.bytes_streamed += sum(h.numel() * h.element_size() for h in self._host[j].values())
+
+
+def _frozen(layer: nn.Module) -> list[nn.Parameter]:
+    """The layer's frozen parameters, each once (tied ones are listed by ``parameters()`` once)."""
+    return [p for p in layer.parameters() if not p.requires_grad]
