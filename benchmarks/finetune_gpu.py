@@ -197,6 +197,11 @@ def suite_lora7b(out: Path, args: argparse.Namespace) -> None:
                 Knobs(offload="activations"))
     run_variant(out, "lora7b", "offload-budget-40", "7b", replace(p, offload_budget_gib=40.0),
                 Knobs(offload="activations"))
+    for keep in (1, 2):  # everything but what backward needs first (memory.activation_offload)
+        run_variant(out, "lora7b", f"offload-keep-last-{keep}", "7b",
+                    replace(p, offload_keep_last_layers=keep), Knobs(offload="activations"))
+    run_variant(out, "lora7b", "offload-budget-17", "7b", replace(p, offload_budget_gib=17.0),
+                Knobs(offload="activations"))
     run_variant(out, "lora7b", "checkpointing", "7b", replace(p, checkpointing=True))
     data = {"records": ROOT / "assets/dolly-synthetic", "tokenizer": ROOT / "assets/tiny-tokenizer"}
     if all(v.is_dir() for v in data.values()):

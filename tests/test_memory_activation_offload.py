@@ -195,3 +195,27 @@ def test_backward_holds_only_the_prefetch_window(lora_model, baseline, prefetch)
     assert seen and max(seen) <= prefetch + 1
     if prefetch:
         assert max(seen) == prefetch + 1       # and the window is really used
+
+
+@pytest.mark.parametrize("keep", [1, 2])
+def test_keep_last_layers_stays_on_device_and_stays_exact(lora_model, baseline, keep):
+    """Backward needs the last layers' (and the head's) saved tensors first: kept on the device
+    they cost no link time; the other layers are offloaded as before; gradients unchanged."""
+    everything = _offload(twin(lora_model))
+    step(twin(lora_model), batch(), lambda: everything)
+    full = everything.stats()
+    model = twin(lora_model)
+    off = _offload(model, keep_last_layers=keep)
+    assert_exact(baseline, step(model, batch(), lambda: off))
+    s = off.stats()
+    assert s.groups == 4 - keep               # the head's group and the last layers' stay
+    assert s.bytes_kept_last_layers > 0
+    # kept bytes count a tensor once per consumer that saves it (offloaded ones are shared)
+    assert s.bytes_offloaded < full.bytes_offloaded
+    assert s.bytes_offloaded + s.bytes_kept_last_layers >= full.bytes_offloaded
+    assert s.bytes_offloaded == s.bytes_reloaded and off.pool.in_use_bytes == 0
+
+
+def test_keep_last_layers_must_not_be_negative():
+    with pytest.raises(ValueError, match="keep_last_layers"):
+        ActivationOffload("cpu", keep_last_layers=-1)

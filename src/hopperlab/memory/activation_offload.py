@@ -144,6 +144,7 @@ class OffloadStats:
     tensors_kept: int = 0             # saved tensors left on the device (small, budget, layout)
     bytes_kept: int = 0               # their bytes (those above min_bytes kept by the budget)
     bytes_kept_by_budget: int = 0
+    bytes_kept_last_layers: int = 0   # saved in the last ``keep_last_layers`` layers or after
     parameters_skipped: int = 0       # saved tensors recognised as (views of) parameters
     tensors_shared: int = 0           # saved again by another consumer: one copy serves both
     pool_bytes: int = 0               # pinned bytes the pool holds (all buffers)
@@ -199,6 +200,9 @@ class ActivationOffload:
         max_inflight_bytes: device->host copies may lag forward by this many bytes; beyond, the
             compute stream waits for the oldest copy (without it, a link slower than forward keeps
             every activation alive until its copy is over, and the peak is the baseline's).
+        keep_last_layers: saved tensors of the last this-many layers of ``wrap_layers`` (and
+            those saved after them: final norm, head, loss) stay on the device: backward needs
+            them first, so offloading them would cost two transfers with no compute to hide in.
         parameter_offload: a ``ParameterOffload`` (or any ``SavedTensorDelegate``) whose saved
             weight views are handed to it rather than offloaded (only one pair of saved-tensor hooks
             is active at a time, so this context carries both).
@@ -217,11 +221,12 @@ class ActivationOffload:
 
     def __init__(self, device: torch.device | str, *, min_bytes: int = DEFAULT_MIN_BYTES,
                  budget_bytes: int | None = None, reserve_bytes: int = 0, prefetch_groups: int = 1,
-                 max_inflight_bytes: int = 1 << 30,
+                 max_inflight_bytes: int = 1 << 30, keep_last_layers: int = 0,
                  parameter_offload: "ParameterOffload | SavedTensorDelegate | None" = None,
                  memory_probe: Callable[[], int] | None = None):
-        if min_bytes < 0 or prefetch_groups < 0 or reserve_bytes < 0:
-            raise ValueError("min_bytes, prefetch_groups and reserve_bytes must be >= 0")
+        if min_bytes < 0 or prefetch_groups < 0 or reserve_bytes < 0 or keep_last_layers < 0:
+            raise ValueError("min_bytes, prefetch_groups, reserve_bytes and keep_last_layers "
+                             "must be >= 0")
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError("budget_bytes must be positive (or None: offload everything)")
         self.device = torch.device(device)
@@ -233,6 +238,8 @@ class ActivationOffload:
         self.reserve_bytes = reserve_bytes
         self.prefetch_groups = prefetch_groups
         self.max_inflight_bytes = max_inflight_bytes
+        self.keep_last_layers = keep_last_layers
+        self._first_kept_group: int | None = None   # set by wrap_layers
         self.delegate = parameter_offload
         self.pool = PinnedBufferPool(pin=self.cuda)
         # one stream each way: in backward, reloads need not queue behind offloads still running
@@ -268,9 +275,14 @@ class ActivationOffload:
     def wrap_layers(self, layers: Iterable[nn.Module]) -> "ActivationOffload":
         """Mark layer boundaries: tensors saved in layer i form group 2i+1, those saved after it
         (before the next layer) group 2i+2. Idempotent hooks: firing twice (checkpointing) is fine."""
+        n = 0
         for i, layer in enumerate(layers):
             self._hooks.append(layer.register_forward_pre_hook(self._make_enter(2 * i + 1)))
             self._hooks.append(layer.register_forward_hook(self._make_exit(2 * i + 2)))
+            n = i + 1
+        if self.keep_last_layers:
+            # the last layers' groups and everything saved after them (norm, head, loss)
+            self._first_kept_group = 2 * max(0, n - self.keep_last_layers) + 1
         return self
 
     def track_parameters(self, module: nn.Module) -> "ActivationOffload":
@@ -429,6 +441,12 @@ class ActivationOffload:
                 handle.users += 1
                 self._stats.tensors_shared += 1
                 return handle
+        if self._first_kept_group is not None and self._group >= self._first_kept_group:
+            # backward starts with these: copied out at forward's end, they would come straight
+            # back, two link transfers with no compute to hide under
+            self._keep(nbytes)
+            self._stats.bytes_kept_last_layers += nbytes
+            return t
         self._eligible_bytes[self._group] = self._eligible_bytes.get(self._group, 0) + nbytes
         self._deciding_bytes = nbytes
         if self._keep_for_budget():

@@ -79,6 +79,9 @@ class FinetuneParams:
     offload_budget_gib: float | None = None
     #: saved tensors smaller than this stay on the GPU
     offload_min_bytes: int = 1 << 20
+    #: activation offload keeps the saved tensors of the last this-many decoder layers (and the
+    #: head's) on the GPU: backward needs them first (memory.activation_offload)
+    offload_keep_last_layers: int = 0
     #: activation checkpointing of each decoder layer (combinable with offload)
     checkpointing: bool = False
     #: offload: parameters|both: decoder layers kept resident on the GPU, and layers prefetched
@@ -115,7 +118,8 @@ class FinetuneParams:
                 or self.prefetch_layers < 1:
             raise ValueError(f"prefetch_layers: expected at least 1 (the layer being fetched "
                              f"while one computes), got {self.prefetch_layers!r}")
-        for name in ("warmup_steps", "resident_layers", "offload_min_bytes"):
+        for name in ("warmup_steps", "resident_layers", "offload_min_bytes",
+                     "offload_keep_last_layers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}: expected a whole number of 0 or more, got {value!r}")

@@ -142,6 +142,7 @@ class Techniques:
             budget = None if p.offload_budget_gib is None else int(p.offload_budget_gib * GIB)
             self._offload = ao.ActivationOffload(
                 self.device, min_bytes=p.offload_min_bytes, budget_bytes=budget,
+                keep_last_layers=p.offload_keep_last_layers,
                 parameter_offload=self._param_offload)
             self._offload.wrap_layers(layers).track_parameters(model)
         return model
