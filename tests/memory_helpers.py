@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Callable, ContextManager
 
 import torch
@@ -64,3 +66,9 @@ def assert_exact(a: tuple, b: tuple) -> None:
     assert grads_a, "no trainable gradients"
     for name in grads_a:
         assert torch.equal(grads_a[name], grads_b[name]), name
+
+
+def architecture_dir(folder: Path, config: dict) -> Path:
+    """A model folder holding only ``config.json``: what ``weights: random`` builds from."""
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

@@ -4,7 +4,6 @@ recomputes them. Also: the knob/param plumbing refuses what cannot combine."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -14,6 +13,8 @@ from hopperlab.workloads.finetune import FinetuneParams
 from hopperlab.workloads.finetune import model as model_mod
 from hopperlab.workloads.finetune.loop import forward_backward, to_device
 from hopperlab.workloads.finetune.techniques import Knobs, Techniques
+
+from .memory_helpers import architecture_dir
 
 CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -26,9 +27,7 @@ PARAMS = FinetuneParams(weights="random", dtype="float32", lora_rank=4, lora_alp
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-arch")
-    (folder / "config.json").write_text(json.dumps(CONFIG))
-    return folder
+    return architecture_dir(tmp_path_factory.mktemp("tiny-arch"), CONFIG)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ once (weak references), found by content in every op of forward and backward.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Any
 
@@ -32,6 +31,8 @@ from hopperlab.workloads.finetune import model as model_mod  # noqa: E402
 from hopperlab.workloads.finetune.loop import forward_backward, to_device  # noqa: E402
 from hopperlab.workloads.finetune.techniques import Knobs, Techniques  # noqa: E402
 
+from .memory_helpers import architecture_dir  # noqa: E402
+
 LAYERS = 6
 CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
           "num_hidden_layers": LAYERS, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -44,9 +45,7 @@ PARAMS = FinetuneParams(weights="random", dtype="float32", lora_rank=4, lora_alp
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-arch")
-    (folder / "config.json").write_text(json.dumps(CONFIG))
-    return folder
+    return architecture_dir(tmp_path_factory.mktemp("tiny-arch"), CONFIG)
 
 
 @pytest.fixture(scope="module")
