@@ -196,6 +196,7 @@ def test_config_args_forward_profiler_and_substitutes_to_the_job():
               "asset_substitutes": {"dolly-15k": "dolly-synthetic"}}
     words = config_args(config).split()
     assert "profiler=torch" in words and "asset_substitutes=dolly-15k:dolly-synthetic" in words
+    assert "asset_substitutes" not in config_args({**config, "asset_substitutes": {}})
     again = load_matrix(REPO, parse_overrides(words))
     spec = again.runs["finetune/lora-llama2-7b/baseline"]
     assert spec.knobs.profiler == "torch" and spec.assets["records"] == "dolly-synthetic"

@@ -21,7 +21,7 @@ def config_args(config: Mapping[str, Any]) -> str:
     words = []
     for key in FORWARDED_KEYS:
         value = config.get(key)
-        if value is None or value == []:
+        if value is None or value == [] or value == {}:
             continue
         if isinstance(value, (list, tuple)):
             value = ",".join(map(str, value))
