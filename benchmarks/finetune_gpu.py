@@ -21,7 +21,6 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,21 +62,11 @@ def pinned_bandwidth_gbps() -> dict[str, float]:
     """GB/s (1e9) of 1 GiB copies between pinned host memory and the GPU, median of 5."""
     import torch
 
-    n = 1 << 30
-    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
-    out = {}
-    for name, (dst, src) in {"h2d": (dev, host), "d2h": (host, dev)}.items():
-        times = []
-        for _ in range(6):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src, non_blocking=True)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        out[name] = n / statistics.median(times[1:]) / 1e9
-    del host, dev
+    from hopperlab.memory.link import pinned_copy_gbps
+
+    host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    out = {d: pinned_copy_gbps("cuda", d, 1 << 30, host=host) for d in ("h2d", "d2h")}
+    del host
     torch.cuda.empty_cache()
     return out
 

@@ -146,9 +146,9 @@ def run(spec: Any, recorder: Any) -> None:
 
     link = params.link_gbps
     if link is None and not no_gpu:
-        from hopperlab.workloads.database.link import pinned_h2d_gbps
+        from hopperlab.memory.link import MIB, pinned_copy_gbps
 
-        link = pinned_h2d_gbps(device)
+        link = pinned_copy_gbps(device, "h2d", 256 * MIB, copies=4, samples=3, verify=True)
         recorder.set_tag("database.link_source", "measured: pinned H2D, 256 MiB x 4, median of 3")
     elif link is not None:
         recorder.set_tag("database.link_source", "params.link_gbps")

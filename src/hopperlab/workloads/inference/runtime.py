@@ -9,7 +9,6 @@ for what) is still exercised and its results still checked.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -173,18 +172,6 @@ def measure_pinned_h2d_gbps(rt: Runtime, nbytes: int = 256 * MIB, repeats: int =
     NaN without CUDA (there is no link to measure)."""
     if not rt.is_cuda:
         return float("nan")
-    torch = rt.torch
-    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    src.fill_(1)
-    dst = torch.empty(nbytes, dtype=torch.uint8, device=rt.device)
-    samples = []
-    with rt.side_stream():
-        for i in range(repeats + 1):
-            timer = rt.gpu_timer().start(rt.side)
-            dst.copy_(src, non_blocking=True)
-            timer.stop(rt.side)
-            if i:  # the first copy is a warm-up
-                samples.append(nbytes / timer.seconds() / GB)
-    rt.synchronize()
-    del src, dst
-    return statistics.median(samples)
+    from hopperlab.memory.link import pinned_copy_gbps
+
+    return pinned_copy_gbps(rt.device, "h2d", nbytes, samples=repeats, stream=rt.side)
