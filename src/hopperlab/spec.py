@@ -414,6 +414,7 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
     info = family_info(family)
     scale = config["scale"]
     base_resources = {**DEFAULT_RESOURCES, **_site_resources(root, site, scale)}
+    substitutes = config.get("asset_substitutes") or {}
     runs = []
     for exp_name, exp in data["experiments"].items():
         exp_path = f"experiments.{exp_name}"
@@ -430,7 +431,6 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                              **var.get("params", {})}
             assets = {**exp.get("assets", {}), **scale_block.get("assets", {}),
                       **var.get("assets", {})}
-            substitutes = config.get("asset_substitutes") or {}
             assets = {role: substitutes.get(name, name) for role, name in assets.items()}
             if known_assets is not None:
                 for role, asset in assets.items():

@@ -13,6 +13,10 @@ from typing import Any, Callable, Mapping, TypeVar
 
 P = TypeVar("P")
 
+#: every value of the ``profiler`` knob the platform can run (``hopperlab.profiling``): a family
+#: whose runs open ``measured_region()`` supports them all
+PROFILERS = frozenset({"none", "nsys", "torch"})
+
 
 @dataclass(frozen=True)
 class FamilyInfo:

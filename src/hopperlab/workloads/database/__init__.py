@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import FamilyInfo
+from hopperlab.workloads.base import FamilyInfo, PROFILERS
 
 QUERIES = ("q1", "q3", "q5", "q6", "q12", "q14")
 #: device: columns in GPU memory before timing; host-pinned: pinned host memory, streamed in
@@ -105,7 +105,7 @@ FAMILY = FamilyInfo(
     entry="hopperlab.workloads.database.workload:run",
     supported_knobs={
         "memory": frozenset({"device", "managed"}),
-        "profiler": frozenset({"none", "nsys", "torch"}),
+        "profiler": PROFILERS,
     },
     params=DatabaseParams,
     headline_metrics=HEADLINE_METRICS,

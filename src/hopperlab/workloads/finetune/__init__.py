@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import FamilyInfo
+from hopperlab.workloads.base import FamilyInfo, PROFILERS
 
 BACKENDS = ("torch", "nemo")
 METHODS = ("lora", "full")
@@ -148,7 +148,7 @@ FAMILY = FamilyInfo(
         "offload": frozenset({"none", "activations", "parameters", "both"}),
         "memory": frozenset({"device", "managed"}),
         "precision": frozenset({"bf16", "fp8"}),
-        "profiler": frozenset({"none", "nsys", "torch"}),
+        "profiler": PROFILERS,
     },
     params=FinetuneParams,
     headline_metrics=HEADLINE_METRICS,

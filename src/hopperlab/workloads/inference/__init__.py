@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import FamilyInfo
+from hopperlab.workloads.base import FamilyInfo, PROFILERS
 
 STUDIES = ("kv-cache", "weight-streaming")
 POLICIES = ("resident", "offload", "recompute")
@@ -121,7 +121,7 @@ FAMILY = FamilyInfo(
     entry="hopperlab.workloads.inference.workload:run",
     supported_knobs={
         "memory": frozenset({"device", "managed"}),
-        "profiler": frozenset({"none", "nsys", "torch"}),
+        "profiler": PROFILERS,
     },
     params=InferenceParams,
     headline_metrics=HEADLINE_METRICS,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import FamilyInfo
+from hopperlab.workloads.base import FamilyInfo, PROFILERS
 
 TESTS = ("copy", "alloc")
 DIRECTIONS = ("h2d", "d2h", "bidir")
@@ -84,7 +84,7 @@ FAMILY = FamilyInfo(
     entry="hopperlab.workloads.membench.workload:run",
     supported_knobs={
         "memory": frozenset({"device", "managed"}),
-        "profiler": frozenset({"none", "nsys", "torch"}),
+        "profiler": PROFILERS,
     },
     params=MembenchParams,
     headline_metrics=HEADLINE_METRICS,

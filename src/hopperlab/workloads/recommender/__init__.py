@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import FamilyInfo
+from hopperlab.workloads.base import FamilyInfo, PROFILERS
 
 COMPONENTS = ("retrieval", "features", "transfer", "ranking", "topn")
 PIPELINES = ("gpu", "cpu")
@@ -107,7 +107,7 @@ FAMILY = FamilyInfo(
     supported_knobs={
         "num_workers": frozenset({0, 4}),
         "memory": frozenset({"device", "managed"}),
-        "profiler": frozenset({"none", "nsys", "torch"}),
+        "profiler": PROFILERS,
     },
     params=RecommenderParams,
     headline_metrics=HEADLINE_METRICS,
