@@ -105,9 +105,10 @@ def test_budget_large_offloads_nothing_small_offloads(lora_model, baseline):
     # from the second step, the plan: offload the earliest groups, just enough
     assert_exact(baseline, step(model, batch(), lambda: half))
     planned = half.stats()
-    assert half._plan and min(half._plan) == 1 and max(half._plan) < 9
-    assert sorted(half._groups) == sorted(half._plan)
-    assert 0 < planned.bytes_offloaded < total
+    # the plan's bytes come from the first saved tensors on: the earliest layers' groups, not
+    # the head's (group 8, after the 4th layer)
+    assert 0 < planned.plan_bytes <= planned.bytes_offloaded < total
+    assert min(half._groups) == 1 and max(half._groups) < 8
     half.remove()
 
     tiny = _offload(model, budget_bytes=1)
@@ -201,8 +202,9 @@ def test_backward_holds_only_the_prefetch_window(lora_model, baseline, prefetch)
 def test_keep_last_layers_stays_on_device_and_stays_exact(lora_model, baseline, keep):
     """Backward needs the last layers' (and the head's) saved tensors first: kept on the device
     they cost no link time; the other layers are offloaded as before; gradients unchanged."""
-    everything = _offload(twin(lora_model))
-    step(twin(lora_model), batch(), lambda: everything)
+    reference = twin(lora_model)
+    everything = _offload(reference)
+    step(reference, batch(), lambda: everything)
     full = everything.stats()
     model = twin(lora_model)
     off = _offload(model, keep_last_layers=keep)
@@ -210,12 +212,95 @@ def test_keep_last_layers_stays_on_device_and_stays_exact(lora_model, baseline, 
     s = off.stats()
     assert s.groups == 4 - keep               # the head's group and the last layers' stay
     assert s.bytes_kept_last_layers > 0
-    # kept bytes count a tensor once per consumer that saves it (offloaded ones are shared)
+    # a tensor saved by several consumers counts once, kept or offloaded
     assert s.bytes_offloaded < full.bytes_offloaded
-    assert s.bytes_offloaded + s.bytes_kept_last_layers >= full.bytes_offloaded
+    assert s.bytes_offloaded + s.bytes_kept_last_layers == full.bytes_offloaded
     assert s.bytes_offloaded == s.bytes_reloaded and off.pool.in_use_bytes == 0
 
 
 def test_keep_last_layers_must_not_be_negative():
     with pytest.raises(ValueError, match="keep_last_layers"):
         ActivationOffload("cpu", keep_last_layers=-1)
+
+
+def test_plan_offloads_the_excess_over_budget_and_reserve():
+    off = ActivationOffload("cpu", budget_bytes=1000, reserve_bytes=100)
+    off._alloc_at_forward_end, off._last_offloaded, off._last_eligible = 700, 600, {1: 600}
+    # 700 + 600 would be allocated at forward's end had nothing gone; + 100 reserve - 98% of
+    # the budget
+    assert off._make_plan() == 700 + 600 + 100 - 980
+    off._alloc_at_forward_end, off._last_offloaded = 200, 0
+    assert off._make_plan() == 0            # fits: nothing to offload
+    assert ActivationOffload("cpu")._make_plan() is None     # no budget, no plan
+
+
+def test_reserve_is_the_window_peak_over_forward_end_and_only_grows(monkeypatch):
+    from hopperlab.memory import activation_offload as ao
+
+    off = ActivationOffload("cpu", budget_bytes=1 << 30)
+    window = {"peak": 350}
+    monkeypatch.setattr(ao.peaks, "window_peak_allocated", lambda device: window["peak"])
+    off._alloc_at_forward_end, off._window_open = 100, True
+    off._close_window()
+    assert off._learned_reserve == 250 and not off._window_open
+    off._close_window()                     # closed: a second call changes nothing
+    window["peak"] = 200
+    off._window_open = True
+    off._close_window()
+    assert off._learned_reserve == 250      # the largest seen so far
+
+
+def _live_groups(off) -> set[int]:
+    return {h.group for refs in off._groups.values() for h in (r() for r in refs)
+            if h is not None and h.device_tensor is not None}
+
+
+def test_loss_backward_starts_no_prefetch_beyond_the_head(lora_model, baseline):
+    """The first unpack in the head's group (the loss's, the step's memory peak) reloads that
+    group only; the last layer's group is started by the head's next unpack, ahead of use."""
+    model = twin(lora_model)
+    off = _offload(model, prefetch_groups=1)
+    seen: list[tuple[int | None, set[int], set[int]]] = []
+    original = off._unpack
+
+    def recording_unpack(packed):
+        before = _live_groups(off)
+        out = original(packed)
+        seen.append((getattr(packed, "group", None), before, _live_groups(off)))
+        return out
+
+    off._unpack = recording_unpack
+    assert_exact(baseline, step(model, batch(), lambda: off))
+    assert off._head_group == 8 and 8 in off._groups
+    assert seen[0][0] == 8 and seen[0][2] == {8}     # the loss's unpack: the head's group alone
+    first_of_last_layer = next(before for group, before, _ in seen if group == 7)
+    assert 7 in first_of_last_layer                  # started before backward needed it
+
+
+def test_kept_tensors_start_the_prefetch_of_the_next_groups(lora_model, baseline):
+    """keep_last_layers: backward unpacks the kept last layer first; by the time it reaches the
+    first offloaded group, that group's reload was already started."""
+    model = twin(lora_model)
+    off = _offload(model, keep_last_layers=1, prefetch_groups=1)
+    first_offloaded_unpack: list[set[int]] = []
+    original = off._unpack
+
+    def recording_unpack(packed):
+        live_before = _live_groups(off)
+        if not isinstance(packed, torch.Tensor) and hasattr(packed, "host") \
+                and not first_offloaded_unpack:
+            first_offloaded_unpack.append(live_before)
+        return original(packed)
+
+    off._unpack = recording_unpack
+    assert_exact(baseline, step(model, batch(), lambda: off))
+    assert first_offloaded_unpack and first_offloaded_unpack[0]   # already on its way back
+
+
+def test_keep_head_keeps_only_what_follows_the_last_layer(lora_model, baseline):
+    model = twin(lora_model)
+    off = _offload(model, keep_head=True)
+    assert_exact(baseline, step(model, batch(), lambda: off))
+    s = off.stats()
+    assert sorted(off._groups) == [1, 3, 5, 7]      # every layer offloaded, the head (8) kept
+    assert s.bytes_kept_last_layers > 0

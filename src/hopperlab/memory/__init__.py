@@ -5,6 +5,9 @@
                             back in backward; size threshold, buffer pool, GPU-memory budget;
                             ``save_on_cpu_reference()`` is PyTorch's own variant
 ``checkpointing``           activation checkpointing of decoder layers (non-reentrant)
+``recompute_elementwise``   Llama's norms and SiLU-product recomputed in backward: fewer saved
+                            bytes, no matrix product recomputed
+``peaks``                   the peak memory of a window inside a step, the run's peak kept
 ``parameter_offload``       frozen weights in pinned host memory, streamed layer by layer
 ``managed_allocator``       every CUDA allocation through cudaMallocManaged (pluggable allocator),
                             with a cap so that it never asks for more than the GPU has free

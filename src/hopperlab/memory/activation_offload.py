@@ -21,6 +21,11 @@ How it works (``ActivationOffload``):
   group and of the next ``prefetch_groups`` groups to come (lower layers) are started on a second
   side stream (so reloads do not queue behind offloads still running: the link carries both
   directions at once); the compute stream waits on their event only when it unpacks them.
+  Saved tensors kept on the device (the last layers', or the budget's) start the same prefetch
+  when backward unpacks them. One exception: the loss's backward, which allocates the logits'
+  float32 gradient, is the step's memory peak, so the first unpack in the head's group (what is
+  saved after the last layer: the loss's log-probabilities) starts no prefetch beyond that
+  group; the next unpack there (the final norm's, after the loss's temporaries are freed) does.
 * Host buffers come from ``PinnedBufferPool``, keyed by byte size: training repeats its shapes,
   so from the second step on no pinned memory is allocated. Buffers are page-locked with
   ``cudaHostRegister`` on plain host memory: exactly the size asked for (PyTorch's pinned
@@ -28,15 +33,20 @@ How it works (``ActivationOffload``):
 
 The budget policy (``budget_bytes``): offload only as much as needed to keep the step's peak GPU
 memory under the budget. ``reserve`` is the memory backward needs on top of what forward left
-allocated (gradients, the loss's logits, prefetched groups): learned from the previous step (peak
-since the end of forward minus the memory allocated then) plus ``reserve_bytes``. First step (no
-figures yet): a saved tensor stays on the device while ``allocated_now + reserve <= budget``.
-From the second step, a plan: forward would end with ``allocated at forward end + bytes offloaded``
-had nothing been offloaded; the excess over ``budget - reserve`` (x1.05) is offloaded from the
-*earliest* layer groups, because their copies overlap the rest of forward and backward needs them
-last (their reloads are prefetched as soon as they fit under the budget). Tensors outside the
-plan are still offloaded if memory passes the budget. A warm-up step is needed before the budget
-holds. ``budget_bytes=None`` offloads everything eligible.
+allocated, at the start of backward (the loss's float32 temporaries, the head's and the last
+layers' gradients): measured on CUDA as the peak between the end of forward and the first reload
+of a decoder layer's group (``hopperlab.memory.peaks``: a window, the run's own peak is kept),
+minus the memory allocated at the end of forward; the largest seen so far, plus
+``reserve_bytes``. The window ends before the reloads, so what the policy prefetches later in
+backward (up to the budget) does not inflate the next step's reserve. First step (no figures
+yet): a saved tensor stays on the device while ``allocated_now + reserve <= budget``. From the
+second step, a plan in bytes: forward would end with ``allocated at forward end + bytes
+offloaded`` had nothing been offloaded; the excess over ``0.98 x budget - reserve`` is
+offloaded, tensor by tensor from the *first* saved on (the earliest layers: their copies overlap
+the rest of forward and backward needs them last; their reloads are prefetched as soon as they
+fit under the budget). Past the plan, a tensor is still offloaded if memory passes the budget.
+A warm-up step is needed before the budget holds. ``budget_bytes=None`` offloads everything
+eligible.
 
 The same tensor saved by several consumers (the input of the q/k/v adapters, say) is copied
 once; its host copy serves every consumer.
@@ -56,6 +66,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 import torch
 from torch import nn
 
+from hopperlab.memory import peaks
 from hopperlab.nvtx import OFFLOAD_COPY, OFFLOAD_PREFETCH, nvtx_range
 
 if TYPE_CHECKING:
@@ -63,8 +74,9 @@ if TYPE_CHECKING:
 
 #: below this, a saved tensor stays on the device (copy latency dominates, the gain is nil)
 DEFAULT_MIN_BYTES = 1 << 20
-#: the budget plan offloads this much more than the estimate says it must
-PLAN_SAFETY = 1.05
+#: the budget plan aims this fraction of the budget below it (the allocator's rounding, what
+#: the reserve's window did not see)
+PLAN_MARGIN = 0.02
 
 
 class SavedTensorDelegate(Protocol):
@@ -145,6 +157,7 @@ class OffloadStats:
     bytes_kept: int = 0               # their bytes (those above min_bytes kept by the budget)
     bytes_kept_by_budget: int = 0
     bytes_kept_last_layers: int = 0   # saved in the last ``keep_last_layers`` layers or after
+    plan_bytes: int = 0               # what the budget's plan offloads this step (0: no plan)
     parameters_skipped: int = 0       # saved tensors recognised as (views of) parameters
     tensors_shared: int = 0           # saved again by another consumer: one copy serves both
     pool_bytes: int = 0               # pinned bytes the pool holds (all buffers)
@@ -203,6 +216,9 @@ class ActivationOffload:
         keep_last_layers: saved tensors of the last this-many layers of ``wrap_layers`` (and
             those saved after them: final norm, head, loss) stay on the device: backward needs
             them first, so offloading them would cost two transfers with no compute to hide in.
+        keep_head: with ``keep_last_layers=0``, keep only what is saved after the last layer
+            (final norm, head, loss): the loss's log-probabilities are needed the moment backward
+            starts, and the loss's backward is the step's memory peak either way.
         parameter_offload: a ``ParameterOffload`` (or any ``SavedTensorDelegate``) whose saved
             weight views are handed to it rather than offloaded (only one pair of saved-tensor hooks
             is active at a time, so this context carries both).
@@ -222,6 +238,7 @@ class ActivationOffload:
     def __init__(self, device: torch.device | str, *, min_bytes: int = DEFAULT_MIN_BYTES,
                  budget_bytes: int | None = None, reserve_bytes: int = 0, prefetch_groups: int = 1,
                  max_inflight_bytes: int = 1 << 30, keep_last_layers: int = 0,
+                 keep_head: bool = False,
                  parameter_offload: "ParameterOffload | SavedTensorDelegate | None" = None,
                  memory_probe: Callable[[], int] | None = None):
         if min_bytes < 0 or prefetch_groups < 0 or reserve_bytes < 0 or keep_last_layers < 0:
@@ -239,6 +256,7 @@ class ActivationOffload:
         self.prefetch_groups = prefetch_groups
         self.max_inflight_bytes = max_inflight_bytes
         self.keep_last_layers = keep_last_layers
+        self.keep_head = keep_head
         self._first_kept_group: int | None = None   # set by wrap_layers
         self.delegate = parameter_offload
         self.pool = PinnedBufferPool(pin=self.cuda)
@@ -261,7 +279,6 @@ class ActivationOffload:
         self._seq = 0                             # device->host copies issued
         self._learned_reserve = 0
         self._alloc_at_forward_end: int | None = None
-        self._peak_at_forward_end: int | None = None
         self._stats = OffloadStats()
         self._pool_allocations_at_start = 0
         self._deciding_bytes = 0
@@ -269,7 +286,10 @@ class ActivationOffload:
         self._eligible_bytes: dict[int, int] = {}   # per group, this step
         self._last_eligible: dict[int, int] = {}    # per group, last step
         self._last_offloaded = 0
-        self._plan: set[int] | None = None
+        self._plan_bytes: int | None = None
+        self._head_group: int | None = None       # the first group after the last layer
+        self._head_unpacked = False
+        self._window_open = False
 
     # -------------------------------------------------------------- setup
     def wrap_layers(self, layers: Iterable[nn.Module]) -> "ActivationOffload":
@@ -283,6 +303,9 @@ class ActivationOffload:
         if self.keep_last_layers:
             # the last layers' groups and everything saved after them (norm, head, loss)
             self._first_kept_group = 2 * max(0, n - self.keep_last_layers) + 1
+        elif self.keep_head and n:
+            self._first_kept_group = 2 * n
+        self._head_group = 2 * n if n else None
         return self
 
     def track_parameters(self, module: nn.Module) -> "ActivationOffload":
@@ -316,10 +339,12 @@ class ActivationOffload:
     def __enter__(self) -> "ActivationOffload":
         if self._active:
             raise RuntimeError("ActivationOffload is already active")
-        self._learn_reserve()
+        self._close_window()
         self._reap(all_done_ok=False)
-        self._plan = self._make_plan()
-        self._stats = OffloadStats(reserve_bytes=self._reserve())
+        self._plan_bytes = self._make_plan()
+        self._stats = OffloadStats(reserve_bytes=self._reserve(),
+                                   plan_bytes=self._plan_bytes or 0)
+        self._head_unpacked = False
         self._pool_allocations_at_start = self.pool.allocations
         if self.delegate is not None and hasattr(self.delegate, "reset_stats"):
             self.delegate.reset_stats()
@@ -344,7 +369,9 @@ class ActivationOffload:
         self._last_offloaded = self._stats.bytes_offloaded
         if self.cuda:
             self._alloc_at_forward_end = torch.cuda.memory_allocated(self.device)
-            self._peak_at_forward_end = torch.cuda.max_memory_allocated(self.device)
+            if self.budget_bytes is not None:
+                peaks.start_window(self.device)
+                self._window_open = True
         else:
             self._deciding_bytes = 0
             self._alloc_at_forward_end = self._memory_probe()
@@ -369,34 +396,30 @@ class ActivationOffload:
     def _reserve(self) -> int:
         return self._learned_reserve + self.reserve_bytes
 
-    def _learn_reserve(self) -> None:
-        """Backward's need beyond forward's end, from the last step (CUDA only)."""
-        if not (self.cuda and self._alloc_at_forward_end is not None):
+    def _close_window(self) -> None:
+        """Backward's need at its start, beyond forward's end (CUDA, with a budget): the peak of
+        the window opened at forward's end, closed at the first reload of a layer's group."""
+        if not self._window_open:
             return
-        peak = torch.cuda.max_memory_allocated(self.device)
-        if self._peak_at_forward_end is not None and peak > self._peak_at_forward_end:
-            self._learned_reserve = max(self._learned_reserve, peak - self._alloc_at_forward_end)
+        self._window_open = False
+        peak = peaks.window_peak_allocated(self.device)
+        if self._alloc_at_forward_end is not None:
+            self._learned_reserve = max(self._learned_reserve,
+                                        peak - self._alloc_at_forward_end)
 
-    def _make_plan(self) -> set[int] | None:
-        """Which groups to offload this step, from the last step's figures (CUDA): the memory at
-        the end of forward had nothing been offloaded is what was allocated then plus what was
-        offloaded; the excess over the budget (with the reserve) is taken from the *earliest*
-        groups: their copies overlap the rest of forward, and backward needs them last, so their
-        reloads have the whole backward to hide in."""
+    def _make_plan(self) -> int | None:
+        """How many bytes to offload this step, from the last step's figures: the memory at the
+        end of forward had nothing been offloaded is what was allocated then plus what was
+        offloaded; the excess over 98% of the budget (with the reserve). ``_pack`` takes them
+        from the first saved tensors on: the earliest layers, whose copies overlap the rest of
+        forward and whose reloads have the whole backward to hide in."""
         if self.budget_bytes is None or self._alloc_at_forward_end is None:
             return None
         if not self._last_eligible:
             return None
         all_kept = self._alloc_at_forward_end + self._last_offloaded
-        need = all_kept + self._reserve() - self.budget_bytes
-        plan: set[int] = set()
-        total = 0
-        for g in sorted(self._last_eligible):
-            if total >= need * PLAN_SAFETY:
-                break
-            plan.add(g)
-            total += self._last_eligible[g]
-        return plan
+        need = all_kept + self._reserve() - self.budget_bytes * (1 - PLAN_MARGIN)
+        return max(0, int(need))
 
     def _within_budget(self) -> bool:
         if self.budget_bytes is None:
@@ -438,7 +461,8 @@ class ActivationOffload:
             # the very same tensor saved again by another consumer (its memory cannot have been
             # reused while the tensor is alive): one copy serves both
             if handle is not None and source is t:
-                handle.users += 1
+                if isinstance(handle, _Offloaded):
+                    handle.users += 1
                 self._stats.tensors_shared += 1
                 return handle
         if self._first_kept_group is not None and self._group >= self._first_kept_group:
@@ -446,28 +470,33 @@ class ActivationOffload:
             # back, two link transfers with no compute to hide under
             self._keep(nbytes)
             self._stats.bytes_kept_last_layers += nbytes
-            return t
+            return self._kept(key, t)
         self._eligible_bytes[self._group] = self._eligible_bytes.get(self._group, 0) + nbytes
         self._deciding_bytes = nbytes
         if self._keep_for_budget():
             self._keep(nbytes)
             self._stats.bytes_kept_by_budget += nbytes
-            return t
+            return self._kept(key, t)
         handle = self._offload(t, nbytes)
         self._by_key[key] = (weakref.ref(handle), weakref.ref(t))
         return handle
 
     def _keep_for_budget(self) -> bool:
-        """The budget policy (module docstring): with a plan from the last step, keep what is not
-        in a planned group unless memory already passes the budget; without one (first step),
-        keep while the budget holds."""
+        """The budget policy (module docstring): with a plan from the last step, offload until
+        the plan's bytes are reached, then keep unless memory already passes the budget; without
+        one (first step), keep while the budget holds."""
         if self.budget_bytes is None:
             return False
-        if self._plan is None:
-            return self._within_budget()
-        if self._group in self._plan:
+        if self._plan_bytes is not None and self._stats.bytes_offloaded < self._plan_bytes:
             return False
         return self._within_budget()
+
+    def _kept(self, key: tuple, t: torch.Tensor) -> "_Kept":
+        """A tensor left on the device; saved again by another consumer, it is counted once
+        (one allocation, as on the device)."""
+        kept = _Kept(t, self._group)
+        self._by_key[key] = (weakref.ref(kept), weakref.ref(t))
+        return kept
 
     def _keep(self, nbytes: int) -> None:
         self._stats.tensors_kept += 1
@@ -525,6 +554,10 @@ class ActivationOffload:
             return packed
         if isinstance(packed, _Delegated):
             return self.delegate.unpack(packed.inner)
+        if isinstance(packed, _Kept):
+            # nothing to copy for this one; the groups backward needs next may start
+            self._prefetch_through(packed.group)
+            return packed.tensor
         handle: _Offloaded = packed
         self._prefetch_through(handle.group)
         if handle.device_tensor is None:          # evicted or unpacked twice (retain_graph)
@@ -543,12 +576,17 @@ class ActivationOffload:
     def _prefetch_through(self, group: int) -> None:
         """Start the copies of ``group`` (and of groups skipped above it) and of the next
         ``prefetch_groups`` groups backward will need; with a budget, also of further groups
-        while they fit under it (backward frees memory as it goes)."""
+        while they fit under it (backward frees memory as it goes). The first unpack in the
+        head's group (the loss's backward: the step's peak) starts no copy beyond it."""
+        in_loss = (self._head_group is not None and group >= self._head_group
+                   and not self._head_unpacked)
+        if self._head_group is not None and group >= self._head_group:
+            self._head_unpacked = True
         later = [g for g in self._order if g < group]
-        window = set(later[:self.prefetch_groups])
+        window = set() if in_loss else set(later[:self.prefetch_groups])
         while self._pending_groups:
             g = self._pending_groups[0]
-            if g < group and g not in window and not self._fits_prefetch(g):
+            if g < group and g not in window and (in_loss or not self._fits_prefetch(g)):
                 break
             self._pending_groups.pop(0)
             handles = [h for h in (ref() for ref in self._groups.get(g, ())) if h is not None]
@@ -563,6 +601,9 @@ class ActivationOffload:
     def _copy_back(self, handles: list[_Offloaded]) -> None:
         if not handles:
             return
+        if self._window_open and (self._head_group is None or
+                                  min(h.group for h in handles) < self._head_group):
+            self._close_window()          # the reserve's window ends before a layer's reload
         with nvtx_range(OFFLOAD_PREFETCH):
             # allocated on the compute stream, which uses them: the side stream first waits for
             # what the compute stream did before (earlier users of that memory)
@@ -595,6 +636,17 @@ class ActivationOffload:
         if handle.ready_event is not None:
             self._buffer_events[handle.buffer.data_ptr()] = handle.ready_event
         self.pool.release(handle.buffer)
+
+
+class _Kept:
+    """A saved tensor left on the device, with the group it was saved in: its unpack starts the
+    prefetch of the groups backward needs next."""
+
+    __slots__ = ("tensor", "group", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor, group: int):
+        self.tensor = tensor
+        self.group = group
 
 
 class _Delegated:

@@ -82,8 +82,19 @@ class FinetuneParams:
     #: activation offload keeps the saved tensors of the last this-many decoder layers (and the
     #: head's) on the GPU: backward needs them first (memory.activation_offload)
     offload_keep_last_layers: int = 0
+    #: with offload_keep_last_layers 0: keep only the head's saved tensors (final norm, loss)
+    offload_keep_head: bool = False
+    #: device->host copies may lag forward by this many MiB before forward waits for them
+    offload_max_inflight_mib: int = 1024
     #: activation checkpointing of each decoder layer (combinable with offload)
     checkpointing: bool = False
+    #: Llama's RMSNorms and SiLU product recomputed in backward, saving 23% of a layer's
+    #: activations without recomputing a matrix product (memory.recompute_elementwise);
+    #: combinable with offload and checkpointing, not with compile (inductor decides itself)
+    recompute_elementwise: bool = False
+    #: CUDA caching allocator with expandable segments: reserved memory stays close to allocated
+    #: (a GPU-memory budget is about what the GPU holds); not with memory: managed
+    expandable_segments: bool = False
     #: offload: parameters|both: decoder layers kept resident on the GPU, and layers prefetched
     resident_layers: int = 0
     prefetch_layers: int = 1
@@ -119,7 +130,7 @@ class FinetuneParams:
             raise ValueError(f"prefetch_layers: expected at least 1 (the layer being fetched "
                              f"while one computes), got {self.prefetch_layers!r}")
         for name in ("warmup_steps", "resident_layers", "offload_min_bytes",
-                     "offload_keep_last_layers"):
+                     "offload_keep_last_layers", "offload_max_inflight_mib"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}: expected a whole number of 0 or more, got {value!r}")
@@ -134,6 +145,9 @@ class FinetuneParams:
                              f"{self.offload_budget_gib!r}")
         if self.num_layers is not None and self.num_layers < 1:
             raise ValueError(f"num_layers: expected at least 1, got {self.num_layers!r}")
+        if self.recompute_elementwise and self.compile:
+            raise ValueError("recompute_elementwise: not with compile (torch.compile's partitioner "
+                             "chooses what to recompute in a compiled layer itself)")
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         object.__setattr__(self, "nemo_extra", tuple(self.nemo_extra))
         if self.method == "lora" and not self.lora_targets:

@@ -51,6 +51,7 @@ class Techniques:
     _offload: Any = None
     _param_offload: Any = None
     _managed: Any = None
+    _expandable: bool = False
 
     # -- which techniques ----------------------------------------------------------------
     @property
@@ -77,6 +78,8 @@ class Techniques:
                                                f"{p.prefetch_layers}")
                 if self.offloads_parameters else "none",
                 "finetune.checkpointing": str(p.checkpointing).lower(),
+                "finetune.recompute_elementwise": str(p.recompute_elementwise).lower(),
+                "finetune.expandable_segments": str(p.expandable_segments).lower(),
                 "finetune.precision": self.knobs.precision,
                 "finetune.compile": str(self.compiles).lower(),
                 "finetune.memory": self.knobs.memory}
@@ -84,7 +87,17 @@ class Techniques:
     # -- 1. before CUDA --------------------------------------------------------------------
     def before_cuda(self) -> None:
         """Route allocations through cudaMallocManaged (knob memory: managed), capped at the
-        GPU's free memory. Without CUDA: the cap policy only (tagged), training on the host."""
+        GPU's free memory, or give the caching allocator expandable segments. Without CUDA:
+        the cap policy only (tagged), training on the host."""
+        if self.params.expandable_segments:
+            if self.knobs.memory == "managed":
+                raise ValueError("expandable_segments: not with memory: managed (the managed "
+                                 "allocator replaces the caching allocator)")
+            if self.cuda:
+                import torch
+
+                torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+                self._expandable = True
         if self.knobs.memory != "managed":
             return
         managed = _memory("managed_allocator")
@@ -118,6 +131,12 @@ class Techniques:
                 p.activation_offload == "save_on_cpu":
             raise ValueError("activation_offload: save_on_cpu cannot be combined with parameter "
                              "offload (one pair of saved-tensor hooks at a time); use async")
+        if p.recompute_elementwise:
+            if self.compiles:
+                raise ValueError("recompute_elementwise: not with precision fp8 or compile "
+                                 "(torch.compile's partitioner chooses what to recompute)")
+            handle = _memory("recompute_elementwise").apply(model)
+            self.tags["finetune.recomputed_modules"] = handle.describe()
         if p.checkpointing:
             _memory("checkpointing").checkpoint_layers(layers)
         if self.knobs.precision == "fp8":
@@ -142,7 +161,8 @@ class Techniques:
             budget = None if p.offload_budget_gib is None else int(p.offload_budget_gib * GIB)
             self._offload = ao.ActivationOffload(
                 self.device, min_bytes=p.offload_min_bytes, budget_bytes=budget,
-                keep_last_layers=p.offload_keep_last_layers,
+                keep_last_layers=p.offload_keep_last_layers, keep_head=p.offload_keep_head,
+                max_inflight_bytes=p.offload_max_inflight_mib << 20,
                 parameter_offload=self._param_offload)
             self._offload.wrap_layers(layers).track_parameters(model)
         return model
@@ -182,4 +202,9 @@ class Techniques:
         pool = getattr(self._offload, "pool", None)
         if pool is not None and hasattr(pool, "clear"):
             pool.clear()
+        if self._expandable:     # a next run in this process gets the default allocator
+            import torch
+
+            torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+            self._expandable = False
 

@@ -139,7 +139,9 @@ def run_torch(spec: Any, params: FinetuneParams, recorder: Any, *,
         if cuda:
             torch.cuda.synchronize(device)
             if managed is None:
-                torch.cuda.reset_peak_memory_stats(device)
+                from hopperlab.memory import peaks
+
+                peaks.reset(device)
 
     technique_context = tech.forward_context
     if forward_context is not None:
