@@ -36,7 +36,8 @@ memory under the budget. ``reserve`` is the memory backward needs on top of what
 allocated, at the start of backward (the loss's float32 temporaries, the head's and the last
 layers' gradients): measured on CUDA as the peak between the end of forward and the first reload
 of a decoder layer's group (``hopperlab.memory.peaks``: a window, the run's own peak is kept),
-minus the memory allocated at the end of forward; the largest seen so far, plus
+minus the memory allocated at the end of forward; forward's own peak above its end counts the
+same way (the loss's float32 logits, copies still in flight); the largest seen so far, plus
 ``reserve_bytes``. The window ends before the reloads, so what the policy prefetches later in
 backward (up to the budget) does not inflate the next step's reserve. First step (no figures
 yet): a saved tensor stays on the device while ``allocated_now + reserve <= budget``. From the
@@ -340,6 +341,8 @@ class ActivationOffload:
         if self._active:
             raise RuntimeError("ActivationOffload is already active")
         self._close_window()
+        if self.cuda and self.budget_bytes is not None:
+            peaks.start_window(self.device)       # forward's own peak, for the reserve
         self._reap(all_done_ok=False)
         self._plan_bytes = self._make_plan()
         self._stats = OffloadStats(reserve_bytes=self._reserve(),
@@ -370,6 +373,9 @@ class ActivationOffload:
         if self.cuda:
             self._alloc_at_forward_end = torch.cuda.memory_allocated(self.device)
             if self.budget_bytes is not None:
+                # forward may peak above its end (the loss's logits, copies still in flight)
+                self._learned_reserve = max(self._learned_reserve, peaks.window_peak_allocated(
+                    self.device) - self._alloc_at_forward_end)
                 peaks.start_window(self.device)
                 self._window_open = True
         else:

@@ -40,6 +40,17 @@ def _memory(module: str) -> Any:
         raise
 
 
+def _allocator_settings(settings: str) -> None:
+    """PYTORCH_CUDA_ALLOC_CONF-style settings for the caching allocator, at run time (new
+    segments follow them)."""
+    import torch
+
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:           # torch before 2.9
+        setter = torch.cuda.memory._set_allocator_settings
+    setter(settings)
+
+
 @dataclass
 class Techniques:
     knobs: Any
@@ -94,9 +105,7 @@ class Techniques:
                 raise ValueError("expandable_segments: not with memory: managed (the managed "
                                  "allocator replaces the caching allocator)")
             if self.cuda:
-                import torch
-
-                torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+                _allocator_settings("expandable_segments:True")
                 self._expandable = True
         if self.knobs.memory != "managed":
             return
@@ -203,8 +212,6 @@ class Techniques:
         if pool is not None and hasattr(pool, "clear"):
             pool.clear()
         if self._expandable:     # a next run in this process gets the default allocator
-            import torch
-
-            torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+            _allocator_settings("expandable_segments:False")
             self._expandable = False
 
