@@ -6,6 +6,7 @@ start of the measured steps (``torch.cuda.memory._record_memory_history``), repl
 allocation trace, and prints the live bytes at the peak by allocating frame.
 
     python benchmarks/peak_probe.py --variant offload-activations [--keep-last 1] [--top 15]
+        [--keep-head] [--budget-gib 40] [--recompute] [--inflight-mib 256] [--expandable]
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def peak_breakdown(snapshot: dict, top: int) -> None:
             recorded.add(e["addr"])
     cur = best = 0
     best_live: dict[int, tuple[int, str]] = {}
+    best_at = ""
     for e in events:
         if e["action"] == "alloc":
             live[e["addr"]] = (e["size"], frame_label(e.get("frames", [])))
@@ -50,8 +52,10 @@ def peak_breakdown(snapshot: dict, top: int) -> None:
             cur -= live.pop(e["addr"])[0]
         if cur > best:
             best, best_live = cur, dict(live)
+            best_at = frame_label(e.get("frames", []))
     print(f"recorded allocations live at the peak: {best / GIB:.2f} GiB (plus what was "
           f"allocated before recording and still alive at the end: {base / GIB:.2f} GiB)")
+    print(f"the allocation that reached the peak: {best_at}")
     groups: dict[str, list[int]] = collections.defaultdict(list)
     for size, label in best_live.values():
         groups[label].append(size)
@@ -64,6 +68,11 @@ def main() -> int:
     ap.add_argument("--variant", default="offload-activations")
     ap.add_argument("--keep-last", type=int, default=0)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--keep-head", action="store_true")
+    ap.add_argument("--budget-gib", type=float, default=None)
+    ap.add_argument("--recompute", action="store_true", help="recompute_elementwise")
+    ap.add_argument("--inflight-mib", type=int, default=1024)
+    ap.add_argument("--expandable", action="store_true", help="expandable_segments")
     ap.add_argument("--out", type=Path, default=Path("/tmp/peak-probe"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -85,7 +94,9 @@ def main() -> int:
         p = replace(p, activation_offload="save_on_cpu")
     elif args.variant == "baseline":
         knobs = fg.Knobs()
-    p = replace(p, offload_keep_last_layers=args.keep_last)
+    p = replace(p, offload_keep_last_layers=args.keep_last, offload_keep_head=args.keep_head,
+                offload_budget_gib=args.budget_gib, recompute_elementwise=args.recompute,
+                offload_max_inflight_mib=args.inflight_mib, expandable_segments=args.expandable)
     snap: dict = {}
     orig_free = fg.free_memory
 
@@ -96,7 +107,9 @@ def main() -> int:
         orig_free()
 
     fg.free_memory = grab_then_free
-    name = f"{args.variant}-keep{args.keep_last}"
+    name = (f"{args.variant}-keep{args.keep_last}{'-head' if args.keep_head else ''}"
+            f"{f'-budget{args.budget_gib:g}' if args.budget_gib else ''}"
+            f"{'-recompute' if args.recompute else ''}")
     fg.run_variant(args.out, "probe", name, "7b", p, knobs)
     peak_breakdown(snap, args.top)
     return 0

@@ -94,6 +94,25 @@ def test_offload_records_bytes_per_step(assets, tmp_path):
     assert m["bytes_from_host_per_step"] == m["bytes_to_host_per_step"]
 
 
+def test_recompute_elementwise_moves_fewer_bytes_and_still_learns(assets, tmp_path):
+    p = replace(SMOKE, offload_min_bytes=0, measured_steps=4)
+    plain = run_it(assets, tmp_path / "p", p, offload="activations").metrics
+    rec = run_it(assets, tmp_path / "r", replace(p, recompute_elementwise=True,
+                                                 offload_keep_head=True),
+                 offload="activations")
+    assert rec.tags["finetune.recomputed_modules"] == "5 RMSNorms, 2 MLPs"
+    assert rec.tags["finetune.recompute_elementwise"] == "true"
+    lean = rec.metrics
+    assert 0 < lean["bytes_to_host_per_step"] < plain["bytes_to_host_per_step"]
+    assert lean["act_bytes_kept_last_layers_per_step"] > 0          # the head stayed
+    assert lean["final_loss"] < lean["first_loss"]
+
+
+def test_recompute_elementwise_refuses_compile():
+    with pytest.raises(ValueError, match="recompute_elementwise: not with compile"):
+        replace(SMOKE, recompute_elementwise=True, compile=True)
+
+
 def test_cuda_only_variants_run_their_bookkeeping(assets, tmp_path):
     managed = run_it(assets, tmp_path / "m", replace(SMOKE, measured_steps=2), memory="managed")
     assert managed.tags["finetune.managed"].startswith("not installed: no CUDA device")
@@ -150,7 +169,7 @@ def test_params_are_checked(bad):
 def test_experiments_resolve(scale):
     matrix = load_matrix(ROOT, {"families": ["finetune"], "scale": scale})
     runs = matrix.runs
-    assert len(runs) <= 14
+    assert len(runs) <= 18
     assert {s.experiment for s in runs.values()} == {
         "lora-llama2-7b", "full-llama2-7b", "lora-llama2-70b", "full-1b"}
     soc = runs["finetune/lora-llama2-7b/save-on-cpu"]
@@ -163,6 +182,9 @@ def test_experiments_resolve(scale):
             (2048, 4, 32)
         assert base.resources.gpus == 1 and base.params.weights == "random"
         assert runs["finetune/lora-llama2-7b/offload-budget"].params.offload_budget_gib == 40.0
+        lean = runs["finetune/lora-llama2-7b/offload-budget-recompute"].params
+        assert lean.offload_budget_gib == 40.0 and lean.recompute_elementwise
+        assert lean.expandable_segments
     else:
         assert base.resources.gpus == 0 and base.params.dtype == "float32"
     assert set(FAMILY.supported_knobs) == {"num_workers", "offload", "memory", "precision",

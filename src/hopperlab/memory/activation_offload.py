@@ -581,15 +581,17 @@ class ActivationOffload:
 
     def _prefetch_through(self, group: int) -> None:
         """Start the copies of ``group`` (and of groups skipped above it) and of the next
-        ``prefetch_groups`` groups backward will need; with a budget, also of further groups
-        while they fit under it (backward frees memory as it goes). The first unpack in the
+        ``prefetch_groups`` groups backward will need; with a budget, instead, of the groups that
+        fit under it (backward frees memory as it goes). The first unpack in the
         head's group (the loss's backward: the step's peak) starts no copy beyond it."""
         in_loss = (self._head_group is not None and group >= self._head_group
                    and not self._head_unpacked)
         if self._head_group is not None and group >= self._head_group:
             self._head_unpacked = True
         later = [g for g in self._order if g < group]
-        window = set() if in_loss else set(later[:self.prefetch_groups])
+        # under a budget every prefetch must fit; without, the window is fixed
+        window = set() if in_loss or self.budget_bytes is not None \
+            else set(later[:self.prefetch_groups])
         while self._pending_groups:
             g = self._pending_groups[0]
             if g < group and g not in window and (in_loss or not self._fits_prefetch(g)):
