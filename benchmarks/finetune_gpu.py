@@ -209,9 +209,10 @@ def suite_lora7b(out: Path, args: argparse.Namespace) -> None:
                         replace(lean, offload_max_inflight_mib=mib), Knobs(offload="activations"))
     run_variant(out, "lora7b", "offload-keep-head", "7b", replace(p, offload_keep_head=True),
                 Knobs(offload="activations"))
-    run_variant(out, "lora7b", "offload-keep-head-inflight-256", "7b",
-                replace(p, offload_keep_head=True, offload_max_inflight_mib=256),
-                Knobs(offload="activations"))
+    for mib in (256, 128):
+        run_variant(out, "lora7b", f"offload-keep-head-inflight-{mib}", "7b",
+                    replace(p, offload_keep_head=True, offload_max_inflight_mib=mib),
+                    Knobs(offload="activations"))
     run_variant(out, "lora7b", "offload-budget-40-recompute", "7b",
                 replace(lean, offload_budget_gib=40.0, expandable_segments=True),
                 Knobs(offload="activations"))
