@@ -225,7 +225,7 @@ def test_keep_last_layers_must_not_be_negative():
 
 def test_plan_offloads_the_excess_over_budget_and_reserve():
     off = ActivationOffload("cpu", budget_bytes=1000, reserve_bytes=100)
-    off._alloc_at_forward_end, off._last_offloaded, off._last_eligible = 700, 600, {1: 600}
+    off._alloc_at_forward_end, off._last_offloaded, off._last_eligible_bytes = 700, 600, 600
     # 700 + 600 would be allocated at forward's end had nothing gone; + 100 reserve - 98% of
     # the budget
     assert off._make_plan() == 700 + 600 + 100 - 980

@@ -284,8 +284,8 @@ class ActivationOffload:
         self._pool_allocations_at_start = 0
         self._deciding_bytes = 0
         self._by_key: dict[tuple, Any] = {}
-        self._eligible_bytes: dict[int, int] = {}   # per group, this step
-        self._last_eligible: dict[int, int] = {}    # per group, last step
+        self._eligible_bytes = 0                    # offloadable bytes saved this step
+        self._last_eligible_bytes = 0               # and in the last step
         self._last_offloaded = 0
         self._plan_bytes: int | None = None
         self._head_group: int | None = None       # the first group after the last layer
@@ -355,7 +355,7 @@ class ActivationOffload:
         self._groups = {}
         self._pending_groups = []
         self._by_key = {}
-        self._eligible_bytes = {}
+        self._eligible_bytes = 0
         self._compute = torch.cuda.current_stream(self.device) if self.cuda else None
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
@@ -368,7 +368,7 @@ class ActivationOffload:
         self._saved_hooks = None
         self._pending_groups = sorted(self._groups, reverse=True)
         self._order = list(self._pending_groups)
-        self._last_eligible = dict(self._eligible_bytes)
+        self._last_eligible_bytes = self._eligible_bytes
         self._last_offloaded = self._stats.bytes_offloaded
         if self.cuda:
             self._alloc_at_forward_end = torch.cuda.memory_allocated(self.device)
@@ -421,7 +421,7 @@ class ActivationOffload:
         forward and whose reloads have the whole backward to hide in."""
         if self.budget_bytes is None or self._alloc_at_forward_end is None:
             return None
-        if not self._last_eligible:
+        if not self._last_eligible_bytes:
             return None
         all_kept = self._alloc_at_forward_end + self._last_offloaded
         need = all_kept + self._reserve() - self.budget_bytes * (1 - PLAN_MARGIN)
@@ -477,7 +477,7 @@ class ActivationOffload:
             self._keep(nbytes)
             self._stats.bytes_kept_last_layers += nbytes
             return self._kept(key, t)
-        self._eligible_bytes[self._group] = self._eligible_bytes.get(self._group, 0) + nbytes
+        self._eligible_bytes += nbytes
         self._deciding_bytes = nbytes
         if self._keep_for_budget():
             self._keep(nbytes)
@@ -584,10 +584,9 @@ class ActivationOffload:
         ``prefetch_groups`` groups backward will need; with a budget, instead, of the groups that
         fit under it (backward frees memory as it goes). The first unpack in the
         head's group (the loss's backward: the step's peak) starts no copy beyond it."""
-        in_loss = (self._head_group is not None and group >= self._head_group
-                   and not self._head_unpacked)
-        if self._head_group is not None and group >= self._head_group:
-            self._head_unpacked = True
+        at_head = self._head_group is not None and group >= self._head_group
+        in_loss = at_head and not self._head_unpacked
+        self._head_unpacked = self._head_unpacked or at_head
         later = [g for g in self._order if g < group]
         # under a budget every prefetch must fit; without, the window is fixed
         window = set() if in_loss or self.budget_bytes is not None \
