@@ -106,6 +106,7 @@ def run_variant(out: Path, suite: str, name: str, model: str, params: FinetunePa
     row["metrics"] = dict(rec.metrics)
     row["tags"] = dict(rec.tags)
     rec.finish("ok")
+    row["left_allocated_gib"] = left_allocated_gib()
     with open(out / "results.jsonl", "a") as fh:
         fh.write(json.dumps(row) + "\n")
     m = row["metrics"]
@@ -114,11 +115,33 @@ def run_variant(out: Path, suite: str, name: str, model: str, params: FinetunePa
           f"{m.get('peak_gpu_allocated_gib', 0):6.1f} GiB  reserved "
           f"{m.get('peak_gpu_reserved_gib', 0):6.1f}  to-host "
           f"{m.get('bytes_to_host_per_step', 0) / 1e9:6.2f} GB  mfu {m.get('mfu', 0):.3f}  "
-          f"wait {m.get('data_wait_fraction', 0):.4f}  loss {m.get('first_loss', 0):.3f}->"
+          f"wait {m.get('data_wait_fraction', 0):.4f}  fwd/bwd/opt "
+          f"{m.get('forward_s_per_step', 0):.3f}/{m.get('backward_s_per_step', 0):.3f}/"
+          f"{m.get('optimizer_s_per_step', 0):.3f}s  mallocs/frees/retries "
+          f"{m.get('allocator_device_mallocs_per_step', 0):.1f}/"
+          f"{m.get('allocator_device_frees_per_step', 0):.1f}/"
+          f"{m.get('allocator_retries_per_step', 0):.1f}  loss {m.get('first_loss', 0):.3f}->"
           f"{m.get('final_loss', 0):.3f}  ({row['wall_s']} s) {row.get('reason', '')[:200]}",
           flush=True)
-    free_memory()
     return row
+
+
+def left_allocated_gib() -> float:
+    """GPU memory still allocated once a variant is over and collected: a next variant's
+    figures (and its budget) would include it, so it is printed, with the largest tensors."""
+    import torch
+
+    free_memory()
+    if not torch.cuda.is_available():
+        return 0.0
+    left = torch.cuda.memory_allocated() / GIB
+    if left > 0.25:
+        live = sorted(((o.numel() * o.element_size(), tuple(o.shape), str(o.dtype))
+                       for o in gc.get_objects()
+                       if isinstance(o, torch.Tensor) and o.is_cuda), reverse=True)
+        print(f"WARNING: {left:.2f} GiB still allocated after the variant; "
+              f"{len(live)} CUDA tensors reachable, largest: {live[:5]}", flush=True)
+    return round(left, 3)
 
 
 # ----------------------------------------------------------------------------- comparisons
@@ -218,6 +241,31 @@ def suite_lora7b(out: Path, args: argparse.Namespace) -> None:
                 Knobs(offload="activations"))
     run_variant(out, "lora7b", "offload-budget-40-expandable", "7b",
                 replace(p, offload_budget_gib=40.0, expandable_segments=True),
+                Knobs(offload="activations"))
+    # the chunked loss (memory.chunked_cross_entropy): no whole-batch float32 logits
+    chunked = replace(lean, loss_chunk_tokens=1024)
+    run_variant(out, "lora7b", "baseline-chunked", "7b", replace(p, loss_chunk_tokens=1024))
+    run_variant(out, "lora7b", "baseline-recompute-chunked", "7b", chunked)
+    run_variant(out, "lora7b", "offload-budget-40-recompute-chunked", "7b",
+                replace(chunked, offload_budget_gib=40.0, expandable_segments=True),
+                Knobs(offload="activations"))
+    run_variant(out, "lora7b", "offload-budget-40-recompute-chunked-capped", "7b",
+                replace(chunked, offload_budget_gib=40.0, expandable_segments=True,
+                        offload_budget_caps_allocator=True), Knobs(offload="activations"))
+    run_variant(out, "lora7b", "offload-budget-40-recompute-chunked-capped-plain", "7b",
+                replace(chunked, offload_budget_gib=40.0, offload_budget_caps_allocator=True),
+                Knobs(offload="activations"))
+    run_variant(out, "lora7b", "offload-budget-38-recompute-chunked", "7b",
+                replace(chunked, offload_budget_gib=38.0, expandable_segments=True),
+                Knobs(offload="activations"))
+    run_variant(out, "lora7b", "offload-budget-40-chunked", "7b",
+                replace(p, loss_chunk_tokens=1024, offload_budget_gib=40.0,
+                        expandable_segments=True), Knobs(offload="activations"))
+    run_variant(out, "lora7b", "save-on-cpu-recompute-chunked", "7b",
+                replace(chunked, activation_offload="save_on_cpu", measured_steps=3),
+                Knobs(offload="activations"))
+    run_variant(out, "lora7b", "offload-keep-head-recompute-chunked-inflight-256", "7b",
+                replace(chunked, offload_keep_head=True, offload_max_inflight_mib=256),
                 Knobs(offload="activations"))
     run_variant(out, "lora7b", "offload-budget-17", "7b", replace(p, offload_budget_gib=17.0),
                 Knobs(offload="activations"))

@@ -67,6 +67,11 @@ def test_lora_loss_falls_and_metrics_are_recorded(assets, tmp_path):
     assert len(steps) == SMOKE.warmup_steps + SMOKE.measured_steps
     assert [s["metrics"]["measured"] for s in steps[:2]] == [0.0, 1.0]
     assert {"loss", "step_time_s", "tokens_per_s", "data_wait_s"} <= set(steps[0]["metrics"])
+    # the phases of a step (host clock here): each took time, together no more than the step
+    phases = [m[f"{p}_s_per_step"] for p in ("forward", "backward", "optimizer")]
+    assert all(t > 0 for t in phases)
+    assert sum(phases) <= m["step_time_mean_s"]
+    assert m["backward_s_per_step"] > m["optimizer_s_per_step"]
 
 
 def test_full_finetune_loss_falls_clearly(assets, tmp_path):
@@ -106,6 +111,42 @@ def test_recompute_elementwise_moves_fewer_bytes_and_still_learns(assets, tmp_pa
     assert 0 < lean["bytes_to_host_per_step"] < plain["bytes_to_host_per_step"]
     assert lean["act_bytes_kept_last_layers_per_step"] > 0          # the head stayed
     assert lean["final_loss"] < lean["first_loss"]
+
+
+def test_chunked_loss_learns_the_same_and_offloads_less(assets, tmp_path):
+    p = replace(SMOKE, offload_min_bytes=0, measured_steps=3)
+    stock = run_it(assets, tmp_path / "s", p, offload="activations")
+    chunked = run_it(assets, tmp_path / "c", replace(p, loss_chunk_tokens=100),
+                     offload="activations")
+    assert chunked.tags["finetune.chunked_loss"] == "LlamaForCausalLM, chunks of 100 tokens"
+    assert chunked.tags["finetune.loss_chunk_tokens"] == "100"
+    losses = [[s["metrics"]["loss"] for s in read_steps(d / "run")] for d in
+              (tmp_path / "s", tmp_path / "c")]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)     # float32: summation order only
+    # the stock loss saves the (tokens, vocabulary) log-probabilities; the chunked one does not
+    assert chunked.metrics["bytes_to_host_per_step"] < stock.metrics["bytes_to_host_per_step"]
+
+
+def test_allocator_cap_needs_a_budget():
+    with pytest.raises(ValueError, match="offload_budget_caps_allocator: needs offload_budget_gib"):
+        replace(SMOKE, offload_budget_caps_allocator=True)
+    capped = replace(SMOKE, offload_budget_gib=1.0, offload_budget_caps_allocator=True)
+    assert capped.offload_budget_caps_allocator
+
+
+def test_allocator_cap_without_cuda_is_tagged_and_refused_with_managed(assets, tmp_path):
+    capped = replace(SMOKE, offload_budget_gib=1.0, offload_budget_caps_allocator=True,
+                     measured_steps=2)
+    rec = run_it(assets, tmp_path / "c", capped, offload="activations")
+    assert rec.tags["finetune.allocator_cap"] == "none: no CUDA device"
+    assert rec.tags["finetune.offload_budget_caps_allocator"] == "true"
+    with pytest.raises(ValueError, match="not with memory: managed"):
+        run_it(assets, tmp_path / "m", capped, offload="activations", memory="managed")
+
+
+def test_loss_chunk_tokens_must_be_positive():
+    with pytest.raises(ValueError, match="loss_chunk_tokens: expected a whole number"):
+        replace(SMOKE, loss_chunk_tokens=0)
 
 
 def test_recompute_elementwise_refuses_compile():
@@ -184,7 +225,8 @@ def test_experiments_resolve(scale):
         assert runs["finetune/lora-llama2-7b/offload-budget"].params.offload_budget_gib == 40.0
         lean = runs["finetune/lora-llama2-7b/offload-budget-recompute"].params
         assert lean.offload_budget_gib == 40.0 and lean.recompute_elementwise
-        assert lean.expandable_segments
+        assert lean.expandable_segments and lean.offload_budget_caps_allocator
+        assert lean.loss_chunk_tokens == 1024
     else:
         assert base.resources.gpus == 0 and base.params.dtype == "float32"
     assert set(FAMILY.supported_knobs) == {"num_workers", "offload", "memory", "precision",

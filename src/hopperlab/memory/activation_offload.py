@@ -40,14 +40,14 @@ minus the memory allocated at the end of forward; forward's own peak above its e
 same way (the loss's float32 logits, copies still in flight); the largest seen so far, plus
 ``reserve_bytes``. The window ends before the reloads, so what the policy prefetches later in
 backward (up to the budget) does not inflate the next step's reserve. First step (no figures
-yet): a saved tensor stays on the device while ``allocated_now + reserve <= budget``. From the
-second step, a plan in bytes: forward would end with ``allocated at forward end + bytes
+yet): every eligible tensor is offloaded, so the budget holds from the start (nothing is known
+of backward's need yet; a capped allocator would fail the step). From the second step, a plan
+in bytes: forward would end with ``allocated at forward end + bytes
 offloaded`` had nothing been offloaded; the excess over ``0.98 x budget - reserve`` is
 offloaded, tensor by tensor from the *first* saved on (the earliest layers: their copies overlap
 the rest of forward and backward needs them last; their reloads are prefetched as soon as they
 fit under the budget). Past the plan, a tensor is still offloaded if memory passes the budget.
-A warm-up step is needed before the budget holds. ``budget_bytes=None`` offloads everything
-eligible.
+The first step is slow (a warm-up step). ``budget_bytes=None`` offloads everything eligible.
 
 The same tensor saved by several consumers (the input of the q/k/v adapters, say) is copied
 once; its host copy serves every consumer.
@@ -490,10 +490,10 @@ class ActivationOffload:
     def _keep_for_budget(self) -> bool:
         """The budget policy (module docstring): with a plan from the last step, offload until
         the plan's bytes are reached, then keep unless memory already passes the budget; without
-        one (first step), keep while the budget holds."""
-        if self.budget_bytes is None:
+        one (first step), offload."""
+        if self.budget_bytes is None or self._plan_bytes is None:
             return False
-        if self._plan_bytes is not None and self._stats.bytes_offloaded < self._plan_bytes:
+        if self._stats.bytes_offloaded < self._plan_bytes:
             return False
         return self._within_budget()
 

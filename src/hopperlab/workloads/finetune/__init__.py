@@ -77,6 +77,11 @@ class FinetuneParams:
     activation_offload: str = "async"
     #: the GPU-memory budget of the async activation offload, GiB (None: offload everything)
     offload_budget_gib: float | None = None
+    #: with offload_budget_gib: cap the caching allocator at the budget as well
+    #: (torch.cuda.set_per_process_memory_fraction), so the memory it reserves stays under it
+    #: too (it frees cached blocks before it would pass the cap; an allocation the cap cannot
+    #: hold fails as out of memory); not with memory: managed
+    offload_budget_caps_allocator: bool = False
     #: saved tensors smaller than this stay on the GPU
     offload_min_bytes: int = 1 << 20
     #: activation offload keeps the saved tensors of the last this-many decoder layers (and the
@@ -92,6 +97,10 @@ class FinetuneParams:
     #: activations without recomputing a matrix product (memory.recompute_elementwise);
     #: combinable with offload and checkpointing, not with compile (inductor decides itself)
     recompute_elementwise: bool = False
+    #: the causal-LM loss computed in chunks of this many tokens, its gradient with it, so the
+    #: float32 logits of the whole batch never exist (memory.chunked_cross_entropy; 2-3 GiB less
+    #: at the loss's peak for Llama-2-7B at 4 x 2048); None: transformers' own loss
+    loss_chunk_tokens: int | None = None
     #: CUDA caching allocator with expandable segments: reserved memory stays close to allocated
     #: (a GPU-memory budget is about what the GPU holds); not with memory: managed
     expandable_segments: bool = False
@@ -143,6 +152,14 @@ class FinetuneParams:
         if self.offload_budget_gib is not None and self.offload_budget_gib <= 0:
             raise ValueError(f"offload_budget_gib: expected > 0 GiB, got "
                              f"{self.offload_budget_gib!r}")
+        if self.offload_budget_caps_allocator and self.offload_budget_gib is None:
+            raise ValueError("offload_budget_caps_allocator: needs offload_budget_gib (the cap "
+                             "is the budget)")
+        if self.loss_chunk_tokens is not None and (
+                isinstance(self.loss_chunk_tokens, bool) or not isinstance(self.loss_chunk_tokens, int)
+                or self.loss_chunk_tokens < 1):
+            raise ValueError(f"loss_chunk_tokens: expected a whole number of at least 1 (or null: "
+                             f"transformers' loss), got {self.loss_chunk_tokens!r}")
         if self.num_layers is not None and self.num_layers < 1:
             raise ValueError(f"num_layers: expected at least 1, got {self.num_layers!r}")
         if self.recompute_elementwise and self.compile:

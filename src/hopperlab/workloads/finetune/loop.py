@@ -5,6 +5,10 @@ backward under the step's techniques (activation offload hooks), the optimizer s
 loss read back (``.item()``: the synchronisation that makes the host-clock step time cover the
 GPU's work). Step time runs from asking for the batch to the loss on the host, so the data wait
 is part of it and the data-wait fraction is ``wait / step time``.
+
+Each step also reports how long its phases took on the device's timeline (``forward_s``,
+``backward_s``, ``optimizer_s``: CUDA events on the compute stream, read after the step's
+synchronisation, so no extra wait; the host clock without CUDA): where a technique's cost lands.
 """
 
 from __future__ import annotations
@@ -30,14 +34,42 @@ def to_device(batch: Batch, device: Any) -> Batch:
     return out
 
 
-def forward_backward(model: Any, inputs: Batch, forward_context: Callable[[], Any]) -> Any:
+class PhaseClock:
+    """Marks between a step's phases; ``durations()`` once the step has synchronised."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self._marks: list[tuple[str, Any]] = []
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            import torch
+
+            self._marks.append((name, torch.cuda.current_stream().record_event(
+                torch.cuda.Event(enable_timing=True))))
+        else:
+            self._marks.append((name, time.perf_counter()))
+
+    def durations(self) -> dict[str, float]:
+        """Seconds from each mark to the next, keyed ``<mark>_s``."""
+        out: dict[str, float] = {}
+        for (name, start), (_, end) in zip(self._marks, self._marks[1:]):
+            out[f"{name}_s"] = start.elapsed_time(end) / 1e3 if self.cuda else end - start
+        return out
+
+
+def forward_backward(model: Any, inputs: Batch, forward_context: Callable[[], Any],
+                     clock: PhaseClock | None = None) -> Any:
     """Loss of one batch and its gradients (accumulated into ``.grad``); returns the loss.
 
     ``forward_context()`` is entered around the forward only: saved-tensor hooks (activation
     offload) must see what forward saves, not what backward's recomputation saves again."""
+    clock = clock or PhaseClock(cuda=False)
+    clock.mark("forward")
     with forward_context():
         with nvtx_range(FORWARD):
             loss = model(**inputs).loss
+    clock.mark("backward")
     with nvtx_range(BACKWARD):
         loss.backward()
     return loss
@@ -71,15 +103,18 @@ def train(model: Any, optimizer: Any, batches: Iterator[tuple[Batch, float]], *,
         batch, wait = next(batches)
         with nvtx_range(STEP):
             inputs = to_device(batch, device)
-            loss = forward_backward(model, inputs, techniques.forward_context)
+            clock = PhaseClock(cuda)
+            loss = forward_backward(model, inputs, techniques.forward_context, clock)
+            clock.mark("optimizer")
             with nvtx_range(OPTIMIZER):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+            clock.mark("end")
             value = float(loss.detach().float().item())
         elapsed = time.perf_counter() - t0
         rec = StepRecord(step=step, loss=value, step_s=elapsed, data_wait_s=wait,
                          tokens=int(inputs["input_ids"].numel()), measured=measured,
-                         extra=techniques.step_stats())
+                         extra={**clock.durations(), **techniques.step_stats()})
         records.append(rec)
         if on_step is not None:
             on_step(rec)

@@ -5,7 +5,8 @@ One place maps ``offload``, ``memory``, ``precision`` and the family params (che
 per technique), in the order they must happen:
 
 1. ``before_cuda()``: the managed allocator, before anything touches CUDA memory;
-2. ``prepare_model(model)``: checkpointing, FP8 or compiled layers, parameter offload;
+2. ``prepare_model(model)``: element-wise recomputation, the chunked loss, checkpointing, FP8 or
+   compiled layers, parameter offload;
 3. ``forward_context()`` around each forward: activation offload (the async technique,
    or the ``save_on_cpu`` reference) and the parameter offload's saved-weight hooks;
 4. ``step_stats()`` after each step: bytes moved to and from the host, what stayed.
@@ -27,6 +28,9 @@ from hopperlab.workloads.finetune import FinetuneParams
 __all__ = ["Knobs", "Techniques"]
 
 GIB = 1 << 30
+#: the caching allocator's counters a step reports the change of (torch.cuda.memory_stats)
+ALLOCATOR_COUNTERS = {"device_mallocs": "num_device_alloc", "device_frees": "num_device_free",
+                      "retries": "num_alloc_retries", "sync_all_streams": "num_sync_all_streams"}
 
 
 def _memory(module: str) -> Any:
@@ -63,6 +67,8 @@ class Techniques:
     _param_offload: Any = None
     _managed: Any = None
     _expandable: bool = False
+    _capped: bool = False
+    _allocator_last: dict[str, float] | None = None
 
     # -- which techniques ----------------------------------------------------------------
     @property
@@ -90,6 +96,10 @@ class Techniques:
                 if self.offloads_parameters else "none",
                 "finetune.checkpointing": str(p.checkpointing).lower(),
                 "finetune.recompute_elementwise": str(p.recompute_elementwise).lower(),
+                "finetune.loss_chunk_tokens": "none" if p.loss_chunk_tokens is None
+                else str(p.loss_chunk_tokens),
+                "finetune.offload_budget_caps_allocator":
+                str(p.offload_budget_caps_allocator).lower(),
                 "finetune.expandable_segments": str(p.expandable_segments).lower(),
                 "finetune.precision": self.knobs.precision,
                 "finetune.compile": str(self.compiles).lower(),
@@ -146,6 +156,9 @@ class Techniques:
                                  "(torch.compile's partitioner chooses what to recompute)")
             handle = _memory("recompute_elementwise").apply(model)
             self.tags["finetune.recomputed_modules"] = handle.describe()
+        if p.loss_chunk_tokens is not None:
+            handle = _memory("chunked_cross_entropy").apply(model, p.loss_chunk_tokens)
+            self.tags["finetune.chunked_loss"] = handle.describe()
         if p.checkpointing:
             _memory("checkpointing").checkpoint_layers(layers)
         if self.knobs.precision == "fp8":
@@ -174,7 +187,25 @@ class Techniques:
                 max_inflight_bytes=p.offload_max_inflight_mib << 20,
                 parameter_offload=self._param_offload)
             self._offload.wrap_layers(layers).track_parameters(model)
+            if p.offload_budget_caps_allocator:
+                self._cap_allocator(budget)
         return model
+
+    def _cap_allocator(self, budget: int) -> None:
+        """The caching allocator may reserve at most ``budget`` bytes (the budget policy keeps
+        allocated memory under it; this keeps what the allocator holds under it too)."""
+        if self.knobs.memory == "managed":
+            raise ValueError("offload_budget_caps_allocator: not with memory: managed (the "
+                             "managed allocator replaces the caching allocator)")
+        if not self.cuda:
+            self.tags["finetune.allocator_cap"] = "none: no CUDA device"
+            return
+        import torch
+
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), self.device)
+        self._capped = True
+        self.tags["finetune.allocator_cap"] = f"{budget / GIB:g} GiB of {total / GIB:.1f}"
 
     # -- 3. each step ----------------------------------------------------------------------
     def forward_context(self) -> ContextManager[Any]:
@@ -189,8 +220,10 @@ class Techniques:
         return nullcontext()
 
     def step_stats(self) -> dict[str, float]:
-        """Bytes moved to / from the host in the last step (and what the techniques report)."""
-        out: dict[str, float] = {}
+        """Bytes moved to / from the host in the last step (and what the techniques report),
+        and the caching allocator's work in it (``allocator_*``: cudaMalloc / cudaFree calls,
+        retries after freeing its cache; a steady step makes none)."""
+        out: dict[str, float] = self._allocator_counters()
         for name, tech in (("act", self._offload), ("param", self._param_offload),
                            ("managed", self._managed)):
             if tech is None:
@@ -202,6 +235,18 @@ class Techniques:
                     out[f"{name}_{key}"] = float(value)
         return out
 
+    def _allocator_counters(self) -> dict[str, float]:
+        if not self.cuda or self._managed is not None:
+            return {}
+        import torch
+
+        stats = torch.cuda.memory_stats(self.device)
+        now = {name: float(stats.get(key, 0)) for name, key in ALLOCATOR_COUNTERS.items()}
+        last, self._allocator_last = self._allocator_last, now
+        if last is None:
+            return {}
+        return {f"allocator_{k}": now[k] - last[k] for k in now}
+
     def close(self) -> None:
         """Take the techniques' hooks away and give the activation offload's pinned pool back
         (``ActivationOffload.remove`` keeps it, for a next step that will not come)."""
@@ -211,6 +256,11 @@ class Techniques:
         pool = getattr(self._offload, "pool", None)
         if pool is not None and hasattr(pool, "clear"):
             pool.clear()
+        if self._capped:
+            import torch
+
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+            self._capped = False
         if self._expandable:     # a next run in this process gets the default allocator
             _allocator_settings("expandable_segments:False")
             self._expandable = False
