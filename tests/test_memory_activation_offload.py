@@ -233,6 +233,9 @@ def test_plan_offloads_the_excess_over_budget_and_reserve():
     off._alloc_at_forward_end, off._last_offloaded = 200, 0
     assert off._make_plan() == 0            # fits: nothing to offload
     assert ActivationOffload("cpu")._make_plan() is None     # no budget, no plan
+    # copies still running at forward's end: offloaded and still allocated, counted once
+    off._alloc_at_forward_end, off._last_offloaded, off._inflight_at_forward_end = 900, 600, 400
+    assert off._make_plan() == 900 + 600 - 400 + 100 - 980
 
 
 def test_reserve_is_the_window_peak_over_forward_end_and_only_grows(monkeypatch):
