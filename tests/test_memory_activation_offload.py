@@ -308,3 +308,12 @@ def test_keep_head_keeps_only_what_follows_the_last_layer(lora_model, baseline):
     s = off.stats()
     assert sorted(off._groups) == [1, 3, 5, 7]      # every layer offloaded, the head (8) kept
     assert s.bytes_kept_last_layers > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_allocated_bytes_reads_what_memory_allocated_reads():
+    from hopperlab.memory.activation_offload import allocated_bytes
+
+    held = torch.empty(3 << 20, device="cuda")
+    index = torch.cuda.current_device()
+    assert allocated_bytes(index) == torch.cuda.memory_allocated(index) >= held.numel() * 4

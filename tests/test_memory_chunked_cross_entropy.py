@@ -143,3 +143,20 @@ def test_refusals():
     biased.lm_head = torch.nn.Linear(64, 128, bias=True)
     with pytest.raises(ValueError, match="with a bias"):
         cce.apply(biased, 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_bf16_autocast_within_bf16_tolerance():
+    """On the GPU (cuBLAS products in bf16, float32 softmax): the same loss and gradients as
+    transformers' loss to bf16 rounding."""
+    model = tiny_lora_llama(layers=2).to("cuda", torch.bfloat16)
+    data = {k: v.cuda() for k, v in batch(b=4, s=32).items()}
+
+    def run(m):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return step(m, data)
+
+    base = run(model)
+    chunked_model = twin(model)
+    cce.apply(chunked_model, 16)
+    _assert_close(base, run(chunked_model), rtol=2e-2, atol=1e-3)

@@ -13,9 +13,10 @@ How it works (``ActivationOffload``):
   waited on by the host) or until the compute stream has waited on a later event of the side
   stream. This works with any CUDA allocator, also the managed one, which ignores
   ``record_stream``.
-  When copies lag more than ``max_inflight_bytes`` behind forward, the compute stream waits (on
-  the device) for the oldest: otherwise a link slower than forward would keep every activation
-  alive until its copy is over, and the peak would be the baseline's.
+  When copies lag more than ``max_inflight_bytes`` behind forward (under a budget: when memory
+  passes the budget), the compute stream waits (on the device) for the oldest: otherwise a link
+  slower than forward would keep every activation alive until its copy is over, and the peak
+  would be the baseline's.
 * Tensors are grouped by decoder layer (``wrap_layers``: forward hooks that set the current
   group). When backward unpacks the first tensor of a group, the host->device copies of that
   group and of the next ``prefetch_groups`` groups to come (lower layers) are started on a second
@@ -226,6 +227,7 @@ class ActivationOffload:
         max_inflight_bytes: device->host copies may lag forward by this many bytes; beyond, the
             compute stream waits for the oldest copy (without it, a link slower than forward keeps
             every activation alive until its copy is over, and the peak is the baseline's).
+            Under a budget the budget decides instead: copies may lag while it holds.
         keep_last_layers: saved tensors of the last this-many layers of ``wrap_layers`` (and
             those saved after them: final norm, head, loss) stay on the device: backward needs
             them first, so offloading them would cost two transfers with no compute to hide in.
