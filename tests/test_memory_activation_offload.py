@@ -244,6 +244,7 @@ def test_reserve_is_the_window_peak_over_forward_end_and_only_grows(monkeypatch)
     off = ActivationOffload("cpu", budget_bytes=1 << 30)
     window = {"peak": 350}
     monkeypatch.setattr(ao.peaks, "window_peak_allocated", lambda device: window["peak"])
+    off._plan_bytes = 0                     # a planned step
     off._alloc_at_forward_end, off._window_open = 100, True
     off._close_window()
     assert off._learned_reserve == 250 and not off._window_open
@@ -252,6 +253,26 @@ def test_reserve_is_the_window_peak_over_forward_end_and_only_grows(monkeypatch)
     off._window_open = True
     off._close_window()
     assert off._learned_reserve == 250      # the largest seen so far
+
+
+def test_first_step_reserve_serves_until_a_planned_step_has_measured(monkeypatch):
+    """The first step offloads everything (its need is another picture); its reserve is used
+    by the second step, then only what planned steps measured."""
+    from hopperlab.memory import activation_offload as ao
+
+    off = ActivationOffload("cpu", budget_bytes=1 << 30, reserve_bytes=7)
+    window = {"peak": 900}
+    monkeypatch.setattr(ao.peaks, "window_peak_allocated", lambda device: window["peak"])
+    off._alloc_at_forward_end, off._window_open = 100, True      # step 1: no plan
+    off._close_window()
+    assert off._reserve() == 800 + 7
+    off._use_planned = off._planned_measured                     # step 2 begins
+    off._plan_bytes, window["peak"] = 50, 400
+    off._window_open = True
+    off._close_window()                                          # step 2 measured 300
+    assert off._reserve() == 800 + 7                             # step 2 still used step 1's
+    off._use_planned = off._planned_measured                     # step 3 begins
+    assert off._reserve() == 300 + 7
 
 
 def _live_groups(off) -> set[int]:
@@ -317,3 +338,32 @@ def test_allocated_bytes_reads_what_memory_allocated_reads():
     held = torch.empty(3 << 20, device="cuda")
     index = torch.cuda.current_device()
     assert allocated_bytes(index) == torch.cuda.memory_allocated(index) >= held.numel() * 4
+
+
+def test_reserve_window_spans_the_last_layers_backward(lora_model, monkeypatch):
+    """The budget's reserve window (CUDA) stays open through the loss's and the last layer's
+    backward and closes at the first unpack below the last layer; simulated here by opening it
+    by hand after forward."""
+    from hopperlab.memory import activation_offload as ao
+
+    model = twin(lora_model)
+    off = _offload(model, budget_bytes=1 << 40)
+    monkeypatch.setattr(ao.peaks, "window_peak_allocated", lambda device: 0)
+    seen: list[tuple[int, bool, bool]] = []
+    original = off._prefetch_through
+
+    def spy(group):
+        before = off._window_open
+        original(group)
+        seen.append((group, before, off._window_open))
+
+    off._prefetch_through = spy
+    with off:
+        loss = model(**batch(), use_cache=False).loss
+    off._window_open = True
+    loss.backward()
+    last_layer = off._head_group - 1
+    assert any(g >= last_layer for g, _, _ in seen)
+    assert all(after for g, _, after in seen if g >= last_layer)      # open through them
+    closed_at = [g for g, before, after in seen if before and not after]
+    assert len(closed_at) == 1 and closed_at[0] < last_layer

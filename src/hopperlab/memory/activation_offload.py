@@ -35,18 +35,21 @@ How it works (``ActivationOffload``):
 The budget policy (``budget_bytes``): offload only as much as needed to keep the step's peak GPU
 memory under the budget. ``reserve`` is the memory backward needs on top of what forward left
 allocated, at the start of backward (the loss's float32 temporaries, the head's and the last
-layers' gradients): measured on CUDA as the peak between the end of forward and the first reload
-of a decoder layer's group (``hopperlab.memory.peaks``: a window, the run's own peak is kept),
-minus the memory allocated at the end of forward; forward's own peak above its end counts the
-same way (the loss's float32 logits, copies still in flight); the largest seen so far, plus
-``reserve_bytes``. The window ends before the reloads, so what the policy prefetches later in
-backward (up to the budget) does not inflate the next step's reserve. First step (no figures
-yet): every eligible tensor is offloaded, so the budget holds from the start (nothing is known
-of backward's need yet; a capped allocator would fail the step). From the second step, a plan
-in bytes: forward would end with ``allocated at forward end + bytes
-offloaded`` had nothing been offloaded; the excess over ``0.98 x budget - reserve`` is
-offloaded, tensor by tensor from the *first* saved on (the earliest layers: their copies overlap
-the rest of forward and backward needs them last; their reloads are prefetched as soon as they
+layers' gradients): measured on CUDA as the peak between the end of forward and the end of the
+last layer's backward (``hopperlab.memory.peaks``: a window, the run's own peak is kept; with a
+chunked loss the last layer's backward, not the loss, is the larger need), minus the memory
+allocated at the end of forward; forward's own peak above its end counts the same way (the
+loss's float32 logits, copies still in flight); the largest seen so far, plus
+``reserve_bytes``. No layer below the last is reloaded while the window is open, so what the
+policy prefetches in backward (up to the budget) does not inflate the next step's reserve.
+First step (no figures yet): every eligible tensor is offloaded, so the budget holds from the
+start (nothing is known of backward's need yet; a capped allocator would fail the step); the
+reserve it measures (its last layer reloaded in the window: an over-estimate) serves the second
+step only, then the reserves of planned steps. From the second step, a plan in bytes: forward
+would end with ``allocated at forward end + bytes offloaded - bytes still being copied`` had
+nothing been offloaded; the excess over ``0.98 x budget - reserve`` is offloaded, tensor by
+tensor from the *first* saved on (the earliest layers: their copies overlap the rest of forward
+and backward needs them last; their reloads are prefetched as soon as they
 fit under the budget). Past the plan, a tensor is still offloaded if memory passes the budget.
 The first step is slow (a warm-up step). ``budget_bytes=None`` offloads everything eligible.
 
@@ -293,7 +296,10 @@ class ActivationOffload:
         self._order: list[int] = []
         self._inflight: collections.deque[tuple[int, Any, torch.Tensor]] = collections.deque()
         self._seq = 0                             # device->host copies issued
-        self._learned_reserve = 0
+        self._learned_reserve = 0                 # from steps that followed a plan
+        self._warmup_reserve = 0                  # from the first (everything offloaded)
+        self._planned_measured = False            # a planned step has measured its need
+        self._use_planned = False                 # ... and a step has begun since
         self._alloc_at_forward_end: int | None = None
         self._stats = OffloadStats()
         self._pool_allocations_at_start = 0
@@ -357,6 +363,7 @@ class ActivationOffload:
         if self._active:
             raise RuntimeError("ActivationOffload is already active")
         self._close_window()
+        self._use_planned = self._planned_measured   # a whole planned step has been measured
         if self.cuda and self.budget_bytes is not None:
             peaks.start_window(self.device)       # forward's own peak, for the reserve
         self._reap(all_done_ok=False)
@@ -393,8 +400,8 @@ class ActivationOffload:
             self._inflight_at_forward_end = self._inflight_bytes
             if self.budget_bytes is not None:
                 # forward may peak above its end (the loss's logits, copies still in flight)
-                self._learned_reserve = max(self._learned_reserve, peaks.window_peak_allocated(
-                    self.device) - self._alloc_at_forward_end)
+                self._learn_reserve(peaks.window_peak_allocated(self.device)
+                                    - self._alloc_at_forward_end)
                 peaks.start_window(self.device)
                 self._window_open = True
         else:
@@ -419,18 +426,29 @@ class ActivationOffload:
         return self._stats.bytes_kept + self._deciding_bytes
 
     def _reserve(self) -> int:
-        return self._learned_reserve + self.reserve_bytes
+        learned = self._learned_reserve if self._use_planned else self._warmup_reserve
+        return learned + self.reserve_bytes
+
+    def _learn_reserve(self, need: int) -> None:
+        """Keep the largest need seen; what the first step (everything offloaded, a different
+        memory picture) measured serves only until a planned step has measured its own."""
+        if self._plan_bytes is None:
+            self._warmup_reserve = max(self._warmup_reserve, need)
+        else:
+            self._learned_reserve = max(self._learned_reserve, need)
+            self._planned_measured = True
 
     def _close_window(self) -> None:
         """Backward's need at its start, beyond forward's end (CUDA, with a budget): the peak of
-        the window opened at forward's end, closed at the first reload of a layer's group."""
+        the window opened at forward's end, closed when backward is done with the last layer
+        (the loss's temporaries, and the last layer's backward: with a chunked loss that is the
+        larger); no layer further down is reloaded while it is open."""
         if not self._window_open:
             return
         self._window_open = False
         peak = peaks.window_peak_allocated(self.device)
         if self._alloc_at_forward_end is not None:
-            self._learned_reserve = max(self._learned_reserve,
-                                        peak - self._alloc_at_forward_end)
+            self._learn_reserve(peak - self._alloc_at_forward_end)
 
     def _make_plan(self) -> int | None:
         """How many bytes to offload this step, from the last step's figures: the memory at the
@@ -616,6 +634,9 @@ class ActivationOffload:
         ``prefetch_groups`` groups backward will need; with a budget, instead, of the groups that
         fit under it (backward frees memory as it goes). The first unpack in the
         head's group (the loss's backward: the step's peak) starts no copy beyond it."""
+        last_layer = None if self._head_group is None else self._head_group - 1
+        if self._window_open and last_layer is not None and group < last_layer:
+            self._close_window()          # backward is done with the last layer
         at_head = self._head_group is not None and group >= self._head_group
         in_loss = at_head and not self._head_unpacked
         self._head_unpacked = self._head_unpacked or at_head
@@ -627,6 +648,8 @@ class ActivationOffload:
             g = self._pending_groups[0]
             if g < group and g not in window and (in_loss or not self._fits_prefetch(g)):
                 break
+            if self._window_open and last_layer is not None and g < last_layer:
+                break                     # not while the reserve's window is open
             self._pending_groups.pop(0)
             handles = [h for h in (ref() for ref in self._groups.get(g, ())) if h is not None]
             self._copy_back([h for h in handles if h.device_tensor is None])
@@ -640,9 +663,8 @@ class ActivationOffload:
     def _copy_back(self, handles: list[_Offloaded]) -> None:
         if not handles:
             return
-        if self._window_open and (self._head_group is None or
-                                  min(h.group for h in handles) < self._head_group):
-            self._close_window()          # the reserve's window ends before a layer's reload
+        if self._window_open and self._head_group is None:
+            self._close_window()          # no layers marked: the window ends at the first reload
         with nvtx_range(OFFLOAD_PREFETCH):
             # allocated on the compute stream, which uses them: the side stream first waits for
             # what the compute stream did before (earlier users of that memory)
