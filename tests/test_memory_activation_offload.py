@@ -332,7 +332,7 @@ def test_keep_head_keeps_only_what_follows_the_last_layer(lora_model, baseline):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_allocated_bytes_reads_what_memory_allocated_reads():
+def test_cuda_allocated_bytes_reads_what_memory_allocated_reads():
     from hopperlab.memory.activation_offload import allocated_bytes
 
     held = torch.empty(3 << 20, device="cuda")

@@ -29,8 +29,8 @@ class FakeCounters:
 @pytest.fixture()
 def counters(monkeypatch):
     c = FakeCounters()
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: c.peak_allocated)
-    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: c.peak_reserved)
+    monkeypatch.setattr(peaks, "_stat", lambda i, kind, field="peak": (
+        c.peak_allocated if kind == "allocated_bytes" else c.peak_reserved))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", c.reset)
     monkeypatch.setattr(peaks, "_running", {})
     return c
@@ -57,3 +57,13 @@ def test_reset_forgets_earlier_windows(counters):
     counters.set(100, 200)
     peaks.reset(dev)                 # the measured phase starts
     assert peaks.overall(dev) == (100, 200)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_nested_reads_equal_torchs_own():
+    held = torch.empty(5 << 20, device="cuda")
+    i = torch.cuda.current_device()
+    assert peaks._stat(i, "allocated_bytes") == torch.cuda.max_memory_allocated(i)
+    assert peaks._stat(i, "reserved_bytes") == torch.cuda.max_memory_reserved(i)
+    assert peaks._stat(i, "allocated_bytes", "current") == torch.cuda.memory_allocated(i) > 0
+    del held

@@ -42,6 +42,9 @@ allocated at the end of forward; forward's own peak above its end counts the sam
 loss's float32 logits, copies still in flight); the largest seen so far, plus
 ``reserve_bytes``. No layer below the last is reloaded while the window is open, so what the
 policy prefetches in backward (up to the budget) does not inflate the next step's reserve.
+Further down, a reload starts only if it leaves room for the larger of the reserve and the most
+a layer's backward rose above the memory at its start (its gradients and temporaries come
+before it frees what it had saved; measured per layer, a window each).
 First step (no figures yet): every eligible tensor is offloaded, so the budget holds from the
 start (nothing is known of backward's need yet; a capped allocator would fail the step); the
 reserve it measures (its last layer reloaded in the window: an over-estimate) serves the second
@@ -181,6 +184,7 @@ class OffloadStats:
     pool_new_allocations: int = 0     # pinned buffers allocated this step (0 in steady state)
     groups: int = 0                   # layer groups that had offloaded tensors
     reserve_bytes: int = 0            # the budget policy's backward reserve used this step
+    transient_bytes: int = 0          # a layer's backward need above its start (prefetch room)
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -299,6 +303,9 @@ class ActivationOffload:
         self._learned_reserve = 0                 # from steps that followed a plan
         self._warmup_reserve = 0                  # from the first (everything offloaded)
         self._planned_measured = False            # a planned step has measured its need
+        self._layer_window: int | None = None     # the backward group being measured
+        self._layer_window_start = 0
+        self._layer_transient = 0                 # most a layer's backward rose above its start
         self._use_planned = False                 # ... and a step has begun since
         self._alloc_at_forward_end: int | None = None
         self._stats = OffloadStats()
@@ -363,13 +370,15 @@ class ActivationOffload:
         if self._active:
             raise RuntimeError("ActivationOffload is already active")
         self._close_window()
+        self._close_layer_window()
         self._use_planned = self._planned_measured   # a whole planned step has been measured
         if self.cuda and self.budget_bytes is not None:
             peaks.start_window(self.device)       # forward's own peak, for the reserve
         self._reap(all_done_ok=False)
         self._plan_bytes = self._make_plan()
         self._stats = OffloadStats(reserve_bytes=self._reserve(),
-                                   plan_bytes=self._plan_bytes or 0)
+                                   plan_bytes=self._plan_bytes or 0,
+                                   transient_bytes=self._layer_transient)
         self._head_unpacked = False
         self._pool_allocations_at_start = self.pool.allocations
         if self.delegate is not None and hasattr(self.delegate, "reset_stats"):
@@ -637,6 +646,11 @@ class ActivationOffload:
         last_layer = None if self._head_group is None else self._head_group - 1
         if self._window_open and last_layer is not None and group < last_layer:
             self._close_window()          # backward is done with the last layer
+        new_layer = self.cuda and self.budget_bytes is not None and not self._window_open \
+            and group != self._layer_window
+        if new_layer:
+            self._close_layer_window()
+            peaks.start_window(self.device)
         at_head = self._head_group is not None and group >= self._head_group
         in_loss = at_head and not self._head_unpacked
         self._head_unpacked = self._head_unpacked or at_head
@@ -653,12 +667,25 @@ class ActivationOffload:
             self._pending_groups.pop(0)
             handles = [h for h in (ref() for ref in self._groups.get(g, ())) if h is not None]
             self._copy_back([h for h in handles if h.device_tensor is None])
+        if new_layer:     # from here (this call's reloads included) to the next layer's first
+            self._layer_window, self._layer_window_start = group, self._memory_probe()
+
+    def _close_layer_window(self) -> None:
+        """A layer's backward allocates its gradients and temporaries before it frees what it
+        had saved: the most it rose above its start (reloads started later inside it count:
+        an over-estimate) is the room a prefetch must leave."""
+        if self._layer_window is None:
+            return
+        self._layer_window = None
+        self._layer_transient = max(self._layer_transient, peaks.window_peak_allocated(
+            self.device) - self._layer_window_start)
 
     def _fits_prefetch(self, g: int) -> bool:
         if self.budget_bytes is None or not self.cuda:
             return False
         size = sum(h.nbytes for h in (ref() for ref in self._groups.get(g, ())) if h is not None)
-        return self._memory_probe() + size + self._reserve() <= self.budget_bytes
+        room = max(self._reserve(), self._layer_transient + self.reserve_bytes)
+        return self._memory_probe() + size + room <= self.budget_bytes
 
     def _copy_back(self, handles: list[_Offloaded]) -> None:
         if not handles:
