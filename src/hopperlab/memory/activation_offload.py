@@ -303,10 +303,10 @@ class ActivationOffload:
         self._learned_reserve = 0                 # from steps that followed a plan
         self._warmup_reserve = 0                  # from the first (everything offloaded)
         self._planned_measured = False            # a planned step has measured its need
+        self._use_planned = False                 # ... and a step has begun since
         self._layer_window: int | None = None     # the backward group being measured
         self._layer_window_start = 0
         self._layer_transient = 0                 # most a layer's backward rose above its start
-        self._use_planned = False                 # ... and a step has begun since
         self._alloc_at_forward_end: int | None = None
         self._stats = OffloadStats()
         self._pool_allocations_at_start = 0
@@ -370,7 +370,8 @@ class ActivationOffload:
         if self._active:
             raise RuntimeError("ActivationOffload is already active")
         self._close_window()
-        self._close_layer_window()
+        # the lowest layer's window ran on into the optimizer's step: not a layer's need
+        self._layer_window = None
         self._use_planned = self._planned_measured   # a whole planned step has been measured
         if self.cuda and self.budget_bytes is not None:
             peaks.start_window(self.device)       # forward's own peak, for the reserve
