@@ -367,3 +367,29 @@ def test_reserve_window_spans_the_last_layers_backward(lora_model, monkeypatch):
     assert all(after for g, _, after in seen if g >= last_layer)      # open through them
     closed_at = [g for g, before, after in seen if before and not after]
     assert len(closed_at) == 1 and closed_at[0] < last_layer
+
+
+def test_remove_lets_go_of_a_failed_steps_kept_tensors(lora_model):
+    """A step that fails between forward and backward (out of memory) leaves its kept tensors
+    in a cycle with their graph; ``remove`` (the run's clean-up) breaks it."""
+    import gc
+    import weakref
+
+    model = twin(lora_model)
+    off = _offload(model, keep_head=True)
+    held: list = []
+
+    def failing_step():
+        with off:
+            loss = model(**batch(), use_cache=False).loss
+        held.extend(source for _handle, source in off._by_key.values())
+        held.append(weakref.ref(loss))
+        raise RuntimeError("out of memory, say")
+
+    with pytest.raises(RuntimeError):
+        failing_step()
+    gc.collect()
+    assert any(ref() is not None for ref in held)        # the kept ones, in their cycle
+    off.remove()
+    gc.collect()
+    assert all(ref() is None for ref in held)

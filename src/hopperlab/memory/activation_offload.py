@@ -348,10 +348,27 @@ class ActivationOffload:
         return self
 
     def remove(self) -> None:
-        """Take the layer hooks away again."""
+        """Take the layer hooks away again, and let go of what an unfinished step still holds.
+
+        A tensor kept on the device is held by the graph node that saved it, and, being that
+        node's output, holds the node: a cycle through C++ that the garbage collector cannot
+        see into. Backward breaks it; a step that failed before its backward (out of memory)
+        leaves it, and every kept activation with it. So the handles drop their tensors here:
+        backward through such a graph is no longer possible after ``remove``."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if self._d2h is not None:
+            self._d2h.synchronize()       # the copies still reading device tensors are over
+        self._inflight.clear()
+        self._inflight_bytes = 0
+        for ref, _source in list(self._by_key.values()):
+            handle = ref()
+            if isinstance(handle, _Kept):
+                handle.tensor = None
+            elif isinstance(handle, _Offloaded):
+                handle.device_tensor = None
+        self._by_key = {}
 
     def _make_enter(self, group: int) -> Callable[..., None]:
         def hook(_module: nn.Module, _args: Any) -> None:
