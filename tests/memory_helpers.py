@@ -54,6 +54,13 @@ def step(model: nn.Module, data: dict[str, torch.Tensor],
     return loss.detach(), grads
 
 
+def bf16_autocast_step(model: nn.Module, data: dict[str, torch.Tensor],
+                       device_type: str = "cpu") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``step`` with forward and backward under ``torch.autocast(device_type, bfloat16)``."""
+    with torch.autocast(device_type, dtype=torch.bfloat16):
+        return step(model, data)
+
+
 def twin(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
 

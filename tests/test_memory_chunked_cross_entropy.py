@@ -15,7 +15,8 @@ from hopperlab.memory._layers import decoder_layers  # noqa: E402
 from hopperlab.memory.activation_offload import ActivationOffload  # noqa: E402
 from hopperlab.memory import recompute_elementwise as rec  # noqa: E402
 
-from .memory_helpers import batch, step, tiny_lora_llama, twin  # noqa: E402
+from .memory_helpers import (batch, bf16_autocast_step, step, tiny_lora_llama,  # noqa: E402
+                             twin)
 
 
 def _assert_close(a, b, rtol=1e-5, atol=1e-7) -> None:
@@ -66,17 +67,12 @@ def test_num_items_in_batch_divides_the_sum():
 
 def test_bf16_autocast_within_bf16_rounding():
     model = tiny_lora_llama(layers=2).to(torch.bfloat16)
-
-    def run(m):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return step(m, batch())
-
-    base = run(model)
+    base = bf16_autocast_step(model, batch())
     chunked_model = twin(model)
     cce.apply(chunked_model, 8)
     # the stock path rounds the logits to bf16 before its float32 softmax, and so do we; the
     # summation order of the loss differs (float32), the gradients go through the same bf16 casts
-    _assert_close(base, run(chunked_model), rtol=2e-2, atol=1e-3)
+    _assert_close(base, bf16_autocast_step(chunked_model, batch()), rtol=2e-2, atol=1e-3)
 
 
 def test_with_activation_offload_and_recompute():
@@ -151,12 +147,7 @@ def test_cuda_bf16_autocast_within_bf16_tolerance():
     transformers' loss to bf16 rounding."""
     model = tiny_lora_llama(layers=2).to("cuda", torch.bfloat16)
     data = {k: v.cuda() for k, v in batch(b=4, s=32).items()}
-
-    def run(m):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            return step(m, data)
-
-    base = run(model)
+    base = bf16_autocast_step(model, data, "cuda")
     chunked_model = twin(model)
     cce.apply(chunked_model, 16)
-    _assert_close(base, run(chunked_model), rtol=2e-2, atol=1e-3)
+    _assert_close(base, bf16_autocast_step(chunked_model, data, "cuda"), rtol=2e-2, atol=1e-3)

@@ -15,7 +15,8 @@ from hopperlab.memory._layers import decoder_layers  # noqa: E402
 from hopperlab.memory.activation_offload import ActivationOffload  # noqa: E402
 from hopperlab.memory.checkpointing import checkpoint_layers  # noqa: E402
 
-from .memory_helpers import assert_exact, batch, step, tiny_lora_llama, twin  # noqa: E402
+from .memory_helpers import (assert_exact, batch, bf16_autocast_step, step,  # noqa: E402
+                             tiny_lora_llama, twin)
 
 
 def _saved_bytes(model, data) -> tuple[int, list[torch.dtype]]:
@@ -71,15 +72,10 @@ def test_float32_gradients_equal_up_to_summation_order():
 
 def test_exact_under_bf16_autocast():
     model = tiny_lora_llama(layers=2).to(torch.bfloat16)
-
-    def run(m):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return step(m, batch())
-
-    base = run(model)
+    base = bf16_autocast_step(model, batch())
     lean = twin(model)
     rec.apply(lean)
-    assert_exact(base, run(lean))
+    assert_exact(base, bf16_autocast_step(lean, batch()))
 
 
 def test_saves_fewer_bytes_and_no_float32_norm_copies():
