@@ -332,12 +332,12 @@ def test_keep_head_keeps_only_what_follows_the_last_layer(lora_model, baseline):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_allocated_bytes_reads_what_memory_allocated_reads():
-    from hopperlab.memory.activation_offload import allocated_bytes
+def test_cuda_allocated_now_reads_what_memory_allocated_reads():
+    from hopperlab.memory.peaks import allocated_now
 
     held = torch.empty(3 << 20, device="cuda")
     index = torch.cuda.current_device()
-    assert allocated_bytes(index) == torch.cuda.memory_allocated(index) >= held.numel() * 4
+    assert allocated_now(index) == torch.cuda.memory_allocated(index) >= held.numel() * 4
 
 
 def test_reserve_window_spans_the_last_layers_backward(lora_model, monkeypatch):

@@ -139,18 +139,6 @@ class PinnedBufferPool:
         self._free.clear()      # unregistered as they are garbage-collected (pinned_empty)
 
 
-def allocated_bytes(index: int) -> int:
-    """Bytes the caching allocator has handed out on CUDA device ``index`` now.
-
-    ``torch.cuda.memory_allocated`` flattens all of the allocator's statistics into a new dict
-    on every call; the budget policy asks on most saved tensors and unpacks of a step, so it
-    reads the one figure from the nested statistics instead (a fraction of the host time)."""
-    nested = getattr(torch._C, "_cuda_memoryStats", None)
-    if nested is None:
-        return torch.cuda.memory_allocated(index)
-    return int(nested(index)["allocated_bytes"]["all"]["current"])
-
-
 def pinned_empty(nbytes: int) -> torch.Tensor:
     """``nbytes`` of page-locked host memory (uint8), exactly: plain host memory registered with
     ``cudaHostRegister``, unregistered when the tensor is garbage-collected."""
@@ -245,7 +233,7 @@ class ActivationOffload:
             weight views are handed to it rather than offloaded (only one pair of saved-tensor hooks
             is active at a time, so this context carries both).
         memory_probe: bytes currently allocated on the device, for the budget policy; default
-            ``allocated_bytes`` (CUDA: ``torch.cuda.memory_allocated``, read cheaply) or the
+            ``peaks.allocated_now`` (CUDA: ``torch.cuda.memory_allocated``, read cheaply) or the
             saved bytes kept this step (CPU).
 
     Example::
@@ -421,7 +409,7 @@ class ActivationOffload:
         self._last_eligible_bytes = self._eligible_bytes
         self._last_offloaded = self._stats.bytes_offloaded
         if self.cuda:
-            self._alloc_at_forward_end = allocated_bytes(self.device.index)
+            self._alloc_at_forward_end = peaks.allocated_now(self.device)
             # offloaded, yet still allocated (held until their copies are seen to be over):
             # counted in both figures
             self._inflight_at_forward_end = self._inflight_bytes
@@ -445,7 +433,7 @@ class ActivationOffload:
 
     # -------------------------------------------------------------- budget policy
     def _cuda_allocated(self) -> int:
-        return allocated_bytes(self.device.index)
+        return peaks.allocated_now(self.device)
 
     def _kept_bytes(self) -> int:
         # the CPU stand-in for memory_allocated(): what this step kept, plus the tensor being
@@ -672,10 +660,9 @@ class ActivationOffload:
         at_head = self._head_group is not None and group >= self._head_group
         in_loss = at_head and not self._head_unpacked
         self._head_unpacked = self._head_unpacked or at_head
-        later = [g for g in self._order if g < group]
         # under a budget every prefetch must fit; without, the window is fixed
         window = set() if in_loss or self.budget_bytes is not None \
-            else set(later[:self.prefetch_groups])
+            else set([g for g in self._order if g < group][:self.prefetch_groups])
         while self._pending_groups:
             g = self._pending_groups[0]
             if g < group and g not in window and (in_loss or not self._fits_prefetch(g)):

@@ -1,11 +1,13 @@
 """Peak GPU memory of a window inside a step, without losing the run's overall peak.
 
 PyTorch keeps one peak counter per device (``max_memory_allocated``), reset by
-``reset_peak_memory_stats``. The activation offload's budget policy needs the peak of one part
-of a step (from the end of forward to the first reload: the loss's backward); the run reports
-the peak over all its measured steps. ``start_window`` folds the counter into a running maximum
-before it resets it, and ``overall`` gives back the maximum of both: whoever resets through this
-module never hides a peak from the run's figure.
+``reset_peak_memory_stats``. The activation offload's budget policy needs the peak of parts of
+a step (forward; from the end of forward to the end of the last layer's backward; each further
+layer's backward); the run reports the peak over all its measured steps. ``start_window`` folds
+the counter into a running maximum before it resets it, and ``overall`` gives back the maximum
+of both: whoever resets through this module never hides a peak from the run's figure.
+``allocated_now`` is the current figure, read as cheaply as these (the policy asks for it on
+most saved tensors of a step).
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ def _stat(i: int, kind: str, field: str = "peak") -> int:
     if nested is None:
         return int(torch.cuda.memory_stats(i).get(f"{kind}.all.{field}", 0))
     return int(nested(i)[kind]["all"][field])
+
+
+def allocated_now(device: Any) -> int:
+    """Bytes the caching allocator has handed out on ``device`` now
+    (``torch.cuda.memory_allocated``)."""
+    return _stat(_index(device), "allocated_bytes", "current")
 
 
 def _index(device: Any) -> int:
