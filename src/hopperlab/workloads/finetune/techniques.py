@@ -110,13 +110,14 @@ class Techniques:
         """Route allocations through cudaMallocManaged (knob memory: managed), capped at the
         GPU's free memory, or give the caching allocator expandable segments. Without CUDA:
         the cap policy only (tagged), training on the host."""
-        if self.params.expandable_segments:
-            if self.knobs.memory == "managed":
-                raise ValueError("expandable_segments: not with memory: managed (the managed "
-                                 "allocator replaces the caching allocator)")
-            if self.cuda:
-                _allocator_settings("expandable_segments:True")
-                self._expandable = True
+        if self.knobs.memory == "managed":
+            for name in ("expandable_segments", "offload_budget_caps_allocator"):
+                if getattr(self.params, name):
+                    raise ValueError(f"{name}: not with memory: managed (the managed allocator "
+                                     f"replaces the caching allocator)")
+        if self.params.expandable_segments and self.cuda:
+            _allocator_settings("expandable_segments:True")
+            self._expandable = True
         if self.knobs.memory != "managed":
             return
         managed = _memory("managed_allocator")
@@ -193,10 +194,8 @@ class Techniques:
 
     def _cap_allocator(self, budget: int) -> None:
         """The caching allocator may reserve at most ``budget`` bytes (the budget policy keeps
-        allocated memory under it; this keeps what the allocator holds under it too)."""
-        if self.knobs.memory == "managed":
-            raise ValueError("offload_budget_caps_allocator: not with memory: managed (the "
-                             "managed allocator replaces the caching allocator)")
+        allocated memory under it; this keeps what the allocator holds under it too; refused
+        with memory: managed in ``before_cuda``)."""
         if not self.cuda:
             self.tags["finetune.allocator_cap"] = "none: no CUDA device"
             return
