@@ -220,6 +220,12 @@ def suite_lora7b(out: Path, args: argparse.Namespace) -> None:
     run_variant(out, "lora7b", "save-on-cpu-recompute", "7b",
                 replace(lean, activation_offload="save_on_cpu", measured_steps=3),
                 Knobs(offload="activations"))
+    # the technique's own cost, the host link taken out: the copies go to GPU memory
+    # (offload_staging: device), and the hooks with nothing offloaded (min_bytes above all)
+    run_variant(out, "lora7b", "offload-activations-recompute-device-staging", "7b",
+                replace(lean, offload_staging="device"), Knobs(offload="activations"))
+    run_variant(out, "lora7b", "offload-hooks-only-recompute", "7b",
+                replace(lean, offload_min_bytes=1 << 62), Knobs(offload="activations"))
     run_variant(out, "lora7b", "offload-keep-last-1-recompute", "7b",
                 replace(lean, offload_keep_last_layers=1), Knobs(offload="activations"))
     for mib in (1024, 256):     # how far the copies may lag forward

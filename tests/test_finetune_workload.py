@@ -144,6 +144,20 @@ def test_allocator_cap_without_cuda_is_tagged_and_refused_with_managed(assets, t
         run_it(assets, tmp_path / "m", capped, offload="activations", memory="managed")
 
 
+def test_offload_staging_is_checked_and_refused_under_a_budget():
+    with pytest.raises(ValueError, match="offload_staging: expected one of host, device"):
+        replace(SMOKE, offload_staging="disk")
+    with pytest.raises(ValueError, match="offload_staging: device keeps the copies in GPU"):
+        replace(SMOKE, offload_staging="device", offload_budget_gib=40.0)
+
+
+def test_device_staging_runs_and_is_tagged_as_a_diagnostic(assets, tmp_path):
+    rec = run_it(assets, tmp_path, replace(SMOKE, offload_staging="device", measured_steps=2),
+                 offload="activations")
+    assert "staging on the device: a diagnostic" in rec.tags["finetune.activation_offload"]
+    assert rec.metrics["bytes_to_host_per_step"] > 0
+
+
 def test_loss_chunk_tokens_must_be_positive():
     with pytest.raises(ValueError, match="loss_chunk_tokens: expected a whole number"):
         replace(SMOKE, loss_chunk_tokens=0)

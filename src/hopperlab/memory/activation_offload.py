@@ -59,6 +59,13 @@ The first step is slow (a warm-up step). ``budget_bytes=None`` offloads everythi
 The same tensor saved by several consumers (the input of the q/k/v adapters, say) is copied
 once; its host copy serves every consumer.
 
+``staging="device"`` is a diagnostic: the copies go to buffers in GPU memory instead of pinned
+host memory, every hook, event and stream as usual. It takes the host link out of the picture
+and leaves the technique's own cost (hooks, events, the copies' share of HBM): on a machine
+whose link is fast enough to hide the copies (Grace Hopper's NVLink-C2C), a step could come no
+closer to the baseline's than this. Its buffers take GPU memory, so it saves none and is not
+allowed with a budget.
+
 Without CUDA the same code runs its bookkeeping on the host (host->host copies, no streams or
 events, a memory probe that counts the saved bytes kept): CI tests the logic and the exactness of
 the gradients.
@@ -85,6 +92,8 @@ DEFAULT_MIN_BYTES = 1 << 20
 #: the budget plan aims this fraction of the budget below it (the allocator's rounding, what
 #: the reserve's window did not see)
 PLAN_MARGIN = 0.02
+#: where offloaded copies live: pinned host memory, or GPU memory (a diagnostic, see above)
+STAGINGS = ("host", "device")
 
 
 class SavedTensorDelegate(Protocol):
@@ -102,13 +111,17 @@ class PinnedBufferPool:
 
     ``acquire`` returns a free buffer of that size or allocates one; ``release`` gives it back.
     With ``pin=True`` the memory is page-locked with ``cudaHostRegister`` (exact size), so
-    device<->host copies from and to it are asynchronous DMA. Counters: ``allocated_bytes``
+    device<->host copies from and to it are asynchronous DMA. With ``device`` set the buffers
+    are GPU memory instead (the ``staging="device"`` diagnostic). Counters: ``allocated_bytes``
     (all buffers ever made and not freed), ``allocations`` (how many were made: a steady-state step
     must not increase it), ``in_use_bytes``.
     """
 
-    def __init__(self, pin: bool):
+    def __init__(self, pin: bool, device: torch.device | None = None):
+        if pin and device is not None:
+            raise ValueError("PinnedBufferPool: pin is for host buffers; device buffers need none")
         self.pin = pin
+        self.device = device
         self._free: dict[int, list[torch.Tensor]] = collections.defaultdict(list)
         self.allocated_bytes = 0
         self.allocations = 0
@@ -119,7 +132,12 @@ class PinnedBufferPool:
         if free:
             buf = free.pop()
         else:
-            buf = pinned_empty(nbytes) if self.pin else torch.empty(nbytes, dtype=torch.uint8)
+            if self.device is not None:
+                buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            elif self.pin:
+                buf = pinned_empty(nbytes)
+            else:
+                buf = torch.empty(nbytes, dtype=torch.uint8)
             self.allocated_bytes += nbytes
             self.allocations += 1
         self.in_use_bytes += nbytes
@@ -232,6 +250,9 @@ class ActivationOffload:
         parameter_offload: a ``ParameterOffload`` (or any ``SavedTensorDelegate``) whose saved
             weight views are handed to it rather than offloaded (only one pair of saved-tensor hooks
             is active at a time, so this context carries both).
+        staging: ``"host"`` (pinned host buffers: the technique) or ``"device"`` (buffers in GPU
+            memory: a diagnostic that takes the host link out and measures the technique's own
+            cost; saves no memory, so not with ``budget_bytes``).
         memory_probe: bytes currently allocated on the device, for the budget policy; default
             ``peaks.allocated_now`` (CUDA: ``torch.cuda.memory_allocated``, read cheaply) or the
             saved bytes kept this step (CPU).
@@ -251,16 +272,23 @@ class ActivationOffload:
                  max_inflight_bytes: int = 1 << 30, keep_last_layers: int = 0,
                  keep_head: bool = False,
                  parameter_offload: "ParameterOffload | SavedTensorDelegate | None" = None,
+                 staging: str = "host",
                  memory_probe: Callable[[], int] | None = None):
         if min_bytes < 0 or prefetch_groups < 0 or reserve_bytes < 0 or keep_last_layers < 0:
             raise ValueError("min_bytes, prefetch_groups, reserve_bytes and keep_last_layers "
                              "must be >= 0")
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError("budget_bytes must be positive (or None: offload everything)")
+        if staging not in STAGINGS:
+            raise ValueError(f"staging: expected one of {', '.join(STAGINGS)}, got {staging!r}")
+        if staging == "device" and budget_bytes is not None:
+            raise ValueError("staging='device' keeps the copies in GPU memory (a diagnostic of "
+                             "the technique's own cost): a budget cannot hold with it")
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         if self.cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        self.staging = staging
         self.min_bytes = min_bytes
         self.budget_bytes = budget_bytes
         self.reserve_bytes = reserve_bytes
@@ -270,7 +298,9 @@ class ActivationOffload:
         self.keep_head = keep_head
         self._first_kept_group: int | None = None   # set by wrap_layers
         self.delegate = parameter_offload
-        self.pool = PinnedBufferPool(pin=self.cuda)
+        on_device = staging == "device" and self.cuda
+        self.pool = PinnedBufferPool(pin=self.cuda and not on_device,
+                                     device=self.device if on_device else None)
         # one stream each way: in backward, reloads need not queue behind offloads still running
         self._d2h = torch.cuda.Stream(self.device) if self.cuda else None
         self._h2d = torch.cuda.Stream(self.device) if self.cuda else None

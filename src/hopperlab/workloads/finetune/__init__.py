@@ -32,6 +32,7 @@ DATA_SOURCES = ("prepared", "tokenize", "synthetic")
 ACTIVATION_OFFLOADS = ("async", "save_on_cpu")
 DTYPES = ("bfloat16", "float32")
 MANAGED_ADVICE = ("none", "preferred_device", "accessed_by", "both")
+OFFLOAD_STAGINGS = ("host", "device")
 
 #: The figures the report charts for every finetune run.
 HEADLINE_METRICS: tuple[str, ...] = (
@@ -91,6 +92,10 @@ class FinetuneParams:
     offload_keep_head: bool = False
     #: device->host copies may lag forward by this many MiB before forward waits for them
     offload_max_inflight_mib: int = 1024
+    #: where the async offload's copies go: "host" (pinned host memory: the technique) or
+    #: "device" (GPU memory: a diagnostic that takes the host link out of the step and leaves
+    #: the technique's own cost; it saves no memory and is not allowed with a budget)
+    offload_staging: str = "host"
     #: activation checkpointing of each decoder layer (combinable with offload)
     checkpointing: bool = False
     #: Llama's RMSNorms and SiLU product recomputed in backward, saving 23% of a layer's
@@ -124,7 +129,8 @@ class FinetuneParams:
     def __post_init__(self) -> None:
         choices = {"backend": BACKENDS, "method": METHODS, "weights": WEIGHTS,
                    "data": DATA_SOURCES, "activation_offload": ACTIVATION_OFFLOADS,
-                   "dtype": DTYPES, "managed_advise": MANAGED_ADVICE}
+                   "dtype": DTYPES, "managed_advise": MANAGED_ADVICE,
+                   "offload_staging": OFFLOAD_STAGINGS}
         for name, allowed in choices.items():
             value = getattr(self, name)
             if value not in allowed:
@@ -152,6 +158,9 @@ class FinetuneParams:
         if self.offload_budget_gib is not None and self.offload_budget_gib <= 0:
             raise ValueError(f"offload_budget_gib: expected > 0 GiB, got "
                              f"{self.offload_budget_gib!r}")
+        if self.offload_staging == "device" and self.offload_budget_gib is not None:
+            raise ValueError("offload_staging: device keeps the copies in GPU memory (a "
+                             "diagnostic); it cannot be combined with offload_budget_gib")
         if self.offload_budget_caps_allocator and self.offload_budget_gib is None:
             raise ValueError("offload_budget_caps_allocator: needs offload_budget_gib (the cap "
                              "is the budget)")

@@ -90,6 +90,8 @@ class Techniques:
             act = p.activation_offload
             if p.activation_offload == "async" and p.offload_budget_gib is not None:
                 act += f"(budget {p.offload_budget_gib:g} GiB)"
+            if p.activation_offload == "async" and p.offload_staging == "device":
+                act += "(staging on the device: a diagnostic, no memory saved)"
         return {"finetune.activation_offload": act,
                 "finetune.parameter_offload": (f"resident {p.resident_layers}, prefetch "
                                                f"{p.prefetch_layers}")
@@ -186,7 +188,7 @@ class Techniques:
                 self.device, min_bytes=p.offload_min_bytes, budget_bytes=budget,
                 keep_last_layers=p.offload_keep_last_layers, keep_head=p.offload_keep_head,
                 max_inflight_bytes=p.offload_max_inflight_mib << 20,
-                parameter_offload=self._param_offload)
+                parameter_offload=self._param_offload, staging=p.offload_staging)
             self._offload.wrap_layers(layers).track_parameters(model)
             if p.offload_budget_caps_allocator:
                 self._cap_allocator(budget)
