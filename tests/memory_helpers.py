@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -79,3 +79,33 @@ def architecture_dir(folder: Path, config: dict) -> Path:
     """A model folder holding only ``config.json``: what ``weights: random`` builds from."""
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def storages_left_by_a_failed_step(model: nn.Module, context: Any, pack_owner: Any) -> int:
+    """Run forward inside ``context`` and fail before backward, as an out-of-memory error would;
+    drop every reference the caller had and collect. How many storages of activations (saved
+    tensors with a ``grad_fn``, not views of a weight) are still alive: 0 unless the saved-tensor hooks closed a
+    reference cycle that the garbage collector cannot break."""
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    seen: list[StorageWeakRef] = []
+    pack = pack_owner._pack
+    weights = {q.untyped_storage().data_ptr() for q in model.parameters()}
+
+    def spy(t: torch.Tensor) -> Any:
+        if t.grad_fn is not None and t.untyped_storage().data_ptr() not in weights:
+            seen.append(StorageWeakRef(t.untyped_storage()))
+        return pack(t)
+
+    pack_owner._pack = spy
+    try:
+        with context:
+            loss = model(**batch(), use_cache=False).loss
+        del loss                                 # the step fails here, before backward
+    finally:
+        del pack_owner._pack                     # the bound method again
+    gc.collect()
+    assert seen, "nothing was saved"
+    return sum(not ref.expired() for ref in seen)

@@ -15,7 +15,8 @@ from hopperlab.memory.activation_offload import ActivationOffload  # noqa: E402
 from hopperlab.memory.checkpointing import checkpoint_layers  # noqa: E402
 from hopperlab.memory.parameter_offload import ParameterOffload  # noqa: E402
 
-from .memory_helpers import assert_exact, batch, step, tiny_lora_llama, twin  # noqa: E402
+from .memory_helpers import (  # noqa: E402
+    assert_exact, batch, step, storages_left_by_a_failed_step, tiny_lora_llama, twin)
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +111,11 @@ def test_remove_restores_weights(lora_model, baseline):
 def test_refuses_bad_arguments(lora_model):
     with pytest.raises(ValueError):
         ParameterOffload(decoder_layers(twin(lora_model)), "cpu", prefetch=0)
+
+
+def test_a_failed_step_leaves_no_activation_behind(lora_model):
+    """Alone, the parameter offload's hooks pass every activation through: as detached aliases,
+    so a step that fails before backward leaves no reference cycle holding them."""
+    model = twin(lora_model)
+    po = ParameterOffload(decoder_layers(model), "cpu", resident_layers=1, prefetch=1)
+    assert storages_left_by_a_failed_step(model, po, po) == 0

@@ -366,13 +366,11 @@ class ActivationOffload:
         return self
 
     def remove(self) -> None:
-        """Take the layer hooks away again, and let go of what an unfinished step still holds.
-
-        A tensor kept on the device is held by the graph node that saved it, and, being that
-        node's output, holds the node: a cycle through C++ that the garbage collector cannot
-        see into. Backward breaks it; a step that failed before its backward (out of memory)
-        leaves it, and every kept activation with it. So the handles drop their tensors here:
-        backward through such a graph is no longer possible after ``remove``."""
+        """Take the layer hooks away again, and let go of what an unfinished step still holds:
+        the handles drop their device tensors (kept aliases, prefetched reloads), so backward
+        through such a graph is no longer possible after ``remove``. (The handles close no
+        reference cycle with the graph, see ``_Kept``: a failed step's activations go with its
+        graph anyway; this frees them even while something still holds the graph.)"""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -540,7 +538,7 @@ class ActivationOffload:
         nbytes = t.numel() * t.element_size()
         if nbytes < self.min_bytes or not self._eligible_device(t) or not _dense(t):
             self._keep(nbytes)
-            return t
+            return t.detach()     # not t itself: see _Kept
         if self._is_parameter(t):
             self._stats.parameters_skipped += 1
             return t
@@ -589,7 +587,7 @@ class ActivationOffload:
     def _kept(self, key: tuple, t: torch.Tensor) -> "_Kept":
         """A tensor left on the device; saved again by another consumer, it is counted once
         (one allocation, as on the device)."""
-        kept = _Kept(t, self._group)
+        kept = _Kept(t.detach(), self._group)
         self._by_key[key] = (weakref.ref(kept), weakref.ref(t))
         return kept
 
@@ -763,7 +761,13 @@ class ActivationOffload:
 
 class _Kept:
     """A saved tensor left on the device, with the group it was saved in: its unpack starts the
-    prefetch of the groups backward needs next."""
+    prefetch of the groups backward needs next.
+
+    It holds a detached alias, not the saved tensor: a tensor saved by the node that produced it
+    (exp, softmax, ...) refers to that node through its ``grad_fn``, so holding the tensor itself
+    would close a cycle through C++ that the garbage collector cannot see; a step that never runs
+    its backward (it failed) would keep its activations for good. Autograd rebuilds the
+    gradient edges at unpack from what it recorded, so the alias is all backward needs."""
 
     __slots__ = ("tensor", "group", "__weakref__")
 

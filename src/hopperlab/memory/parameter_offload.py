@@ -280,7 +280,9 @@ class ParameterOffload:
 
     def _pack(self, t: torch.Tensor) -> Any:
         ref = self.try_pack(t)
-        return t if ref is None else ref
+        # anything else as a detached alias: the tensor itself would close a reference cycle
+        # with the node that produced it (activation_offload._Kept says more)
+        return t.detach() if ref is None else ref
 
     def _unpack(self, packed: Any) -> torch.Tensor:
         return self.unpack(packed) if isinstance(packed, _WeightRef) else packed
