@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import multiprocessing as mp
 import shutil
@@ -144,6 +145,23 @@ def test_upload_contents(mlflow_uri, tmp_path):
     info = json.loads((run_dir / MLFLOW_FILE).read_text())
     assert info == {"attempt": 1, "run_id": run_id, "experiment_id": experiment.experiment_id,
                     "tracking_uri": mlflow_uri}
+
+
+def test_final_metric_is_the_latest_value_of_its_step_metric(mlflow_uri, tmp_path):
+    """tokens_per_s is logged each step and once as the run's figure (the median): MLflow's
+    latest value, what its UI shows, must be the run's figure, also when the run finished
+    within the second of its last step (finished_at has whole seconds)."""
+    run_dir = make_run(tmp_path, f"finetune-{uid()}", "lora", "base",
+                       step_metrics=("tokens_per_s",), final={"tokens_per_s": 123.0})
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    record = json.loads((run_dir / "record.json").read_text())
+    finished = datetime.datetime.fromisoformat(record["finished_at"]).timestamp()
+    assert finished <= steps[-1]["time"] + 1        # the case of the bug: the same second
+    run_id = tracking.upload_run(run_dir, mlflow_uri)
+    client = mlflow.MlflowClient(mlflow_uri)
+    assert client.get_run(run_id).data.metrics["tokens_per_s"] == pytest.approx(123.0)
+    hist = client.get_metric_history(run_id, "tokens_per_s")
+    assert sorted(m.value for m in hist) == sorted([10.0 * i for i in range(5)] + [123.0])
 
 
 def test_failed_run(mlflow_uri, tmp_path):

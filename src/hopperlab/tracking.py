@@ -539,6 +539,7 @@ def _metrics(run: _Run) -> list:
 
     out = []
     last_step: dict[str, int] = {}
+    last_ts = 0
     for line in read_steps(run.run_dir):
         try:
             step = int(line.get("step", 0))
@@ -546,14 +547,19 @@ def _metrics(run: _Run) -> list:
             values = line.get("metrics") or {}
         except (TypeError, ValueError, AttributeError):
             continue
+        last_ts = max(last_ts, ts)
         for name, value in values.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             out.append(Metric(safe_key(name), float(value), ts, step))
             last_step[name] = max(step, last_step.get(name, step))
-    # Final metrics: at the last step of a same-named step metric (so MLflow's "latest value"
-    # is the final one), else at step 0; timestamped when the run finished.
+    # Final metrics: at the last step of a same-named step metric, else at step 0; timestamped
+    # when the run finished, and after every step: at equal steps MLflow's "latest value" (what
+    # its UI shows) is the later one, and finished_at has whole seconds only, so the last step,
+    # logged within that second, would otherwise win (tokens_per_s: the last step's rate
+    # instead of the median).
     finished = _ms(run.record.get("finished_at")) or int(time.time() * 1000)
+    finished = max(finished, last_ts + 1)
     for name, value in (run.record.get("metrics") or {}).items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
