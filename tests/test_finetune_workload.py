@@ -15,9 +15,9 @@ from hopperlab.assets import materialize
 from hopperlab.record import Recorder, SkipRun, read_steps
 from hopperlab.spec import load_matrix
 from hopperlab.workloads.finetune import FAMILY, FinetuneParams
-from hopperlab.workloads.finetune.metrics import flops_per_token, percentile
+from hopperlab.workloads.finetune.metrics import flops_per_token, link_floors, percentile
 from hopperlab.workloads.finetune.model import ModelCounts
-from hopperlab.workloads.finetune.techniques import Knobs
+from hopperlab.workloads.finetune.techniques import Knobs, Techniques
 from hopperlab.workloads.finetune.workload import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,6 +210,34 @@ def test_flop_formula():
     assert flops_per_token(c, 16, "full") == 6 * 1000 + 12 * 2 * 8 * 16
     assert flops_per_token(c, 16, "lora") == 4 * 900 + 6 * 100 + 12 * 2 * 8 * 16
     assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 90) == 5
+
+
+def test_link_floors_of_an_offload_step():
+    # the fourth series' offload of everything: 34.1 GB out, the same back, 1.247 s a step
+    final = {"bytes_to_host_per_step": 34.1e9, "bytes_from_host_per_step": 34.1e9,
+             "step_time_p50_s": 1.247}
+    f = link_floors(final, h2d_gbps=55.0, d2h_gbps=55.0, two_phase=True)
+    assert f["link_floor_s"] == pytest.approx(0.62)
+    assert f["link_two_phase_s"] == pytest.approx(1.24)
+    assert f["step_over_link_floor"] == pytest.approx(1.247 / 0.62)
+    assert f["step_over_link_two_phase"] == pytest.approx(1.247 / 1.24)
+    assert f["link_h2d_gbps"] == f["link_d2h_gbps"] == 55.0
+    # parameter streaming: host -> device only, the slower direction decides
+    streamed = {"bytes_to_host_per_step": 0.0, "bytes_from_host_per_step": 130.06e9,
+                "step_time_p50_s": 2.433}
+    g = link_floors(streamed, h2d_gbps=55.4, d2h_gbps=60.0, two_phase=False)
+    assert g["link_floor_s"] == pytest.approx(130.06 / 55.4)
+    assert "link_two_phase_s" not in g and "step_over_link_two_phase" not in g
+    assert g["step_over_link_floor"] == pytest.approx(2.433 / (130.06 / 55.4))
+
+
+def test_the_host_link_is_judged_only_where_bytes_are_counted():
+    def tech(offload, **kw):
+        return Techniques(Knobs(offload=offload), replace(SMOKE, **kw), "cpu", cuda=False)
+    assert tech("activations").uses_host_link and tech("parameters").uses_host_link
+    assert not tech("activations", activation_offload="save_on_cpu").uses_host_link
+    assert not tech("activations", offload_staging="device").uses_host_link
+    assert not tech("none").uses_host_link
 
 
 @pytest.mark.parametrize("bad", [{"method": "qlora"}, {"lora_rank": 0}, {"measured_steps": 1},

@@ -26,6 +26,8 @@ from typing import Any, Sequence
 
 from hopperlab.workloads.finetune.model import ModelCounts
 
+GB = 1e9
+
 GIB = float(1 << 30)
 #: the final loss is the mean of the last few measured steps' losses (one batch is noisy)
 FINAL_LOSS_STEPS = 3
@@ -111,6 +113,33 @@ def summarize(steps: Sequence[StepRecord], *, flops_token: float,
     }
     if peak:
         out["mfu"] = flops_token * statistics.median(rates) / peak
+    return out
+
+
+def link_floors(final: dict[str, float], h2d_gbps: float, d2h_gbps: float, *,
+                two_phase: bool) -> dict[str, float]:
+    """What the host link allows a step whose techniques move ``bytes_to_host_per_step`` and
+    ``bytes_from_host_per_step`` (GB/s measured on the node, pinned):
+
+    * ``link_floor_s``: the larger direction at its rate: no step that moves these bytes can be
+      shorter (the offload's floor of docs/benchmarks/finetune.md is the larger of this and the
+      baseline's step, which is another run's figure);
+    * ``link_two_phase_s`` (``two_phase``: activation offload alone, whose bytes leave in
+      forward and come back in backward, one direction at a time): the two directions' times
+      added;
+    * ``step_over_link_floor`` / ``step_over_link_two_phase``: the median step against them
+      (near 1: the step is the link's).
+    """
+    out_s = final.get("bytes_to_host_per_step", 0.0) / (d2h_gbps * GB)
+    in_s = final.get("bytes_from_host_per_step", 0.0) / (h2d_gbps * GB)
+    out = {"link_h2d_gbps": h2d_gbps, "link_d2h_gbps": d2h_gbps,
+           "link_floor_s": max(out_s, in_s)}
+    if two_phase:
+        out["link_two_phase_s"] = out_s + in_s
+    step = final.get("step_time_p50_s", 0.0)
+    for name in ("link_floor_s", "link_two_phase_s"):
+        if out.get(name, 0.0) > 0 and step > 0:
+            out["step_over_" + name[:-2]] = step / out[name]
     return out
 
 

@@ -80,6 +80,16 @@ class Techniques:
         return self.knobs.offload in ("parameters", "both")
 
     @property
+    def uses_host_link(self) -> bool:
+        """The run's techniques move bytes over the host link and count them (the async
+        activation offload into host memory, the parameter offload): its link floors apply.
+        save_on_cpu, PyTorch's, counts none."""
+        p = self.params
+        return self.offloads_parameters or (
+            self.offloads_activations and p.activation_offload == "async"
+            and p.offload_staging == "host")
+
+    @property
     def compiles(self) -> bool:
         return self.params.compile or self.knobs.precision == "fp8"
 

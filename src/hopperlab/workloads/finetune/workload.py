@@ -40,6 +40,16 @@ def use_cuda(spec: Any) -> tuple[bool, str]:
     return reason is None, reason or ""
 
 
+def _pinned_link(device: Any) -> tuple[float, float]:
+    """The node's pinned host->device and device->host GB/s, measured after training (the GPU
+    is idle then): the figure the run's link floors are judged with, from the same node and
+    moment (``hopperlab.memory.link``)."""
+    from hopperlab.memory.link import MIB, pinned_copy_gbps
+
+    return tuple(pinned_copy_gbps(device, d, 256 * MIB, copies=4, samples=3, verify=True)
+                 for d in ("h2d", "d2h"))  # type: ignore[return-value]
+
+
 def run(spec: Any, recorder: Any) -> None:
     params = spec_params(spec, FinetuneParams)
     recorder.set_tag("finetune.backend", params.backend)
@@ -187,6 +197,9 @@ def run_torch(spec: Any, params: FinetuneParams, recorder: Any, *,
         final["bytes_to_host_per_step"] = final.get("act_bytes_offloaded_per_step", 0.0)
         final["bytes_from_host_per_step"] = final.get("act_bytes_reloaded_per_step", 0.0) + \
             final.get("param_bytes_streamed_per_step", 0.0)
+        if cuda and managed is None and tech.uses_host_link:
+            final.update(metrics.link_floors(final, *_pinned_link(device), two_phase=(
+                tech.offloads_activations and not tech.offloads_parameters)))
     if tech.offloads_parameters or params.num_layers is not None:
         final["step_time_per_layer_s"] = final["step_time_p50_s"] / counts.layers
     recorder.log_metrics(final)
