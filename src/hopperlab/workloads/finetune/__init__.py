@@ -192,4 +192,5 @@ FAMILY = FamilyInfo(
     },
     params=FinetuneParams,
     headline_metrics=HEADLINE_METRICS,
+    charts="hopperlab.workloads.finetune.charts:charts",
 )

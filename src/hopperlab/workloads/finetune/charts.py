@@ -1,0 +1,99 @@
+"""The finetune family's report charts: what each memory technique buys and what it costs.
+
+* **Speed against memory**: one point per variant, tokens/s over peak GPU memory (allocated),
+  the baseline marked. Which techniques pay off is where the points sit: up and to the left is
+  better; a technique that saves memory moves left, and what it costs shows as the drop.
+* **Step time and the host link**: the median step of each variant whose techniques move
+  counted bytes over the host link, with what the link allows (``link_floor_s``, the larger
+  direction at its measured rate; ``link_two_phase_s``, out in forward then back in backward)
+  and the baseline's step. A bar on its two-phase tick is the link's, not the technique's.
+
+matplotlib only (the report runs on the login node, without torch).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from hopperlab.workloads.base import FamilyChart
+
+BASELINE_COLOUR = "#2e7d32"
+VARIANT_COLOUR = "#3f6fb5"
+
+
+def _ok(runs: Sequence[Any], *metrics: str) -> list[Any]:
+    return [r for r in runs if r.status == "ok" and all(r.metrics.get(m) for m in metrics)]
+
+
+def speed_against_memory(runs: Sequence[Any]) -> FamilyChart | None:
+    from matplotlib.figure import Figure
+
+    rows = _ok(runs, "tokens_per_s", "peak_gpu_allocated_gib")
+    if len(rows) < 2:
+        return None
+    fig = Figure(figsize=(6.5, 4.0), dpi=80)
+    ax = fig.add_subplot()
+    for r in rows:
+        x, y = r.metrics["peak_gpu_allocated_gib"], r.metrics["tokens_per_s"]
+        colour = BASELINE_COLOUR if r.is_baseline else VARIANT_COLOUR
+        ax.scatter(x, y, s=28, color=colour, zorder=3,
+                   label="baseline" if r.is_baseline else None)
+        ax.annotate(r.variant, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7)
+    ax.set_xlabel("peak GPU memory allocated (GiB)", fontsize=8)
+    ax.set_ylabel("tokens/s (median step)", fontsize=8)
+    # room on the right and on top for the labels of the outermost points
+    ax.set_xlim(0, 1.25 * max(r.metrics["peak_gpu_allocated_gib"] for r in rows))
+    ax.set_ylim(0, 1.1 * max(r.metrics["tokens_per_s"] for r in rows))
+    ax.grid(True, linewidth=0.3)
+    if any(r.is_baseline for r in rows):
+        ax.legend(fontsize=7, frameon=False, loc="lower right")
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.13, top=0.95)
+    return FamilyChart(
+        title="speed against memory",
+        caption="tokens/s over peak GPU memory, one point per variant (green: the baseline): "
+                "up and to the left is better",
+        figure=fig)
+
+
+def step_and_link(runs: Sequence[Any]) -> FamilyChart | None:
+    from matplotlib.figure import Figure
+
+    rows = _ok(runs, "step_time_p50_s", "link_floor_s")
+    if not rows:
+        return None
+    fig = Figure(figsize=(max(5.0, 0.8 * len(rows) + 2.0), 3.2), dpi=80)
+    ax = fig.add_subplot()
+    floor_label, two_phase_label = "link floor (larger direction)", "link, out then back"
+    for i, r in enumerate(rows):
+        step = r.metrics["step_time_p50_s"]
+        bar = ax.bar(i, step, width=0.7, color=VARIANT_COLOUR)
+        ax.bar_label(bar, labels=[f"{step:.3g} s"], fontsize=7)
+        ax.hlines(r.metrics["link_floor_s"], i - 0.4, i + 0.4, colors="black", linewidth=1.6,
+                  label=floor_label)
+        floor_label = None
+        two_phase = r.metrics.get("link_two_phase_s")
+        if two_phase:
+            ax.hlines(two_phase, i - 0.4, i + 0.4, colors="#ef6c00", linewidth=1.6,
+                      label=two_phase_label)
+            two_phase_label = None
+    base = [r for r in _ok(runs, "step_time_p50_s") if r.is_baseline]
+    if base:
+        ax.axhline(base[0].metrics["step_time_p50_s"], color=BASELINE_COLOUR, linestyle="--",
+                   linewidth=1, label=f"baseline step ({base[0].variant})")
+    ax.set_ylabel("s a step (median)", fontsize=8)
+    ax.set_xticks(range(len(rows)), [r.variant for r in rows], rotation=30, ha="right",
+                  fontsize=8, rotation_mode="anchor")
+    ax.legend(fontsize=7, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.subplots_adjust(bottom=0.35, left=0.12, right=0.98)
+    return FamilyChart(
+        title="step time and the host link",
+        caption="median step of each variant that moves counted bytes over the host link; "
+                "black: its bytes' larger direction at the measured pinned rate, orange: out "
+                "then back (activation offload), dashed: the baseline's step",
+        figure=fig)
+
+
+def charts(runs: Sequence[Any]) -> list[FamilyChart]:
+    return [c for c in (speed_against_memory(runs), step_and_link(runs)) if c is not None]
