@@ -62,10 +62,12 @@ def run(spec: Any, recorder: Any) -> None:
 
 
 def run_torch(spec: Any, params: FinetuneParams, recorder: Any, *,
-              forward_context: Any = None, make_optimizer: Any = None) -> dict[str, float]:
+              forward_context: Any = None, make_optimizer: Any = None,
+              adapt_model: Any = None) -> dict[str, float]:
     """The torch backend. ``forward_context`` (a context-manager factory entered around each
-    forward) and ``make_optimizer(trainable_params)`` replace the family's own, for comparisons
-    with other projects' implementations (benchmarks/finetune_gpu.py); runs never set them."""
+    forward) and ``make_optimizer(trainable_params)`` replace the family's own, and
+    ``adapt_model(model, layers) -> model`` changes the prepared model, for comparisons with
+    other projects' implementations (benchmarks/finetune_gpu.py); runs never set them."""
     import torch
 
     from hopperlab.workloads.finetune import data, loop, metrics, model as model_mod
@@ -106,6 +108,9 @@ def run_torch(spec: Any, params: FinetuneParams, recorder: Any, *,
         if type(exc).__name__ == "Fp8Unavailable":
             raise SkipRun(f"precision: fp8: {exc}") from None
         raise
+    if adapt_model is not None:
+        model = adapt_model(model, layers)
+        recorder.set_tag("finetune.adapt_model", getattr(adapt_model, "__name__", "yes"))
     for k, v in tech.tags.items():
         recorder.set_tag(k, v)
     counts = model_mod.counts(model)
