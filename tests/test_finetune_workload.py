@@ -205,6 +205,34 @@ def test_nemo_backend_without_image_is_skipped(assets, tmp_path, monkeypatch):
         run(s, Recorder(tmp_path / "n"))
 
 
+def test_a_peer_can_take_the_frozen_weights_and_still_train(assets, tmp_path):
+    """``run_torch(adapt_model=...)``, the hook the benchmark's peers use: here accelerate's
+    cpu_offload on every frozen linear module of the layers (the parameter offload's public
+    peer), with checkpointing; the adapters keep training."""
+    import torch
+    from accelerate import cpu_offload
+
+    from hopperlab.workloads.finetune.workload import run_torch
+
+    taken = []
+
+    def peer(model, layers):
+        for layer in layers:
+            for module in list(layer.modules()):
+                if isinstance(module, torch.nn.Linear) and not module.weight.requires_grad:
+                    cpu_offload(module, execution_device=torch.device("cpu"))
+                    taken.append(module)
+        return model
+    peer.__name__ = "accelerate.cpu_offload(frozen linears)"
+    params = replace(SMOKE, checkpointing=True)
+    rec = Recorder(tmp_path / "run")
+    final = run_torch(spec(assets, params, tmp_path / "run"), params, rec, adapt_model=peer)
+    rec.finish("ok")
+    assert taken and all(m.weight.device.type == "meta" for m in taken)
+    assert rec.tags["finetune.adapt_model"] == "accelerate.cpu_offload(frozen linears)"
+    assert final["final_loss"] < 0.97 * final["first_loss"]
+
+
 def test_flop_formula():
     c = ModelCounts(total=1100, trainable=100, matmul=1000, layers=2, hidden=8, vocab=10)
     assert flops_per_token(c, 16, "full") == 6 * 1000 + 12 * 2 * 8 * 16
