@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     link = None
     if cuda:
-        from hopperlab.memory.link import MIB, pinned_copy_gbps
+        from hopperlab.cuda.link import MIB, pinned_copy_gbps
 
         link = pinned_copy_gbps(device, "h2d", 256 * MIB, copies=4, samples=3, verify=True)
         _log(f"pinned H2D: {link:.1f} GB/s")

@@ -35,9 +35,9 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from hopperlab.record import Recorder, SkipRun  # noqa: E402
+from hopperlab.core.rundir import Recorder, SkipRun  # noqa: E402
 from hopperlab.workloads.finetune import FinetuneParams  # noqa: E402
-from hopperlab.workloads.finetune.techniques import Knobs  # noqa: E402
+from hopperlab.workloads.base import Knobs  # noqa: E402
 
 GIB = float(1 << 30)
 MODELS = {"7b": ROOT / "models/llama-2-7b", "70b": ROOT / "models/llama-2-70b",
@@ -62,7 +62,7 @@ def pinned_bandwidth_gbps() -> dict[str, float]:
     """GB/s (1e9) of 1 GiB copies between pinned host memory and the GPU, median of 5."""
     import torch
 
-    from hopperlab.memory.link import pinned_copy_gbps
+    from hopperlab.cuda.link import pinned_copy_gbps
 
     host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
     out = {d: pinned_copy_gbps("cuda", d, 1 << 30, host=host) for d in ("h2d", "d2h")}

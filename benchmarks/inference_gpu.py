@@ -355,7 +355,7 @@ def workload_section(b: Bench, out: Path, only: set[str] | None = None) -> None:
     """The kv-cache variants through the job body (model built in each run)."""
     import torch
 
-    from hopperlab.record import Recorder
+    from hopperlab.core.rundir import Recorder
     from hopperlab.workloads.inference import InferenceParams
     from hopperlab.workloads.inference.workload import run
 
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from hopperlab import hardware
+    from hopperlab.node import hardware
     from hopperlab.assets import build_random_model
     from hopperlab.workloads.inference.runtime import measure_pinned_h2d_gbps, probe
 

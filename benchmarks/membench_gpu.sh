@@ -29,7 +29,7 @@ python="${PYTHON:-python3}"
 import torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0))
 torch.cuda.init()
-from hopperlab.memory.cuda_runtime import CudaRuntime
+from hopperlab.cuda.runtime import CudaRuntime
 rt = CudaRuntime()
 print("cudart", rt.path, "version", rt.version, "prefetch via", rt.prefetch_api,
       "exports _v2:", hasattr(rt.lib, "cudaMemPrefetchAsync_v2"))

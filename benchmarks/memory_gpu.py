@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from hopperlab.memory._layers import decoder_layers
+from hopperlab.memory.layers import decoder_layers
 from hopperlab.memory.activation_offload import ActivationOffload, save_on_cpu_reference
 from hopperlab.memory.checkpointing import checkpoint_layers
 from hopperlab.memory.parameter_offload import ParameterOffload
@@ -132,7 +132,7 @@ def pinned_bandwidth(nbytes: int = GiB) -> dict:
     """Pinned copy GB/s each way, through a buffer of the offload's own pool (registered with
     cudaHostRegister at its exact size), median of 5."""
     from hopperlab.memory.activation_offload import PinnedBufferPool
-    from hopperlab.memory.link import pinned_copy_gbps
+    from hopperlab.cuda.link import pinned_copy_gbps
 
     pool = PinnedBufferPool(pin=True)
     host = pool.acquire(nbytes)

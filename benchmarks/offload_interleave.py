@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory_gpu import LLAMA2_7B, llama, pinned_bandwidth  # noqa: E402
 
 from hopperlab.memory import recompute_elementwise  # noqa: E402
-from hopperlab.memory._layers import decoder_layers  # noqa: E402
+from hopperlab.memory.layers import decoder_layers  # noqa: E402
 from hopperlab.memory.activation_offload import (  # noqa: E402
     ActivationOffload, save_on_cpu_reference)
 

@@ -2,7 +2,7 @@
 
 What it runs (everything under OUT/results, one run directory each):
 
-* membench ``copy`` variants through ``hopperlab.submission.submit`` with the **local executor**
+* membench ``copy`` variants through ``hopperlab.run.submit.submit`` with the **local executor**
   (submitit -> hopperlab's profile wrapper -> ``nsys profile`` -> the runner), exactly what a
   Snakemake rule runs, minus the MLflow upload (done afterwards from the run directories with
   ``hopperlab sync``);
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from hopperlab.profiling.command import ProfilingSettings, nsys_profile_args, wrapper_args
 from hopperlab.profiling.finish import TRIMMED_SQLITE
-from hopperlab.record import load_record
+from hopperlab.core.rundir import load_record
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOWN = ("prof_capture_s", "prof_gpu_busy_frac", "prof_top_kernel_share", "prof_memops_share",
@@ -39,9 +39,9 @@ SHOWN = ("prof_capture_s", "prof_gpu_busy_frac", "prof_top_kernel_share", "prof_
 
 
 def membench_runs(root: Path, nsys: str, site_file: Path) -> list[Path]:
-    from hopperlab.spec import (ContainerSettings, Knobs, Matrix, Resources, RunSpec, SiteSpec,
+    from hopperlab.config.spec import (ContainerSettings, Knobs, Matrix, Resources, RunSpec, SiteSpec,
                                 SlurmSettings)
-    from hopperlab.submission import submit
+    from hopperlab.run.submit import submit
     from hopperlab.workloads.membench import MembenchParams
 
     site = SiteSpec(name="gpu", executor="local", poll_interval_s=0.2, slurm=SlurmSettings(),

@@ -10,7 +10,7 @@ a run directory like a hopperlab job (``record.json`` through a ``Recorder``), s
 
     python benchmarks/profiling_trainloop.py RUN_DIR --num-workers 4 --profiler nsys
 
-NVTX ranges (``hopperlab.nvtx``): ``data.wait``, ``step``, ``forward``, ``backward``,
+NVTX ranges (``hopperlab.cuda.nvtx``): ``data.wait``, ``step``, ``forward``, ``backward``,
 ``optimizer``; the measured steps are in ``profiled_region`` (after ``--warmup`` steps).
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from hopperlab import nvtx
-from hopperlab.record import Recorder
+from hopperlab.cuda import nvtx
+from hopperlab.core.rundir import Recorder
 
 
 class CpuHeavyItems(Dataset):
@@ -58,8 +58,8 @@ class ManagedStaging:
     reads it where it is (pages migrate on each step's first touch)."""
 
     def __init__(self, shapes: list[tuple[int, ...]], device: int) -> None:
-        from hopperlab.memory.managed_policy import managed_bytes_allowed
-        from hopperlab.memory.cuda_runtime import CudaArray, CudaRuntime, host_view
+        from hopperlab.cuda.managed_policy import managed_bytes_allowed
+        from hopperlab.cuda.runtime import CudaArray, CudaRuntime, host_view
 
         self.rt = CudaRuntime()
         sizes = [4 * int(torch.tensor(s).prod()) for s in shapes]

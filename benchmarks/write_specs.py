@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from hopperlab.cli import parse_overrides
-from hopperlab.record import write_json_atomic
-from hopperlab.spec import find_root, load_matrix
+from hopperlab.cli.main import parse_overrides
+from hopperlab.core.rundir import write_json_atomic
+from hopperlab.config.spec import find_root, load_matrix
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, "src")
-from hopperlab.memory.link import pinned_copy_gbps  # noqa: E402
+from hopperlab.cuda.link import pinned_copy_gbps  # noqa: E402
 from hopperlab.workloads.database.placement import cuda_alias  # noqa: E402
 
 

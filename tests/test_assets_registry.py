@@ -18,7 +18,7 @@ from hopperlab.assets import (
     load_assets,
     load_scales,
 )
-from hopperlab.errors import SpecError
+from hopperlab.core.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -26,7 +26,7 @@ from hopperlab.assets import (
 )
 from hopperlab.assets.registry import KINDS
 from hopperlab.assets.store import TMP_DIR
-from hopperlab.errors import SpecError
+from hopperlab.core.errors import SpecError
 
 TABLES = """
 scales:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hopperlab import containers
-from hopperlab.containers import (
+from hopperlab.node import containers
+from hopperlab.node.containers import (
     ContainerError,
     build,
     build_command,
@@ -29,7 +29,7 @@ from hopperlab.containers import (
     job_binds,
     resolve_site_runtime,
 )
-from hopperlab.spec import SpecError
+from hopperlab.config.spec import SpecError
 
 REPO = Path(__file__).resolve().parents[1]
 CONTAINERS = REPO / "containers"
@@ -113,7 +113,7 @@ def test_def_parses_with_spython_and_names_a_pinned_base(def_file):
     install = "\n".join(layer.install)
     assert "pip install --no-cache-dir /opt/hopperlab" in install
     assert "PIP_CONSTRAINT=" in install
-    assert "import hopperlab.runner, submitit, torch" in install  # the %test script
+    assert "import hopperlab.run.runner, submitit, torch" in install  # the %test script
 
 
 def test_the_constraint_pattern_pins_the_torch_stack_and_nothing_else():
@@ -312,7 +312,7 @@ def test_build_needs_its_runtime_and_spython(fake_bin, tmp_path, monkeypatch):
 
 def test_module_imports_without_spython():
     code = ("import sys; sys.modules['spython'] = None\n"
-            "import hopperlab.containers as c\n"
+            "import hopperlab.node.containers as c\n"
             "print(c.exec_prefix('singularity', 'i.sif', ['/r'], True))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['singularity', 'exec', '--nv', '--bind', '/r', 'i.sif']"

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from hopperlab.assets.tpch import generate  # noqa: E402
-from hopperlab.record import Recorder, SkipRun  # noqa: E402
+from hopperlab.core.rundir import Recorder, SkipRun  # noqa: E402
 from hopperlab.workloads import family_info  # noqa: E402
 from hopperlab.workloads.database import FAMILY, QUERIES, DatabaseParams  # noqa: E402
 from hopperlab.workloads.database import plans as plans_module  # noqa: E402
@@ -73,7 +73,7 @@ def test_params_are_validated(bad, needle):
 
 
 def test_experiments_file_resolves():
-    from hopperlab.spec import load_matrix
+    from hopperlab.config.spec import load_matrix
 
     matrix = load_matrix(".", {"families": ["database"]})
     runs = {k: r for k, r in matrix.runs.items() if k.startswith("database/")}

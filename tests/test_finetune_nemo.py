@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from hopperlab.record import SkipRun
+from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.finetune import FinetuneParams
 from hopperlab.workloads.finetune.nemo import (nemo_command, parse_log, run_nemo,
                                                summarize_log)
-from hopperlab.workloads.finetune.techniques import Knobs
+from hopperlab.workloads.base import Knobs
 
 LOG = Path(__file__).parent / "data" / "finetune" / "nemo_lora_llama2_7b.log"
 PARAMS = FinetuneParams(backend="nemo", seq_len=2048, micro_batch=4, warmup_steps=2,

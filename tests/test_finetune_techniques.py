@@ -12,7 +12,8 @@ import torch
 from hopperlab.workloads.finetune import FinetuneParams
 from hopperlab.workloads.finetune import model as model_mod
 from hopperlab.workloads.finetune.loop import forward_backward, to_device
-from hopperlab.workloads.finetune.techniques import Knobs, Techniques
+from hopperlab.workloads.base import Knobs
+from hopperlab.workloads.finetune.techniques import Techniques
 
 from .memory_helpers import architecture_dir
 

@@ -12,12 +12,13 @@ from types import SimpleNamespace
 import pytest
 
 from hopperlab.assets import materialize
-from hopperlab.record import Recorder, SkipRun, read_steps
-from hopperlab.spec import load_matrix
+from hopperlab.core.rundir import Recorder, SkipRun, read_steps
+from hopperlab.config.spec import load_matrix
 from hopperlab.workloads.finetune import FAMILY, FinetuneParams
 from hopperlab.workloads.finetune.metrics import flops_per_token, link_floors, percentile
 from hopperlab.workloads.finetune.model import ModelCounts
-from hopperlab.workloads.finetune.techniques import Knobs, Techniques
+from hopperlab.workloads.base import Knobs
+from hopperlab.workloads.finetune.techniques import Techniques
 from hopperlab.workloads.finetune.workload import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,7 +181,7 @@ def test_missing_data_becomes_synthetic_only_when_allowed(assets, tmp_path):
     p = replace(SMOKE, data="tokenize", measured_steps=2)
     bad = spec(assets, p, tmp_path, num_workers=0)
     bad.assets = {"model": "tiny-llama", "records": "nope", "tokenizer": "nope"}
-    from hopperlab.errors import AssetMissing
+    from hopperlab.core.errors import AssetMissing
 
     def missing(role):
         if role == "model":

@@ -1,4 +1,4 @@
-"""hopperlab.hardware: the node fingerprint and its pure parsers."""
+"""hopperlab.node.hardware: the node fingerprint and its pure parsers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hopperlab import hardware
+from hopperlab.node import hardware
 
 KEYS = {
     "hostname": str, "cpu_model": (str, type(None)), "cpu_arch": (str, type(None)),

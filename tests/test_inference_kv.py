@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hopperlab.record import Recorder  # noqa: E402
+from hopperlab.core.rundir import Recorder  # noqa: E402
 from hopperlab.workloads.inference import InferenceParams  # noqa: E402
 from hopperlab.workloads.inference.generation import decode, prefill  # noqa: E402
 from hopperlab.workloads.inference.host_memory import HostArena  # noqa: E402
@@ -293,7 +293,7 @@ def test_managed_knob_only_with_offload(assets, tmp_path):
 
 
 def test_matrix_resolves_the_smoke_runs():
-    from hopperlab.spec import load_matrix
+    from hopperlab.config.spec import load_matrix
 
     matrix = load_matrix(ROOT, {"families": "inference", "scale": "smoke"})
     keys = sorted(matrix.runs)

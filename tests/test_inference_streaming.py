@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from hopperlab.record import Recorder  # noqa: E402
+from hopperlab.core.rundir import Recorder  # noqa: E402
 from hopperlab.workloads.inference import InferenceParams  # noqa: E402
 from hopperlab.workloads.inference.generation import forward_last  # noqa: E402
 from hopperlab.workloads.inference.host_memory import HostArena  # noqa: E402

@@ -13,12 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from hopperlab.record import Recorder, SkipRun, load_record, read_steps
+from hopperlab.core.rundir import Recorder, SkipRun, load_record, read_steps
 from hopperlab.workloads import family_info
 from hopperlab.workloads.membench import (FAMILY, HEADLINE_METRICS, MembenchParams,
                                           headline_metrics)
 from hopperlab.workloads.membench import workload
-from hopperlab.memory.managed_policy import MANAGED_FREE_FRACTION, managed_bytes_allowed
+from hopperlab.cuda.managed_policy import MANAGED_FREE_FRACTION, managed_bytes_allowed
 from hopperlab.workloads.membench.common import inner_copies, plan_for
 
 GB = 10**9
@@ -212,7 +212,7 @@ def test_torch_profiler_writes_a_trace(tmp_path):
 
 # --------------------------------------------------------------------------- helpers
 def test_loaded_cudart_paths():
-    from hopperlab.memory.cuda_runtime import loaded_cudart_paths
+    from hopperlab.cuda.runtime import loaded_cudart_paths
 
     maps = (
         "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n"

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from hopperlab.memory._layers import decoder_layers  # noqa: E402
+from hopperlab.memory.layers import decoder_layers  # noqa: E402
 from hopperlab.memory.activation_offload import (  # noqa: E402
     ActivationOffload, PinnedBufferPool, _dense, _Kept, save_on_cpu_reference)
 from hopperlab.memory.checkpointing import checkpoint_layers  # noqa: E402
@@ -372,7 +372,7 @@ def test_keep_head_keeps_only_what_follows_the_last_layer(lora_model, baseline):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_allocated_now_reads_what_memory_allocated_reads():
-    from hopperlab.memory.peaks import allocated_now
+    from hopperlab.cuda.peaks import allocated_now
 
     held = torch.empty(3 << 20, device="cuda")
     index = torch.cuda.current_device()

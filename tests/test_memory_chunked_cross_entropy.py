@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from hopperlab.memory import chunked_cross_entropy as cce  # noqa: E402
-from hopperlab.memory._layers import decoder_layers  # noqa: E402
+from hopperlab.memory.layers import decoder_layers  # noqa: E402
 from hopperlab.memory.activation_offload import ActivationOffload  # noqa: E402
 from hopperlab.memory import recompute_elementwise as rec  # noqa: E402
 

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from hopperlab.memory._layers import decoder_layers  # noqa: E402
+from hopperlab.memory.layers import decoder_layers  # noqa: E402
 from hopperlab.memory.activation_offload import ActivationOffload  # noqa: E402
 from hopperlab.memory.checkpointing import checkpoint_layers  # noqa: E402
 from hopperlab.memory.parameter_offload import ParameterOffload  # noqa: E402

@@ -1,4 +1,4 @@
-"""hopperlab.memory.peaks: a window's peak, and the run's overall peak kept across windows
+"""hopperlab.cuda.peaks: a window's peak, and the run's overall peak kept across windows
 (PyTorch's counters replaced by a stand-in: CI has no GPU)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hopperlab.memory import peaks  # noqa: E402
+from hopperlab.cuda import peaks  # noqa: E402
 
 
 class FakeCounters:

@@ -16,7 +16,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from hopperlab import tracking
+from hopperlab.results import tracking
 from tests.test_tracking import make_run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,7 +29,8 @@ from hopperlab.memory.parameter_offload import ParameterOffload  # noqa: E402
 from hopperlab.workloads.finetune import FinetuneParams  # noqa: E402
 from hopperlab.workloads.finetune import model as model_mod  # noqa: E402
 from hopperlab.workloads.finetune.loop import forward_backward, to_device  # noqa: E402
-from hopperlab.workloads.finetune.techniques import Knobs, Techniques  # noqa: E402
+from hopperlab.workloads.base import Knobs  # noqa: E402
+from hopperlab.workloads.finetune.techniques import Techniques  # noqa: E402
 
 from .memory_helpers import architecture_dir  # noqa: E402
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hopperlab import launch
-from hopperlab.errors import SpecError
+from hopperlab.run import launch
+from hopperlab.core.errors import SpecError
 from hopperlab.profiling import command
 from hopperlab.profiling.command import ProfilingSettings, check_profiler, profiler_prefix
-from hopperlab.spec import (ContainerSettings, Knobs, Resources, RunSpec, SiteSpec, SlurmSettings,
+from hopperlab.config.spec import (ContainerSettings, Knobs, Resources, RunSpec, SiteSpec, SlurmSettings,
                             validate_against_schema)
 from hopperlab.workloads.membench import MembenchParams
 
@@ -171,8 +171,8 @@ def test_check_accepts_what_can_find_nsys(tmp_path, monkeypatch):
 
 def test_check_is_called_before_submission(tmp_path, monkeypatch):
     """hopperlab submit refuses before it writes anything into the run directory."""
-    from hopperlab import submission
-    from hopperlab.spec import Matrix
+    from hopperlab.run import submit as submission
+    from hopperlab.config.spec import Matrix
 
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     spec = make_spec(tmp_path)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hopperlab.profiling.finish import SUMMARY_FILE, TRIMMED_SQLITE, amend_record, finish_profile
-from hopperlab.record import Recorder, load_record, write_json_atomic
+from hopperlab.core.rundir import Recorder, load_record, write_json_atomic
 
 FIX = Path(__file__).parent / "fixtures" / "profiling"
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def stand_in_nsys(tmp_path: Path, export: Path, csv_dir: Path) -> Path:
 
 APP = textwrap.dedent("""\
     import sys
-    from hopperlab.record import Recorder
+    from hopperlab.core.rundir import Recorder
     rec = Recorder(sys.argv[1], identity={"key": "t/e/v"})
     rec.log_metric("work_done", 1.0)
     rec.finish("ok")
@@ -136,8 +136,9 @@ def test_a_stale_record_is_not_amended(tmp_path):
 def test_in_process_torch_profile_of_a_membench_run(tmp_path):
     """hopperlab run (debug executor): the launcher finishes a torch profile itself."""
     pytest.importorskip("torch")
-    from hopperlab import launch, runner
-    from hopperlab.spec import Knobs
+    from hopperlab.run import launch
+    from hopperlab.run import runner
+    from hopperlab.config.spec import Knobs
     from tests.test_profiling_command import make_spec
     from hopperlab.workloads.membench import MembenchParams
 

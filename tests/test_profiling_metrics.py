@@ -214,8 +214,8 @@ def test_torch_trace_from_the_gpu(tmp_path):
 
 def test_torch_trace_on_this_machine(tmp_path):
     torch = pytest.importorskip("torch")
-    from hopperlab import nvtx
-    from hopperlab.record import Recorder
+    from hopperlab.cuda import nvtx
+    from hopperlab.core.rundir import Recorder
 
     rec = Recorder(tmp_path)
     with nvtx.profiled_region("torch", rec):

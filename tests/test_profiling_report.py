@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hopperlab import report
+from hopperlab.results import report
 from hopperlab.profiling import nsys_sqlite
 from hopperlab.profiling.timeline import derive_metrics
-from hopperlab.record import write_json_atomic, write_record
+from hopperlab.core.rundir import write_json_atomic, write_record
 
 FIX = Path(__file__).parent / "fixtures" / "profiling"
 

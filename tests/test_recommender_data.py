@@ -12,7 +12,7 @@ import pytest
 
 from hopperlab.assets.recsys import FILES, RecsysSpec, cardinalities, generate, write
 from hopperlab.assets.registry import kinds, load_assets
-from hopperlab.errors import SpecError
+from hopperlab.core.errors import SpecError
 
 SMALL = dict(users=500, items=2000, interactions=8000, topics=10, max_cardinality=1000, seed=3)
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from hopperlab.assets.recsys import RecsysSpec, generate, write
-from hopperlab.record import Recorder, SkipRun, read_steps
-from hopperlab.spec import load_matrix
+from hopperlab.core.rundir import Recorder, SkipRun, read_steps
+from hopperlab.config.spec import load_matrix
 from hopperlab.workloads import family_info
 from hopperlab.workloads.recommender import COMPONENTS, FAMILY, HEADLINE_METRICS, RecommenderParams
 from hopperlab.workloads.recommender import workload

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hopperlab import record
-from hopperlab.report import build_report, collect_runs
+from hopperlab.core import rundir as record
+from hopperlab.results.report import build_report, collect_runs
 
 HOST_A = {
     "hostname": "gh-node01", "cpu_model": "NVIDIA Grace", "cpu_arch": "aarch64",

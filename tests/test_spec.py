@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hopperlab.spec import RunSpec, SpecError, load_matrix
-from hopperlab.tracking import flatten
-from hopperlab.workflow_support import run_key
+from hopperlab.config.spec import RunSpec, SpecError, load_matrix
+from hopperlab.results.tracking import flatten
+from hopperlab.cli.workflow import run_key
 from tests.helpers import REPO, copy_project, edit_yaml, snakemake
 
 
@@ -142,7 +142,7 @@ def test_container_site_without_a_runtime_is_refused_before_submission(project, 
 def test_container_site_wraps_the_job_python(project, tmp_path, monkeypatch):
     import shlex
 
-    from hopperlab.launch import job_python
+    from hopperlab.run.launch import job_python
 
     fake = tmp_path / "bin" / "apptainer"
     fake.parent.mkdir()
@@ -188,8 +188,8 @@ def test_asset_substitutes_refuse_unknown_names_and_bad_pairs(project):
 
 
 def test_config_args_forward_profiler_and_substitutes_to_the_job():
-    from hopperlab.cli import parse_overrides
-    from hopperlab.workflow_support import config_args
+    from hopperlab.cli.main import parse_overrides
+    from hopperlab.cli.workflow import config_args
 
     config = {"site": "local", "scale": "full", "results_dir": "r", "families": ["finetune"],
               "only": ["finetune/lora-llama2-7b/baseline"], "profiler": "torch",

@@ -1,4 +1,4 @@
-"""hopperlab.tracking against a real MLflow server (tests.infra.mlflow_fixture), read back."""
+"""hopperlab.results.tracking against a real MLflow server (tests.infra.mlflow_fixture), read back."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from hopperlab import tracking
-from hopperlab.record import MLFLOW_FILE, Recorder, write_json_atomic
-from hopperlab.tracking import TrackingUnavailable
+from hopperlab.results import tracking
+from hopperlab.core.rundir import MLFLOW_FILE, Recorder, write_json_atomic
+from hopperlab.results.tracking import TrackingUnavailable
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.mlflow_server]
 
@@ -393,7 +393,7 @@ KEYS = [("fam-a", "copy"), ("fam-a", "latency"), ("fam-b", "copy")]
 def _prepare_worker(uri: str, keys: list, barrier, no_lock: bool, queue) -> None:
     import contextlib
 
-    from hopperlab import tracking as tr
+    from hopperlab.results import tracking as tr
 
     if no_lock:  # behave like processes on different hosts: no shared file lock
         tr._store_lock = lambda uri: contextlib.nullcontext()

@@ -2,9 +2,9 @@
 import shlex
 import sys
 
-from hopperlab.spec import SpecError, load_matrix
+from hopperlab.config.spec import SpecError, load_matrix
 from hopperlab.assets.registry import load_assets as load_asset_specs
-from hopperlab.workflow_support import (
+from hopperlab.cli.workflow import (
     asset_input_manifests,
     asset_rule_fingerprint,
     assets_dir_for_rules,

@@ -1,6 +1,6 @@
 # Container images: containers/<name>.sif from containers/<name>.def, built through spython with the
 # site's runtime (apptainer or singularity, `--fakeroot` when the site says so). Thin: the logic
-# is in hopperlab.containers. The image is rebuilt when its .def changes (Snakemake reruns on a
+# is in hopperlab.node.containers. The image is rebuilt when its .def changes (Snakemake reruns on a
 # newer .def whose content differs).
 #   snakemake containers/pytorch.sif            build one image
 # Needs MATRIX (common.smk): the site's resolved runtime and `container_fakeroot`
@@ -8,7 +8,7 @@
 import shlex as _shlex
 import sys as _sys
 
-CONTAINERS_CLI = f"{_shlex.quote(_sys.executable)} -m hopperlab.containers"
+CONTAINERS_CLI = f"{_shlex.quote(_sys.executable)} -m hopperlab.node.containers"
 
 
 rule container_image:

@@ -13,12 +13,12 @@ rule report:
 
 # A rerun of one target, or a run that failed under --keep-going, still refreshes the report.
 onsuccess:
-    from hopperlab.workflow_support import refresh_report_if_stale
+    from hopperlab.cli.workflow import refresh_report_if_stale
 
     refresh_report_if_stale(MATRIX)
 
 
 onerror:
-    from hopperlab.workflow_support import refresh_report_if_stale
+    from hopperlab.cli.workflow import refresh_report_if_stale
 
     refresh_report_if_stale(MATRIX)

@@ -39,7 +39,7 @@ def build_random_model(config_path, device="meta", **kwargs):
 
 def main(argv=None) -> int:
     """``python -m hopperlab.assets fetch NAME [--assets-dir DIR]`` and friends."""
-    from hopperlab.assets.cli import main as cli_main
+    from hopperlab.cli.assets import main as cli_main
 
     return cli_main(argv)
 

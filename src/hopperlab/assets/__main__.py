@@ -1,7 +1,7 @@
-"""``python -m hopperlab.assets``: see ``hopperlab.assets.cli``."""
+"""``python -m hopperlab.assets``: see ``hopperlab.cli.assets``."""
 
 import sys
 
-from hopperlab.assets.cli import main
+from hopperlab.cli.assets import main
 
 sys.exit(main())

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from hopperlab.assets.registry import AssetKind, AssetSpec, BuildContext, register_kind
-from hopperlab.errors import SpecError
+from hopperlab.core.errors import SpecError
 
 IGNORE_INDEX = -100
 TEMPLATE_VERSION = "hopperlab-dolly-1"

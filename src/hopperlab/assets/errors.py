@@ -1,4 +1,4 @@
-"""Errors of fetching and building assets (config mistakes are ``hopperlab.spec.SpecError``)."""
+"""Errors of fetching and building assets (config mistakes are ``hopperlab.config.spec.SpecError``)."""
 
 from __future__ import annotations
 

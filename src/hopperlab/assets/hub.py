@@ -30,7 +30,7 @@ from hopperlab.assets.registry import (
     RepairContext,
     register_kind,
 )
-from hopperlab.errors import SpecError
+from hopperlab.core.errors import SpecError
 
 log = logging.getLogger("hopperlab.assets")
 

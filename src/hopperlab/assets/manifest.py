@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from hopperlab.record import write_text_atomic
+from hopperlab.core.rundir import write_text_atomic
 
 MANIFEST = "MANIFEST.sha256"
 #: what the asset is and where it came from (kind, definition, fingerprint, source, file sizes)

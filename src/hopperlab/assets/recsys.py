@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hopperlab.assets.registry import AssetKind, AssetSpec, BuildContext, register_kind
-from hopperlab.errors import SpecError
+from hopperlab.core.errors import SpecError
 
 FILES = ("users.parquet", "items.parquet", "interactions.parquet", "schema.json", "summary.csv")
 #: categorical features that carry the signal (the rest are noise); their cardinality is fixed

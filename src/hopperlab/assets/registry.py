@@ -13,14 +13,12 @@ import dataclasses
 import hashlib
 import json
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from hopperlab.errors import SpecError
-from hopperlab.spec import load_yaml, validate_against_schema
+from hopperlab.core.errors import SpecError
+from hopperlab.core.schema import load_yaml, typed_from_mapping, validate_against_schema
 
 ASSETS_FILE = "configs/assets.yaml"
 #: more asset files, one per family (same format as ASSETS_FILE), merged in name order
@@ -138,61 +136,11 @@ def kinds() -> dict[str, AssetKind]:
 
 
 # --------------------------------------------------------------------------- loading
-def _type_ok(value: Any, tp: Any) -> bool:
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, a) for a in typing.get_args(tp))
-    if origin is typing.Literal:
-        return value in typing.get_args(tp)
-    if tp is type(None):
-        return value is None
-    if origin in (list, tuple):
-        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0] if args else Any)
-                                                        for v in value)
-    if origin is dict or tp is dict:
-        return isinstance(value, dict)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(tp, type):
-        return isinstance(value, tp)
-    return True
-
-
-def _expected(tp: Any) -> str:
-    if typing.get_origin(tp) is typing.Literal:
-        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
-    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
-
-
 def _build_spec(kind: AssetKind, name: str, data: Mapping[str, Any], source: str,
                 root: Path) -> AssetSpec:
-    where = f"{source}: assets.{name}"
-    hints = typing.get_type_hints(kind.spec)
-    fields = {f.name: f for f in dataclasses.fields(kind.spec)}
-    hidden = {"name", "source", "root"}
-    for key, value in data.items():
-        if key not in fields or key in hidden:
-            allowed = sorted(set(fields) - hidden)
-            raise SpecError(f"{where}.{key}: unknown key for kind {kind.name!r}; "
-                            f"expected one of: {', '.join(allowed)}")
-        if not _type_ok(value, hints[key]):
-            raise SpecError(f"{where}.{key}: expected {_expected(hints[key])}, "
-                            f"got {type(value).__name__} {value!r}")
-    missing = [f.name for f in fields.values() if f.name not in hidden and f.name not in data
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise SpecError(f"{where}: missing required key(s) for kind {kind.name!r}: "
-                        f"{', '.join(missing)}")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    try:
-        return kind.spec(name=name, source=source, root=str(root), **values)
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"{where}: {exc}") from None
+    return typed_from_mapping(kind.spec, data, f"{source}: assets.{name}",
+                              f"key for kind {kind.name!r}", hidden=("name", "source", "root"),
+                              fixed={"name": name, "source": source, "root": str(root)})
 
 
 def _schema_checked(root: Path, rel: str) -> dict[str, Any]:

@@ -50,8 +50,8 @@ from hopperlab.assets.registry import (
     load_assets,
     load_scales,
 )
-from hopperlab.record import read_json, utc_now, write_json_atomic
-from hopperlab.errors import SpecError
+from hopperlab.core.rundir import read_json, utc_now, write_json_atomic
+from hopperlab.core.errors import SpecError
 
 log = logging.getLogger("hopperlab.assets")
 

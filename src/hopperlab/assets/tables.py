@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from hopperlab.assets.registry import AssetKind, AssetSpec, BuildContext, register_kind
-from hopperlab.errors import SpecError
+from hopperlab.core.errors import SpecError
 
 COLUMN_TYPES = ("int", "float", "category")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from hopperlab.assets.registry import AssetKind, AssetSpec, BuildContext, register_kind
-from hopperlab.errors import SpecError
+from hopperlab.core.errors import SpecError
 
 DOLLY_FIELDS = ("instruction", "context", "response", "category")
 RECORDS_FILE = "dolly.jsonl"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hopperlab.assets.registry import AssetKind, AssetSpec, BuildContext, register_kind
-from hopperlab.errors import SpecError
+from hopperlab.core.errors import SpecError
 
 TABLES = ("lineitem", "orders", "customer", "part", "partsupp", "supplier", "nation", "region")
 GENERATOR = "duckdb-dbgen"

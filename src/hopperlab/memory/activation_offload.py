@@ -36,7 +36,7 @@ The budget policy (``budget_bytes``): offload only as much as needed to keep the
 memory under the budget. ``reserve`` is the memory backward needs on top of what forward left
 allocated, at the start of backward (the loss's float32 temporaries, the head's and the last
 layers' gradients): measured on CUDA as the peak between the end of forward and the end of the
-last layer's backward (``hopperlab.memory.peaks``: a window, the run's own peak is kept; with a
+last layer's backward (``hopperlab.cuda.peaks``: a window, the run's own peak is kept; with a
 chunked loss the last layer's backward, not the loss, is the larger need), minus the memory
 allocated at the end of forward; forward's own peak above its end counts the same way (the
 loss's float32 logits, copies still in flight); the largest seen so far, plus
@@ -81,8 +81,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 import torch
 from torch import nn
 
-from hopperlab.memory import peaks
-from hopperlab.nvtx import OFFLOAD_COPY, OFFLOAD_PREFETCH, nvtx_range
+from hopperlab.cuda import peaks
+from hopperlab.cuda.nvtx import OFFLOAD_COPY, OFFLOAD_PREFETCH, nvtx_range
 
 if TYPE_CHECKING:
     from hopperlab.memory.parameter_offload import ParameterOffload

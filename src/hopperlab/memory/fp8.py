@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from hopperlab.memory._layers import decoder_layers
+from hopperlab.memory.layers import decoder_layers
 
 #: the smallest compute capability torchao's FP8 training runs on (Hopper is 9.0)
 MIN_CAPABILITY = (8, 9)

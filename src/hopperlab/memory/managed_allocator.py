@@ -52,7 +52,7 @@ class ManagedAllocatorError(RuntimeError):
 # ----------------------------------------------------------------------------- pure policy
 def oversubscription_allowed(cpu_arch: str | None, gpu_name: str | None, site_allows: bool) -> bool:
     """Grace Hopper (Arm host + Hopper GPU, or a GH200) or the site's explicit permission."""
-    from hopperlab.hardware import is_grace_hopper
+    from hopperlab.node.hardware import is_grace_hopper
 
     return bool(site_allows) or is_grace_hopper(cpu_arch, gpu_name)
 

@@ -51,7 +51,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from hopperlab.memory.activation_offload import pinned_empty
-from hopperlab.nvtx import OFFLOAD_PREFETCH, nvtx_range
+from hopperlab.cuda.nvtx import OFFLOAD_PREFETCH, nvtx_range
 
 
 @dataclasses.dataclass

@@ -7,7 +7,7 @@
 * ``nsys_sqlite`` / ``torch_trace``  read a profile into a ``timeline.Timeline``;
 * ``timeline``    the derived metrics, the same for both profilers.
 
-Importing this package is cheap (no torch, no sqlite reading): ``hopperlab.launch`` imports it on
+Importing this package is cheap (no torch, no sqlite reading): ``hopperlab.run.launch`` imports it on
 the submitting side.
 """
 

@@ -1,6 +1,6 @@
 """The profiler part of a job's command line, its settings, and the check that nsys exists.
 
-The job's command is ``[container exec] + profiler_prefix(...) + [python]`` (``hopperlab.launch``):
+The job's command is ``[container exec] + profiler_prefix(...) + [python]`` (``hopperlab.run.launch``):
 
 * ``profiler: none``  -> nothing;
 * ``profiler: torch`` -> ``python -m hopperlab.profiling job --run-dir D --profiler torch --``;
@@ -22,11 +22,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from hopperlab.errors import SpecError
-from hopperlab.nvtx import TORCH_TRACE  # noqa: F401 - re-exported: part of this module's API
+from hopperlab.core.errors import SpecError
+from hopperlab.cuda.nvtx import TORCH_TRACE  # noqa: F401 - re-exported: part of this module's API
 
 if TYPE_CHECKING:
-    from hopperlab.spec import RunSpec
+    from hopperlab.config.spec import RunSpec
 
 NSYS_TRACES = "cuda,nvtx,cublas,cudnn"
 CAPTURES = ("cudaProfilerApi", "delay", "whole")

@@ -9,7 +9,7 @@ or a Snakemake job that has neither the job's nsys (often only inside the contai
 PATH and nsys, right after the child exits; it forwards the scheduler's signals to the child,
 and exits with the child's status. So the run directory is complete (report, CSVs, metrics in
 ``record.json``) before the submitting side uploads it, and the runner still never talks to the
-network. The in-process debug executor has no command line: ``hopperlab.launch`` calls
+network. The in-process debug executor has no command line: ``hopperlab.run.launch`` calls
 ``finish_profile`` itself after such a job (torch profiler only; nsys is refused before).
 
 A profile that cannot be turned into metrics never fails the run: what went wrong is written to
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from hopperlab import record
+from hopperlab.core import rundir as record
 from hopperlab.profiling import nsys_sqlite, torch_trace
 from hopperlab.profiling.command import PROFILE_DIR, REPORT_STEM, TORCH_TRACE
 from hopperlab.profiling.timeline import DEFAULT_GAP_THRESHOLD_US, derive_metrics, kernel_table

@@ -8,7 +8,7 @@ Both sources (an Nsight Systems SQLite export, a torch profiler Chrome trace) ar
 * **GPU operations**: kernels, memory copies (by direction), memsets and unified-memory
   migrations, each an interval on the GPU;
 * **ranges**: NVTX ranges (``record_function`` under the torch profiler), named as in
-  ``hopperlab.nvtx``.
+  ``hopperlab.cuda.nvtx``.
 
 Definitions (docs/profiling.md has the table):
 

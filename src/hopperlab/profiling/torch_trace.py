@@ -2,7 +2,7 @@
 
 The trace holds complete events (``"ph": "X"``, times in microseconds) by category: ``kernel``,
 ``gpu_memcpy`` (name "Memcpy HtoD (Pinned -> Device)", bytes in ``args``), ``gpu_memset``,
-``user_annotation`` (``record_function``, which ``hopperlab.nvtx.nvtx_range`` opens beside each
+``user_annotation`` (``record_function``, which ``hopperlab.cuda.nvtx.nvtx_range`` opens beside each
 NVTX range), and CPU operators. The capture is the span of all its complete events.
 
 What a torch trace cannot give: unified-memory migrations and page faults (CUPTI's unified-memory

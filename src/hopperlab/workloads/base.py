@@ -8,7 +8,7 @@ inside the job, so heavy imports stay on the compute node.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, TypeVar
 
 P = TypeVar("P")
@@ -16,6 +16,22 @@ P = TypeVar("P")
 #: every value of the ``profiler`` knob the platform can run (``hopperlab.profiling``): a family
 #: whose runs open ``measured_region()`` supports them all
 PROFILERS = frozenset({"none", "nsys", "torch"})
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The variant knobs of ARCHITECTURE.md, the same names in every family; each family
+    declares the values it implements (``FamilyInfo.supported_knobs``)."""
+
+    num_workers: int = 0
+    offload: str = "none"
+    memory: str = "device"
+    precision: str = "bf16"
+    profiler: str = "none"
+
+
+#: each knob's value when a variant leaves it unset
+KNOB_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Knobs)}
 
 
 @dataclass(frozen=True)

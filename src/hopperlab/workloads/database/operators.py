@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from hopperlab.nvtx import nvtx_range, query_operator
+from hopperlab.cuda.nvtx import nvtx_range, query_operator
 
 INT64_HEADROOM = 2**62
 #: privatized bins per group of the scatter-add aggregation (a power of two)

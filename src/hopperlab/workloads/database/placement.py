@@ -305,7 +305,7 @@ class ManagedSource(_Streamed):
         super().__init__(*args, **kwargs)
 
     def _place(self, enc: Encoded) -> Stored:
-        from hopperlab.memory.cuda_runtime import host_view
+        from hopperlab.cuda.runtime import host_view
 
         nbytes = max(1, enc.data.nbytes)
         ptr = self.runtime.malloc_managed(nbytes)

@@ -31,8 +31,8 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
 from hopperlab.workloads.base import no_cuda_reason, spec_knob, spec_params
-from hopperlab.nvtx import measured_region
-from hopperlab.record import SkipRun
+from hopperlab.cuda.nvtx import measured_region
+from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.database import (DEFAULT_CHUNK_ROWS, DEFAULT_REPEATS, DEFAULT_WARMUP,
                                           DatabaseParams)
 
@@ -74,9 +74,9 @@ def managed_runtime(device: Any, need: int, allow_oversubscription: bool) -> Any
     """The CUDA runtime binding for managed memory, after the free-memory rule allowed ``need``."""
     import torch
 
-    from hopperlab import hardware
-    from hopperlab.memory.managed_policy import managed_bytes_allowed
-    from hopperlab.memory.cuda_runtime import CudaError, CudaRuntime
+    from hopperlab.node import hardware
+    from hopperlab.cuda.managed_policy import managed_bytes_allowed
+    from hopperlab.cuda.runtime import CudaError, CudaRuntime
 
     try:
         runtime = CudaRuntime()
@@ -146,7 +146,7 @@ def run(spec: Any, recorder: Any) -> None:
 
     link = params.link_gbps
     if link is None and not no_gpu:
-        from hopperlab.memory.link import MIB, pinned_copy_gbps
+        from hopperlab.cuda.link import MIB, pinned_copy_gbps
 
         link = pinned_copy_gbps(device, "h2d", 256 * MIB, copies=4, samples=3, verify=True)
         recorder.set_tag("database.link_source", "measured: pinned H2D, 256 MiB x 4, median of 3")

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from hopperlab.nvtx import DATA_WAIT, nvtx_range
+from hopperlab.cuda.nvtx import DATA_WAIT, nvtx_range
 from hopperlab.workloads.finetune import FinetuneParams
 
 
@@ -54,7 +54,7 @@ class DataSource:
 
 def _asset(spec: Any, role: str) -> Any:
     """``spec.asset_path(role)``, or None when the asset is missing (AssetMissing)."""
-    from hopperlab.errors import AssetMissing
+    from hopperlab.core.errors import AssetMissing
 
     try:
         return spec.asset_path(role)

@@ -17,7 +17,7 @@ import time
 from contextlib import nullcontext
 from typing import Any, Callable, Iterator
 
-from hopperlab.nvtx import BACKWARD, FORWARD, OPTIMIZER, STEP, measured_region, nvtx_range
+from hopperlab.cuda.nvtx import BACKWARD, FORWARD, OPTIMIZER, STEP, measured_region, nvtx_range
 from hopperlab.workloads.finetune.metrics import StepRecord
 
 Batch = dict[str, Any]

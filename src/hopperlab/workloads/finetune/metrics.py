@@ -145,8 +145,8 @@ def link_floors(final: dict[str, float], h2d_gbps: float, d2h_gbps: float, *,
 
 def gpu_memory(torch: Any, device: Any) -> dict[str, float]:
     """Peak allocated / reserved GiB since the last reset, from the caching allocator (across
-    the windows a technique measured: ``hopperlab.memory.peaks``)."""
-    from hopperlab.memory import peaks
+    the windows a technique measured: ``hopperlab.cuda.peaks``)."""
+    from hopperlab.cuda import peaks
 
     allocated, reserved = peaks.overall(device)
     return {"peak_gpu_allocated_gib": allocated / GIB, "peak_gpu_reserved_gib": reserved / GIB}

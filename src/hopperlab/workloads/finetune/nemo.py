@@ -151,7 +151,7 @@ def container_prefix(spec: Any) -> list[str] | None:
     prefix for ``containers/nemo.sif`` otherwise, None when neither is possible."""
     if os.environ.get("HOPPERLAB_IMAGE") == NEMO_IMAGE:
         return []
-    from hopperlab.containers import exec_prefix, find_runtime, image_path, job_binds
+    from hopperlab.node.containers import exec_prefix, find_runtime, image_path, job_binds
 
     container = spec.site.container
     images_dir = Path(container.image_file).parent if container.image_file else Path("containers")
@@ -164,7 +164,7 @@ def container_prefix(spec: Any) -> list[str] | None:
 
 
 def run_nemo(spec: Any, params: FinetuneParams, recorder: Any) -> None:
-    from hopperlab.record import SkipRun
+    from hopperlab.core.rundir import SkipRun
 
     try:
         model_dir = spec.asset_path("model")
@@ -179,7 +179,7 @@ def run_nemo(spec: Any, params: FinetuneParams, recorder: Any) -> None:
     prefix = container_prefix(spec)
     if prefix is None:
         raise SkipRun("backend nemo: not inside the nemo image, and no container runtime with "
-                      "containers/nemo.sif here (build it: python -m hopperlab.containers "
+                      "containers/nemo.sif here (build it: python -m hopperlab.node.containers "
                       "build nemo)")
     full = prefix + cmd
     recorder.set_tag("nemo.command", " ".join(full))

@@ -22,10 +22,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ContextManager
 
-from hopperlab.spec import Knobs  # re-exported: the knobs a run's spec carries
 from hopperlab.workloads.finetune import FinetuneParams
 
-__all__ = ["Knobs", "Techniques"]
 
 GIB = 1 << 30
 #: the caching allocator's counters a step reports the change of (torch.cuda.memory_stats)

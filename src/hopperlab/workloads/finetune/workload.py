@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from hopperlab.workloads.base import no_cuda_reason, spec_params
-from hopperlab.record import SkipRun
+from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.finetune import HEADLINE_METRICS, FinetuneParams
 
 __all__ = ["run", "HEADLINE_METRICS"]
@@ -43,8 +43,8 @@ def use_cuda(spec: Any) -> tuple[bool, str]:
 def _pinned_link(device: Any) -> tuple[float, float]:
     """The node's pinned host->device and device->host GB/s, measured after training (the GPU
     is idle then): the figure the run's link floors are judged with, from the same node and
-    moment (``hopperlab.memory.link``)."""
-    from hopperlab.memory.link import MIB, pinned_copy_gbps
+    moment (``hopperlab.cuda.link``)."""
+    from hopperlab.cuda.link import MIB, pinned_copy_gbps
 
     return tuple(pinned_copy_gbps(device, d, 256 * MIB, copies=4, samples=3, verify=True)
                  for d in ("h2d", "d2h"))  # type: ignore[return-value]
@@ -154,7 +154,7 @@ def run_torch(spec: Any, params: FinetuneParams, recorder: Any, *,
         if cuda:
             torch.cuda.synchronize(device)
             if managed is None:
-                from hopperlab.memory import peaks
+                from hopperlab.cuda import peaks
 
                 peaks.reset(device)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hopperlab.nvtx import nvtx_range, pipeline
+from hopperlab.cuda.nvtx import nvtx_range, pipeline
 
 
 def forward_last(model: Any, ids: Any, cache: Any) -> Any:

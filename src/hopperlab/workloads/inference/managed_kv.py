@@ -9,7 +9,7 @@ pinned reload, with the driver's page migration instead of cudaMemcpy.
 
 The house rule of ARCHITECTURE.md holds: managed memory never takes more than half of the GPU's
 free memory unless the node is a Grace Hopper or the site allows oversubscription
-(``hopperlab.memory.managed_policy``). The run checks its worst case before it starts
+(``hopperlab.cuda.managed_policy``). The run checks its worst case before it starts
 (``check_budget``) and every allocation again.
 
 Without CUDA there is no managed memory: the buffers are plain host tensors and the prefetches
@@ -23,8 +23,8 @@ import platform
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from hopperlab.nvtx import OFFLOAD_COPY, nvtx_range
-from hopperlab.record import SkipRun
+from hopperlab.cuda.nvtx import OFFLOAD_COPY, nvtx_range
+from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.inference.kv_cache import LayerKV, cache_nbytes
 from hopperlab.workloads.inference.layered_reload import Reload, reload_in_layers
 from hopperlab.workloads.inference.runtime import Runtime
@@ -46,7 +46,7 @@ class ManagedCopy:
 
 
 def _is_grace_hopper(rt: Runtime) -> bool:
-    from hopperlab import hardware  # noqa: PLC0415
+    from hopperlab.node import hardware  # noqa: PLC0415
 
     torch = rt.torch
     name = torch.cuda.get_device_name(rt.device)
@@ -68,7 +68,7 @@ class ManagedStore:
         self.cuda = None
         self.grace_hopper = False
         if rt.is_cuda:
-            from hopperlab.memory import cuda_runtime as cr  # noqa: PLC0415
+            from hopperlab.cuda import runtime as cr  # noqa: PLC0415
 
             try:
                 self.cuda = cr.CudaRuntime()
@@ -83,7 +83,7 @@ class ManagedStore:
         return self.cuda is None
 
     def allowed(self, nbytes: int) -> bool:
-        from hopperlab.memory.managed_policy import managed_bytes_allowed  # noqa: PLC0415
+        from hopperlab.cuda.managed_policy import managed_bytes_allowed  # noqa: PLC0415
 
         if self.emulated:
             return True
@@ -112,7 +112,7 @@ class ManagedStore:
             buffer = torch.empty(size, dtype=torch.uint8)
             self.allocated_bytes += size
             return 0, buffer
-        from hopperlab.memory.cuda_runtime import CudaArray  # noqa: PLC0415
+        from hopperlab.cuda.runtime import CudaArray  # noqa: PLC0415
 
         if not self.allowed(size):
             raise SkipRun(f"managed memory: {size / 1e9:.2f} GB more would break the "

@@ -172,6 +172,6 @@ def measure_pinned_h2d_gbps(rt: Runtime, nbytes: int = 256 * MIB, repeats: int =
     NaN without CUDA (there is no link to measure)."""
     if not rt.is_cuda:
         return float("nan")
-    from hopperlab.memory.link import pinned_copy_gbps
+    from hopperlab.cuda.link import pinned_copy_gbps
 
     return pinned_copy_gbps(rt.device, "h2d", nbytes, samples=repeats, stream=rt.side)

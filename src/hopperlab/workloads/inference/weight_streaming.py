@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hopperlab.nvtx import OFFLOAD_PREFETCH, nvtx_range
+from hopperlab.cuda.nvtx import OFFLOAD_PREFETCH, nvtx_range
 from hopperlab.workloads.inference.host_memory import HostArena
 from hopperlab.workloads.inference.runtime import Runtime
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from hopperlab.workloads.base import spec_knob, spec_params
-from hopperlab.nvtx import measured_region
+from hopperlab.cuda.nvtx import measured_region
 from hopperlab.workloads.inference import InferenceParams
 from hopperlab.workloads.inference.runtime import GB, Runtime, percentile
 

@@ -38,9 +38,9 @@ import mmap
 import time
 from typing import Any, Callable
 
-from hopperlab.record import SkipRun
+from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.membench import MembenchParams
-from hopperlab.memory.managed_policy import managed_bytes_allowed
+from hopperlab.cuda.managed_policy import managed_bytes_allowed
 from hopperlab.workloads.membench.common import (MIB, Env, Plan, SweepRecord, gbps, log_finite)
 
 BYTE_A = 0x5A
@@ -113,7 +113,7 @@ def _prepare(ctx: _Ctx, kind: str) -> Any:
                              "empty its pinned-memory cache)")
         return ("ctypes", _runtime_or_skip("pinned allocations"))
     # managed
-    from hopperlab.memory import cuda_runtime as cr  # noqa: PLC0415
+    from hopperlab.cuda import runtime as cr  # noqa: PLC0415
 
     rt = _runtime_or_skip("managed memory")
     torch, dev = ctx.torch, ctx.env.device
@@ -137,7 +137,7 @@ def _prepare(ctx: _Ctx, kind: str) -> Any:
 
 
 def _runtime_or_skip(what: str) -> Any:
-    from hopperlab.memory.cuda_runtime import CudaError, CudaRuntime  # noqa: PLC0415
+    from hopperlab.cuda.runtime import CudaError, CudaRuntime  # noqa: PLC0415
 
     try:
         return CudaRuntime()
@@ -238,7 +238,7 @@ def _pinned(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: An
                     ptr = None
                     a = x.numpy()
                 else:
-                    from hopperlab.memory.cuda_runtime import host_view  # noqa: PLC0415
+                    from hopperlab.cuda.runtime import host_view  # noqa: PLC0415
 
                     t0 = time.perf_counter()
                     ptr = tool.host_alloc(n)
@@ -286,7 +286,7 @@ def _host(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], _setup: Any
 
 
 def _managed(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: Any) -> None:
-    from hopperlab.memory.cuda_runtime import CudaArray, host_view  # noqa: PLC0415
+    from hopperlab.cuda.runtime import CudaArray, host_view  # noqa: PLC0415
 
     rt, concurrent = setup
     torch = ctx.torch

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from hopperlab import hardware
+from hopperlab.node import hardware
 from hopperlab.workloads.base import no_cuda_reason
 from hopperlab.workloads.membench import (DEFAULT_REPEATS, DEFAULT_SIZES_MB, DEFAULT_WARMUP,
                                           MembenchParams)

@@ -32,9 +32,9 @@ import time
 from contextlib import ExitStack
 from typing import Any, Callable
 
-from hopperlab.record import SkipRun
+from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.membench import MembenchParams
-from hopperlab.memory.managed_policy import managed_bytes_allowed
+from hopperlab.cuda.managed_policy import managed_bytes_allowed
 from hopperlab.workloads.membench.common import (MIB, Env, Plan, SweepRecord, gbps,
                                                  inner_copies, log_finite)
 
@@ -156,7 +156,7 @@ def _cuda_copies(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *,
     recorder.set_tag("membench.spin_kernel", str(sleep_ok).lower())
     runtime = None
     if memory == "managed":
-        from hopperlab.memory.cuda_runtime import CudaError, CudaRuntime  # noqa: PLC0415
+        from hopperlab.cuda.runtime import CudaError, CudaRuntime  # noqa: PLC0415
 
         try:
             runtime = CudaRuntime()
@@ -177,7 +177,7 @@ def _cuda_copies(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *,
             def device_buffer() -> Any:
                 if runtime is None:
                     return torch.empty(n, dtype=torch.uint8, device=dev)
-                from hopperlab.memory.cuda_runtime import CudaArray  # noqa: PLC0415
+                from hopperlab.cuda.runtime import CudaArray  # noqa: PLC0415
 
                 ptr = stack.enter_context(runtime.managed(n))
                 t = torch.as_tensor(CudaArray(ptr, n), device=dev)

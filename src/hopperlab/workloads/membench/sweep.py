@@ -21,8 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from hopperlab import hardware
-from hopperlab.record import Recorder, SkipRun
+from hopperlab.node import hardware
+from hopperlab.core.rundir import Recorder, SkipRun
 from hopperlab.workloads.membench import MembenchParams
 
 #: experiments/membench.yaml, per scale: (sizes_mb, repeats, warmup) of each test.

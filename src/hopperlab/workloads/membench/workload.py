@@ -20,7 +20,7 @@ What runs where:
 Knobs: ``memory`` (device | managed): for ``copy``, where the device buffers come from
 (cudaMalloc, or cudaMallocManaged prefetched to the GPU); for ``alloc``, ``managed`` goes with
 ``kind: managed`` only. ``profiler``: the sweep is the measured region
-(``hopperlab.nvtx.profiled_region``: the nsys capture under ``profiler: nsys``, the torch
+(``hopperlab.cuda.nvtx.profiled_region``: the nsys capture under ``profiler: nsys``, the torch
 profiler and ``artifacts/profile/torch_trace.json`` under ``profiler: torch``), with an NVTX range
 (and torch ``record_function``) around each size.
 
@@ -35,8 +35,8 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
 from hopperlab.workloads.base import spec_knob, spec_params
-from hopperlab.nvtx import nvtx_range, profiled_region
-from hopperlab.record import SkipRun
+from hopperlab.cuda.nvtx import nvtx_range, profiled_region
+from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.membench import HEADLINE_METRICS, MembenchParams, headline_metrics
 from hopperlab.workloads.membench.common import Env, plan_for, probe
 

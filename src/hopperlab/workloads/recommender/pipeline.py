@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hopperlab.nvtx import nvtx_range
+from hopperlab.cuda.nvtx import nvtx_range
 from hopperlab.workloads.recommender import COMPONENTS
 from hopperlab.workloads.recommender.data import RecsysData
 from hopperlab.workloads.recommender.features import (NumpyAugmenter, PackedTables,

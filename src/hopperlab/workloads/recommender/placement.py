@@ -1,7 +1,7 @@
 """Where the pipeline's memory lives: pinned or pageable staging, managed-memory feature tables.
 
 ``memory: managed`` puts the packed feature tables in CUDA managed memory (cudaMallocManaged via
-ctypes, ``hopperlab.memory.cuda_runtime``): the CPU writes them once, then the GPU gathers a query's rows
+ctypes, ``hopperlab.cuda.runtime``): the CPU writes them once, then the GPU gathers a query's rows
 from them directly and pages migrate on demand; no explicit host->device copy of the batch.
 The request is checked against the GPU's free memory first (``managed_bytes_allowed``: at most
 half of it, unless Grace Hopper or the site allows oversubscription); over it, the run is skipped.
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hopperlab.record import SkipRun
+from hopperlab.core.rundir import SkipRun
 
 
 def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
@@ -27,9 +27,9 @@ class ManagedTables:
     """Numpy tables copied into managed memory, exposed as CUDA tensors; ``close()`` frees them."""
 
     def __init__(self, tables: dict[str, np.ndarray], *, allow_oversubscription: bool) -> None:
-        from hopperlab import hardware  # noqa: PLC0415
-        from hopperlab.memory import cuda_runtime as cr  # noqa: PLC0415
-        from hopperlab.memory.managed_policy import managed_bytes_allowed  # noqa: PLC0415
+        from hopperlab.node import hardware  # noqa: PLC0415
+        from hopperlab.cuda import runtime as cr  # noqa: PLC0415
+        from hopperlab.cuda.managed_policy import managed_bytes_allowed  # noqa: PLC0415
 
         try:
             self.rt = cr.CudaRuntime()

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from hopperlab.workloads.base import spec_knob
-from hopperlab.nvtx import measured_region
-from hopperlab.record import SkipRun
+from hopperlab.cuda.nvtx import measured_region
+from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.recommender import COMPONENTS, RecommenderParams
 
 #: queries checked against the CPU-only pipeline when the GPU pipeline runs (same ranked list?)

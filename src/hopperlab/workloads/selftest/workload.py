@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from hopperlab.record import Recorder, SkipRun
+from hopperlab.core.rundir import Recorder, SkipRun
 
 
 def run(spec, recorder: Recorder) -> None:

@@ -12,8 +12,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from hopperlab import record
-from hopperlab.record import Recorder, SkipRun, read_json, write_json_atomic, write_text_atomic
+from hopperlab.core import rundir as record
+from hopperlab.core.rundir import Recorder, SkipRun, read_json, write_json_atomic, write_text_atomic
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -44,8 +44,8 @@ def execute(spec_path: str) -> dict[str, Any]:
     rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)))
     rec.slurm = slurm_identity()
     try:
-        from hopperlab import hardware
-        from hopperlab.spec import RunSpec
+        from hopperlab.node import hardware
+        from hopperlab.config.spec import RunSpec
         from hopperlab.workloads import family_info
 
         rec.hardware = hardware.fingerprint()

@@ -7,42 +7,24 @@ the key path and what was expected (``SpecError``). The same code serves the Sna
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
-import types
-import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from hopperlab.containers import image_path, resolve_site_runtime
-from hopperlab.errors import AssetMissing, SpecError
+from hopperlab.node.containers import image_path, resolve_site_runtime
+from hopperlab.core.errors import AssetMissing, SpecError
+from hopperlab.core.schema import load_yaml, typed_from_mapping, validate_against_schema
 from hopperlab.workloads import FAMILY_MODULES, family_info
-from hopperlab.workloads.base import FamilyInfo
+from hopperlab.workloads.base import KNOB_DEFAULTS, FamilyInfo, Knobs
 
-KNOB_DEFAULTS: dict[str, Any] = {
-    "num_workers": 0,
-    "offload": "none",
-    "memory": "device",
-    "precision": "bf16",
-    "profiler": "none",
-}
 SCALES = ("smoke", "full")
 DEFAULT_RESOURCES = {"gpus": 0, "cpus": 1, "mem_gb": 4.0, "time_min": 10}
 
 
 # --------------------------------------------------------------------------- typed specs
-@dataclass(frozen=True)
-class Knobs:
-    num_workers: int = 0
-    offload: str = "none"
-    memory: str = "device"
-    precision: str = "bf16"
-    profiler: str = "none"
-
-
 @dataclass(frozen=True)
 class Resources:
     gpus: int = 0
@@ -191,87 +173,10 @@ def _schema(root: Path, name: str) -> dict[str, Any]:
     return yaml.safe_load((root / "workflow" / "schemas" / name).read_text())
 
 
-def _key_path(parts: typing.Iterable[Any]) -> str:
-    return ".".join(str(p) for p in parts) or "(top level)"
-
-
-def validate_against_schema(data: Any, schema: Mapping[str, Any], source: str) -> None:
-    """Validate with jsonschema; raise SpecError naming file, key path and what was expected."""
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
-    if not errors:
-        return
-    lines = []
-    for err in errors[:5]:
-        path = list(err.absolute_path)
-        if err.validator == "additionalProperties":
-            allowed = sorted(err.schema.get("properties", {}))
-            extra = sorted(set(err.instance) - set(allowed))
-            for key in extra:
-                hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
-                lines.append(f"{source}: {_key_path(path + [key])}: unknown key{hint}")
-            continue
-        lines.append(f"{source}: {_key_path(path)}: {err.message}")
-    raise SpecError("\n".join(lines))
-
-
-def load_yaml(path: Path, what: str) -> Any:
-    if not path.exists():
-        raise SpecError(f"{path}: {what} file not found")
-    try:
-        return yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
-
-
-def _field_type_ok(value: Any, tp: Any) -> bool:
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_field_type_ok(value, arg) for arg in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if origin in (list, tuple):
-        args = typing.get_args(tp)
-        inner = args[0] if args else Any
-        return isinstance(value, (list, tuple)) and all(_field_type_ok(v, inner) for v in value)
-    if origin is dict:
-        return isinstance(value, dict)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(tp, type):
-        return isinstance(value, tp)
-    return True
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
 def build_params(info: FamilyInfo, values: Mapping[str, Any], source: str, path: str) -> Any:
     """The family's params dataclass from a mapping, refusing unknown names and wrong types."""
-    hints = typing.get_type_hints(info.params)
-    fields = {f.name: f for f in dataclasses.fields(info.params)}
-    for name, value in values.items():
-        if name not in fields:
-            raise SpecError(
-                f"{source}: {path}.{name}: unknown parameter of the {info.name} family; "
-                f"expected one of: {', '.join(sorted(fields))}")
-        if not _field_type_ok(value, hints[name]):
-            raise SpecError(
-                f"{source}: {path}.{name}: expected {_type_name(hints[name])}, "
-                f"got {type(value).__name__} {value!r}")
-    converted = {k: tuple(v) if isinstance(v, list) and typing.get_origin(hints[k]) is tuple else v
-                 for k, v in values.items()}
-    try:
-        return info.params(**converted)
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"{source}: {path}: {exc}") from None
+    return typed_from_mapping(info.params, values, f"{source}: {path}",
+                              f"parameter of the {info.name} family")
 
 
 def check_knobs(info: FamilyInfo, knobs: Mapping[str, Any], source: str, path: str) -> Knobs:

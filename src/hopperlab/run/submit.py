@@ -15,10 +15,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from hopperlab import record
-from hopperlab.record import (FAILING_STATUSES, load_record, read_json, utc_now,
+from hopperlab.core import rundir as record
+from hopperlab.core.rundir import (FAILING_STATUSES, load_record, read_json, utc_now,
                               write_json_atomic, write_record)
-from hopperlab.spec import Matrix, RunSpec
+from hopperlab.config.spec import Matrix, RunSpec
 
 ATTEMPTS_DIR = "attempts"
 KEPT_ACROSS_ATTEMPTS = {ATTEMPTS_DIR, record.HISTORY_FILE}
@@ -106,7 +106,8 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any) -> 
 def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | None = None,
            log=print) -> int:
     """Run ``key`` through the site's executor; return the exit code for the Snakemake rule."""
-    from hopperlab import launch, runner
+    from hopperlab.run import launch
+    from hopperlab.run import runner
 
     spec = matrix.get(key)
     if executor:
@@ -146,7 +147,7 @@ def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | Non
 
 def upload_quietly(run_dir: Path, tracking_uri: str, log=print) -> bool:
     """Upload a run; on any tracking trouble say so and keep going (``hopperlab sync`` later)."""
-    from hopperlab import tracking
+    from hopperlab.results import tracking
 
     try:
         tracking.upload_run(run_dir, tracking_uri)

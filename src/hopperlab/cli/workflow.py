@@ -8,8 +8,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from hopperlab.record import RECORD_FILE, METRICS_FILE
-from hopperlab.spec import Matrix, SpecError, unknown_target_message
+from hopperlab.core.rundir import RECORD_FILE, METRICS_FILE
+from hopperlab.config.spec import Matrix, SpecError, unknown_target_message
 
 #: config keys forwarded to `hopperlab` on each rule's command line
 FORWARDED_KEYS = ("site", "scale", "results_dir", "families", "only", "profiler",
@@ -144,7 +144,7 @@ def refresh_report_if_stale(matrix: Matrix) -> bool:
                 newest = max(newest, path.stat().st_mtime)
     if newest == 0.0 or (summary.exists() and summary.stat().st_mtime >= newest):
         return False
-    from hopperlab.report import build_report
+    from hopperlab.results.report import build_report
 
     build_report(results)
     return True

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from hopperlab import record as rec
+from hopperlab.core import rundir as rec
 
 log = logging.getLogger(__name__)
 
@@ -518,7 +518,7 @@ def _hardware_table(runs: Sequence[RunRow]) -> str:
 
 def _knobs(knobs: Mapping[str, Any]) -> str:
     """The knobs a variant turns away from their defaults (the rest would only be noise)."""
-    from hopperlab.spec import KNOB_DEFAULTS
+    from hopperlab.workloads.base import KNOB_DEFAULTS
 
     changed = [f"{k}={v}" for k, v in knobs.items() if KNOB_DEFAULTS.get(k) != v]
     return ", ".join(changed) or "defaults"

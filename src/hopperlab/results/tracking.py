@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from hopperlab.record import (
+from hopperlab.core.rundir import (
     FAILING_STATUSES,
     RECORD_FILE,
     HARDWARE_FILE,

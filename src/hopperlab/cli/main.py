@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hopperlab.spec import KNOB_DEFAULTS, Matrix, SpecError, find_root, load_matrix
+from hopperlab.workloads.base import KNOB_DEFAULTS
+from hopperlab.config.spec import Matrix, SpecError, find_root, load_matrix
 
 EXIT_CONFIG_ERROR = 2
 
@@ -64,13 +65,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from hopperlab.submission import submit
+    from hopperlab.run.submit import submit
 
     return submit(_matrix(args), args.key, upload=not args.no_upload)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hopperlab.submission import submit
+    from hopperlab.run.submit import submit
 
     matrix = _matrix(args)
     spec = matrix.get(args.key)
@@ -107,7 +108,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare_tracking(args: argparse.Namespace) -> int:
-    from hopperlab import tracking
+    from hopperlab.results import tracking
 
     matrix = _matrix(args)
     tracking.prepare(matrix.site.tracking_uri, matrix.experiments())
@@ -118,7 +119,7 @@ def cmd_prepare_tracking(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from hopperlab import tracking
+    from hopperlab.results import tracking
 
     matrix = _matrix(args)
     report = tracking.sync(matrix.results_dir, matrix.site.tracking_uri)
@@ -127,7 +128,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from hopperlab import tracking
+    from hopperlab.results import tracking
 
     matrix = _matrix(args)
     family, _, experiment = args.experiment.partition("/")
@@ -140,7 +141,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from hopperlab.report import build_report
+    from hopperlab.results.report import build_report
 
     matrix = _matrix(args)
     csv_path, html_path = build_report(matrix.results_dir)

@@ -22,7 +22,7 @@ from hopperlab.assets.errors import AssetError
 from hopperlab.assets.manifest import verify
 from hopperlab.assets.registry import ASSETS_FILE, kinds, load_assets, load_scales
 from hopperlab.assets.store import DEFAULT_ASSETS_DIR, asset_dir, materialize, read_info
-from hopperlab.errors import SpecError
+from hopperlab.core.errors import SpecError
 
 
 def find_root(start: Path | None = None) -> Path:

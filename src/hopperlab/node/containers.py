@@ -38,7 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from hopperlab.errors import SpecError
+from hopperlab.core.errors import SpecError
 
 #: the runtimes we know, in the order ``auto`` tries them
 RUNTIMES = ("apptainer", "singularity")
@@ -289,7 +289,7 @@ def build(def_path: Path | str, sif_path: Path | str, runtime: str, fakeroot: bo
     a failed build leaves any previous image there untouched. Raises ContainerError.
 
     It changes the process's PATH and working folder while the build runs (spython offers no
-    other way): call it from one thread, as ``python -m hopperlab.containers build`` does.
+    other way): call it from one thread, as ``python -m hopperlab.node.containers build`` does.
     """
     def_file = Path(def_path).resolve()
     target = Path(sif_path).resolve()
@@ -340,7 +340,7 @@ def build(def_path: Path | str, sif_path: Path | str, runtime: str, fakeroot: bo
 # --------------------------------------------------------------------------- command line
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hopperlab.containers",
+        prog="python -m hopperlab.node.containers",
         description="Build hopperlab's container images (containers/<name>.def -> .sif).")
     sub = parser.add_subparsers(dest="action", required=True)
     for action, text in (("build", "build containers/<NAME>.sif through spython"),
@@ -360,7 +360,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hopperlab.containers build NAME --runtime R [--fakeroot]`` and friends."""
+    """``python -m hopperlab.node.containers build NAME --runtime R [--fakeroot]`` and friends."""
     args = _parser().parse_args(argv)
     try:
         if args.action == "runtime":
