@@ -6,7 +6,7 @@ source talk's comparisons on a real GPU: ``--num-workers 0`` vs ``4`` (a data se
 cost CPU time, as tokenisation does) and ``--memory managed`` (each batch staged in CUDA managed
 memory written by the CPU, so the GPU's reads migrate pages: unified-memory traffic). It writes
 a run directory like a hopperlab job (``record.json`` through a ``Recorder``), so
-``python -m hopperlab.profiling job`` can wrap it exactly as it wraps a job::
+``hopperlab profile job`` can wrap it exactly as it wraps a job::
 
     python benchmarks/profiling_trainloop.py RUN_DIR --num-workers 4 --profiler nsys
 

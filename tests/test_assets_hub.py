@@ -256,10 +256,10 @@ def test_no_network_with_the_real_library(tmp_path):
     env = {"HF_HUB_OFFLINE": "1", "HF_TOKEN": SECRET, "PATH": "/usr/bin:/bin",
            "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"),
            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run([sys.executable, "-m", "hopperlab.assets", "fetch", "llama-2-7b",
+    out = subprocess.run([sys.executable, "-m", "hopperlab.cli", "assets", "fetch", "llama-2-7b",
                           "--root", str(ROOT), "--assets-dir", str(tmp_path / "assets")],
                          capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 1
+    assert out.returncode == 2  # an expected error: one message, exit status 2
     assert "cannot reach the Hugging Face Hub" in out.stderr
     assert "weights: random" in out.stderr and "local_path" in out.stderr
     assert SECRET not in out.stdout + out.stderr

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hopperlab.assets import build_random_model, main
+from hopperlab.assets import build_random_model
+from hopperlab.cli.main import main
 from hopperlab.assets.random_weights import format_count, read_architecture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,5 +53,5 @@ def test_small_random_model_runs_on_cpu(tmp_path):
 
 
 def test_cli_reports_the_count(capsys):
-    assert main(["params", str(LLAMA_7B)]) == 0
+    assert main(["assets", "params", str(LLAMA_7B)]) == 0
     assert "6738415616 parameters (6.74 B)" in capsys.readouterr().out

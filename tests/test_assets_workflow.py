@@ -111,7 +111,7 @@ def test_a_run_without_its_asset_says_which_and_how_to_build_it(tmp_path):
     spec = matrix.get("selftest/assets/table")
     with pytest.raises(AssetMissing) as err:
         spec.asset_path("table")
-    assert "interactions-smoke" in str(err.value) and "hopperlab.assets fetch" in str(err.value)
+    assert "interactions-smoke" in str(err.value) and "hopperlab assets fetch" in str(err.value)
     with pytest.raises(AssetMissing) as err:
         spec.asset_path("model")
     assert "'model'" in str(err.value)

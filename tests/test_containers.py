@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hopperlab.cli.main import main as hopperlab
 from hopperlab.node import containers
 from hopperlab.node.containers import (
     ContainerError,
@@ -321,18 +322,18 @@ def test_module_imports_without_spython():
 # --------------------------------------------------------------------------- command line
 def test_cli_command_and_runtime(fake_bin, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    assert containers.main(["command", "nemo", "--runtime", "singularity", "--fakeroot"]) == 0
+    assert hopperlab(["containers", "command", "nemo", "--runtime", "singularity", "--fakeroot"]) == 0
     assert capsys.readouterr().out.split() == [
         "singularity", "build", "--fakeroot", "containers/nemo.sif", "containers/nemo.def"]
-    assert containers.main(["runtime"]) == 1
+    assert hopperlab(["containers", "runtime"]) == 1  # an answer: none found
     assert "`apptainer or singularity` is not on PATH" in capsys.readouterr().err
-    assert containers.main(["build", "nemo", "--runtime", "apptainer",
-                            "--output", str(tmp_path / "n.sif")]) == 1
+    assert hopperlab(["containers", "build", "nemo", "--runtime", "apptainer",
+                      "--output", str(tmp_path / "n.sif")]) == 2  # an expected error
     assert "`apptainer` is not on PATH" in capsys.readouterr().err
     fake_bin("apptainer")
-    assert containers.main(["runtime"]) == 0
+    assert hopperlab(["containers", "runtime"]) == 0
     assert capsys.readouterr().out.strip() == "apptainer"
-    assert containers.main(["build", "nosuch", "--output", str(tmp_path / "n.sif")]) == 1
+    assert hopperlab(["containers", "build", "nosuch", "--output", str(tmp_path / "n.sif")]) == 2
     assert "no such definition file (images: nemo, pytorch)" in capsys.readouterr().err
 
 
@@ -348,6 +349,7 @@ def test_rule_builds_the_image_and_rebuilds_when_the_def_changes(fake_bin, tmp_p
         from types import SimpleNamespace
         SETTINGS = SimpleNamespace(runtime="apptainer", fakeroot=True)
         MATRIX = SimpleNamespace(site=SimpleNamespace(container=SETTINGS))
+        HOPPERLAB = {shlex.quote(sys.executable) + " -m hopperlab.cli"!r}
         include: {str(REPO / "workflow" / "rules" / "containers.smk")!r}
         """))
     fake_bin("apptainer")

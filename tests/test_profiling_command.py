@@ -65,7 +65,7 @@ def test_nsys_command_for_each_knob_combination(tmp_path, memory, capture, cpu_s
     cmd = profiler_prefix(spec, run_dir, "py", settings)
     sep = cmd.index("--")
     wrapper, nsys = cmd[:sep], cmd[sep + 1:]
-    assert wrapper[:4] == ["py", "-m", "hopperlab.profiling", "job"]
+    assert wrapper[:5] == ["py", "-m", "hopperlab.cli", "profile", "job"]
     assert opt(wrapper, "--run-dir") == str(run_dir.resolve())
     assert opt(wrapper, "--profiler") == "nsys" and opt(wrapper, "--nsys") == "/opt/nsys/bin/nsys"
     assert nsys[:2] == ["/opt/nsys/bin/nsys", "profile"]
@@ -86,7 +86,7 @@ def test_no_profiler_no_prefix_and_torch_only_the_wrapper(tmp_path):
     assert profiler_prefix(make_spec(tmp_path, profiler="none"), tmp_path, "py") == []
     cmd = profiler_prefix(make_spec(tmp_path, profiler="torch"), tmp_path, "py")
     assert cmd[-1] == "--" and opt(cmd, "--profiler") == "torch"
-    assert "profile" not in cmd and "--nsys" not in cmd
+    assert "nsys" not in cmd[cmd.index("job"):] and "--nsys" not in cmd  # no `nsys profile`
 
 
 def test_site_profiling_block_reaches_the_command(tmp_path):
@@ -131,10 +131,11 @@ def test_job_python_puts_wrapper_and_nsys_inside_the_container(tmp_path):
     spec = make_spec(tmp_path, image="pytorch", executor="slurm")
     line = shlex.split(launch.job_python(spec, Path(spec.run_dir)))
     exec_at = line.index("exec")
-    wrapper_at = line.index("hopperlab.profiling") - 2
+    wrapper_at = line.index("hopperlab.cli") - 2
     assert exec_at < wrapper_at, "the wrapper must run inside the container"
     assert line[wrapper_at] == "python"  # the container's python, not this machine's
-    assert line[line.index("profile") - 1] == "nsys"  # the image's nsys, from its PATH
+    nsys_verb = line.index("profile", line.index("--", wrapper_at))  # after the wrapper's --
+    assert line[nsys_verb - 1] == "nsys"  # the image's nsys, from its PATH
     assert line[-1] == "python"
 
 

@@ -72,7 +72,7 @@ def run_wrapper(tmp_path: Path, nsys: Path, exit_code: int = 0) -> tuple[int, Pa
     app.write_text(APP)
     report = run_dir / "artifacts" / "profile" / "report"
     report.parent.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "hopperlab.profiling", "job", "--run-dir", str(run_dir),
+    cmd = [sys.executable, "-m", "hopperlab.cli", "profile", "job", "--run-dir", str(run_dir),
            "--profiler", "nsys", "--nsys", str(nsys), "--",
            str(nsys), "profile", "--output", str(report), sys.executable, str(app),
            str(run_dir), str(exit_code)]

@@ -3,13 +3,8 @@
 # is in hopperlab.node.containers. The image is rebuilt when its .def changes (Snakemake reruns on a
 # newer .def whose content differs).
 #   snakemake containers/pytorch.sif            build one image
-# Needs MATRIX (common.smk): the site's resolved runtime and `container_fakeroot`
+# Needs MATRIX and HOPPERLAB (common.smk): the site's resolved runtime and `container_fakeroot`
 # (see containers/README.md); read only when an image is asked for.
-import shlex as _shlex
-import sys as _sys
-
-CONTAINERS_CLI = f"{_shlex.quote(_sys.executable)} -m hopperlab.node.containers"
-
 
 rule container_image:
     input:
@@ -22,5 +17,5 @@ rule container_image:
     wildcard_constraints:
         name="[A-Za-z0-9][A-Za-z0-9._-]*",
     shell:
-        "{CONTAINERS_CLI} build {wildcards.name} --runtime {params.runtime} {params.fakeroot}"
+        "{HOPPERLAB} containers build {wildcards.name} --runtime {params.runtime} {params.fakeroot}"
         " --containers-dir containers --output {output}"

@@ -6,7 +6,7 @@ Heavy libraries (torch, transformers, huggingface_hub) are imported only where a
 built, so that importing this package stays fast for the Snakefile and the CLI.
 """
 
-from hopperlab.assets.errors import AssetError, NoNetworkError
+from hopperlab.core.errors import AssetError, NoNetworkError
 from hopperlab.assets.manifest import INFO, MANIFEST, verify
 from hopperlab.assets.registry import (
     AssetKind,
@@ -37,16 +37,9 @@ def build_random_model(config_path, device="meta", **kwargs):
     return build(config_path, device, **kwargs)
 
 
-def main(argv=None) -> int:
-    """``python -m hopperlab.assets fetch NAME [--assets-dir DIR]`` and friends."""
-    from hopperlab.cli.assets import main as cli_main
-
-    return cli_main(argv)
-
-
 __all__ = [
     "AssetError", "AssetKind", "AssetSpec", "BuildContext", "DEFAULT_ASSETS_DIR", "INFO",
     "MANIFEST", "NoNetworkError", "RepairContext", "asset_dir", "asset_fingerprint",
     "asset_inputs", "asset_outputs", "build_random_model", "kinds", "load_assets",
-    "load_scales", "main", "materialize", "read_info", "register_kind", "verify",
+    "load_scales", "materialize", "read_info", "register_kind", "verify",
 ]

@@ -19,7 +19,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping
 
-from hopperlab.assets.errors import AssetError, NoNetworkError
+from hopperlab.core.errors import AssetError, NoNetworkError
 from hopperlab.assets.manifest import git_blob_sha1, list_files, read_manifest, sha256_file
 from hopperlab.assets.registry import (
     NOT_DEFINITION,

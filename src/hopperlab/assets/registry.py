@@ -109,7 +109,7 @@ class AssetKind:
 
 KINDS: dict[str, AssetKind] = {}
 #: modules of this package that define no kind (every other module is imported by ``kinds()``)
-_NOT_KIND_MODULES = frozenset({"__main__", "cli", "errors", "formats", "manifest", "registry",
+_NOT_KIND_MODULES = frozenset({"__main__", "cli", "formats", "manifest", "registry",
                                "store", "random_weights"})
 
 

@@ -21,7 +21,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from hopperlab.assets.errors import AssetError
+from hopperlab.core.errors import AssetError
 from hopperlab.assets.formats import check_tree
 from hopperlab.assets.manifest import (
     INFO,

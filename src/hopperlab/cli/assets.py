@@ -1,13 +1,13 @@
-"""``python -m hopperlab.assets``: fetch, verify and list assets; count a model's parameters.
+"""``hopperlab assets``: fetch, verify and list assets; count a model's parameters.
 
-The commands Snakemake rules call (through the ``hopperlab`` CLI once wired) and people type:
+    hopperlab assets fetch dolly-smoke-prepared [--assets-dir results/assets]
+    hopperlab assets fetch --scale smoke          # every asset of a scale
+    hopperlab assets verify llama-2-7b
+    hopperlab assets list
+    hopperlab assets params models/llama-2-7b/config.json
 
-    python -m hopperlab.assets fetch dolly-smoke-prepared [--assets-dir results/assets]
-    python -m hopperlab.assets fetch --scale smoke          # every asset of a scale
-    python -m hopperlab.assets verify llama-2-7b
-    python -m hopperlab.assets list
-    python -m hopperlab.assets params models/llama-2-7b/config.json
-
+(The workflow's rule calls ``hopperlab fetch NAME --config ...``, which finds the site's
+assets folder from the matrix.)
 No command takes a token: the Hugging Face token comes from ``HF_TOKEN`` in the environment.
 """
 
@@ -18,8 +18,8 @@ import logging
 import sys
 from pathlib import Path
 
-from hopperlab.assets.errors import AssetError
 from hopperlab.assets.manifest import verify
+from hopperlab.assets.random_weights import build_random_model, format_count
 from hopperlab.assets.registry import ASSETS_FILE, kinds, load_assets, load_scales
 from hopperlab.assets.store import DEFAULT_ASSETS_DIR, asset_dir, materialize, read_info
 from hopperlab.core.errors import SpecError
@@ -34,10 +34,12 @@ def find_root(start: Path | None = None) -> Path:
     return here
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hopperlab.assets", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """``hopperlab assets fetch|verify|list|params`` under the main parser's ``sub``."""
+    p = sub.add_parser("assets", help="fetch, verify and list assets; count a model's parameters",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=run)
+    actions = p.add_subparsers(dest="action", required=True)
 
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--root", type=Path, default=None,
@@ -46,46 +48,36 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"where assets live, relative to the root (default: "
                             f"{DEFAULT_ASSETS_DIR})")
 
-    f = sub.add_parser("fetch", help="fetch or build assets (verify and repair existing ones)")
+    f = actions.add_parser("fetch", help="fetch or build assets (verify and repair existing ones)")
     f.add_argument("names", nargs="*", help="asset names (default with --scale: all of it)")
     f.add_argument("--scale", help="fetch every asset of this scale (smoke, full), or refuse "
                                     "named assets it does not list")
     f.add_argument("--weights", choices=("pretrained", "random"),
                    help="override a model's weights (random: architecture only, no download)")
     common(f)
-    v = sub.add_parser("verify", help="check assets against their MANIFEST.sha256")
+    v = actions.add_parser("verify", help="check assets against their MANIFEST.sha256")
     v.add_argument("names", nargs="*", help="asset names (default: every asset present)")
     v.add_argument("--quick", action="store_true", help="presence and sizes only, no hashing")
     common(v)
-    ls = sub.add_parser("list", help="every asset: kind, state, weights")
+    ls = actions.add_parser("list", help="every asset: kind, state, weights")
     common(ls)
-    c = sub.add_parser("params", help="count the parameters of a config.json (meta device)")
+    c = actions.add_parser("params", help="count the parameters of a config.json (meta device)")
     c.add_argument("config", type=Path)
-    return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Run one ``hopperlab assets`` action; errors propagate to the main command line."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    try:
-        return _run(args)
-    except SpecError as exc:
-        print(f"hopperlab: config error:\n{exc}", file=sys.stderr)
-        return 2
-    except AssetError as exc:
-        print(f"hopperlab: {exc}", file=sys.stderr)
-        return 1
+    return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.command == "params":
-        from hopperlab.assets.random_weights import build_random_model, format_count
-
+    if args.action == "params":
         _, n = build_random_model(args.config, "meta")
         print(f"{args.config}: {n} parameters ({format_count(n)})")
         return 0
     root = (args.root or find_root()).resolve()
-    if args.command == "fetch":
+    if args.action == "fetch":
         names = list(args.names)
         if not names:
             if not args.scale:
@@ -98,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
             print(path)
         return 0
     specs = load_assets(root)
-    if args.command == "verify":
+    if args.action == "verify":
         names = args.names or [n for n in specs if asset_dir(root, args.assets_dir, n).is_dir()]
         bad = 0
         for name in names:

@@ -1,8 +1,11 @@
-"""The ``hopperlab`` command: list, submit, run, fetch, sync, report, compare, prepare-tracking.
+"""The ``hopperlab`` command, the project's one command line: every rule and doc calls it.
 
-Each Snakemake rule calls one of these, so that the workflow stays thin and every piece of logic
-can be run and tested without Snakemake. Config overrides use Snakemake's form:
-``--config site=NAME scale=full``.
+Verbs: list, submit, run, fetch, prepare-tracking, sync, report, compare, and the groups
+``assets``, ``containers`` and ``profile``. Each Snakemake rule calls one of these, so that the
+workflow stays thin and every piece of logic can be run and tested without Snakemake. Config
+overrides use Snakemake's form: ``--config site=NAME scale=full``. An expected error
+(``HopperlabError``) is one message and exit status 2; anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -14,9 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from hopperlab.workloads.base import KNOB_DEFAULTS
-from hopperlab.config.spec import Matrix, SpecError, find_root, load_matrix
+from hopperlab.cli import assets as assets_cli
+from hopperlab.cli import containers as containers_cli
+from hopperlab.cli import profile as profile_cli
+from hopperlab.config.spec import Matrix, find_root, load_matrix
+from hopperlab.core.errors import HopperlabError, SpecError
+from hopperlab.assets.store import materialize
+from hopperlab.results import tracking
+from hopperlab.results.report import build_report
+from hopperlab.run.submit import submit
 
-EXIT_CONFIG_ERROR = 2
+#: exit status of an expected error (a config mistake, a missing asset, a node that cannot...)
+EXIT_EXPECTED_ERROR = 2
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -65,14 +77,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from hopperlab.run.submit import submit
-
     return submit(_matrix(args), args.key, upload=not args.no_upload)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hopperlab.run.submit import submit
-
     matrix = _matrix(args)
     spec = matrix.get(args.key)
     for name in sorted(set(spec.assets.values())):  # what Snakemake would have built first
@@ -81,15 +89,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _fetch(matrix: Matrix, name: str) -> Path:
-    from hopperlab.assets.store import materialize
 
     return materialize(name, matrix.root, matrix.site.assets_dir)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     """Fetch or build assets into the site's assets_dir (verifying and repairing existing ones)."""
-    from hopperlab.assets.errors import AssetError
-
     matrix = _matrix(args)
     names = list(args.names)
     if args.matrix:
@@ -97,19 +102,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     if not names:
         raise SpecError("hopperlab fetch: name assets, or give --matrix for every asset the "
                         "matrix uses")
-    try:
-        for name in names:
-            folder = _fetch(matrix, name)
-            print(f"[hopperlab] asset {name}: {folder}")
-    except AssetError as exc:
-        print(f"hopperlab: {exc}", file=sys.stderr)
-        return 1
+    for name in names:
+        folder = _fetch(matrix, name)
+        print(f"[hopperlab] asset {name}: {folder}")
     return 0
 
 
 def cmd_prepare_tracking(args: argparse.Namespace) -> int:
-    from hopperlab.results import tracking
-
     matrix = _matrix(args)
     tracking.prepare(matrix.site.tracking_uri, matrix.experiments())
     if args.touch:
@@ -119,8 +118,6 @@ def cmd_prepare_tracking(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from hopperlab.results import tracking
-
     matrix = _matrix(args)
     report = tracking.sync(matrix.results_dir, matrix.site.tracking_uri)
     print(f"[hopperlab] sync to {tracking.redact_uri(matrix.site.tracking_uri)}: {report}")
@@ -128,8 +125,6 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from hopperlab.results import tracking
-
     matrix = _matrix(args)
     family, _, experiment = args.experiment.partition("/")
     if (family, experiment) not in matrix.experiments():
@@ -141,8 +136,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from hopperlab.results.report import build_report
-
     matrix = _matrix(args)
     csv_path, html_path = build_report(matrix.results_dir)
     print(f"[hopperlab] wrote {csv_path} and {html_path}")
@@ -180,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("experiment", help="family/experiment, e.g. membench/copy")
     p.add_argument("--ui", help="address of the MLflow UI (default: the tracking server, or "
                                 "http://127.0.0.1:5000 for a SQLite store opened with `mlflow ui`)")
+    for group in (assets_cli, containers_cli, profile_cli):
+        group.add_commands(sub)
     return parser
 
 
@@ -189,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except SpecError as exc:
         print(f"hopperlab: config error:\n{exc}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return EXIT_EXPECTED_ERROR
+    except HopperlabError as exc:
+        print(f"hopperlab: {exc}", file=sys.stderr)
+        return EXIT_EXPECTED_ERROR
 
 
 if __name__ == "__main__":

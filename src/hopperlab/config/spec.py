@@ -114,7 +114,7 @@ class RunSpec:
             raise AssetMissing(
                 f"asset {name!r} ({role} of {self.key}) is not built in {folder}: run "
                 f"`snakemake --cores 2 {folder}/MANIFEST.sha256` or "
-                f"`python -m hopperlab.assets fetch {name} --assets-dir {self.site.assets_dir}`")
+                f"`hopperlab assets fetch {name} --assets-dir {self.site.assets_dir}`")
         return folder
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from hopperlab.core.errors import HopperlabError
+
 Status = Literal["ok", "oom", "failed", "timeout", "skipped"]
 STATUSES: tuple[str, ...] = ("ok", "oom", "failed", "timeout", "skipped")
 #: Statuses that make the Snakemake rule fail (the others are results).
@@ -171,7 +173,7 @@ def read_steps(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-class SkipRun(Exception):
+class SkipRun(HopperlabError):
     """Raised by a workload when the node cannot run the variant (e.g. no CUDA device).
 
     The runner records ``status: skipped`` with the message as the reason: a result, not a bug.

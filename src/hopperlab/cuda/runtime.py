@@ -20,6 +20,8 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
+from hopperlab.core.errors import NodeError
+
 CUDA_MEM_ATTACH_GLOBAL = 1
 CUDA_CPU_DEVICE_ID = -1
 MEM_LOCATION_DEVICE = 1
@@ -33,7 +35,7 @@ ATTR_CONCURRENT_MANAGED_ACCESS = 89
 _CUDART = re.compile(r"libcudart(-[0-9a-f]+)?\.so(\.\d+)*$")
 
 
-class CudaError(RuntimeError):
+class CudaError(NodeError):
     pass
 
 

@@ -37,13 +37,14 @@ import torch
 from torch import nn
 
 from hopperlab.memory.layers import decoder_layers
+from hopperlab.core.errors import NodeError
 
 #: the smallest compute capability torchao's FP8 training runs on (Hopper is 9.0)
 MIN_CAPABILITY = (8, 9)
 SKIPPED_NAMES = ("lm_head",)
 
 
-class Fp8Unavailable(RuntimeError):
+class Fp8Unavailable(NodeError):
     """FP8 cannot run here (no suitable GPU, or torchao missing): the run should be skipped."""
 
 

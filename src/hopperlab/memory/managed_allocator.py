@@ -34,6 +34,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Sequence
 
+from hopperlab.core.errors import NodeError
+
 SOURCE = Path(__file__).with_name("csrc") / "managed_allocator.cpp"
 ALLOC_SYMBOL = "hopperlab_managed_malloc"
 FREE_SYMBOL = "hopperlab_managed_free"
@@ -45,7 +47,7 @@ MARGIN_FRACTION = 0.03
 _installed: "ManagedAllocator | None" = None
 
 
-class ManagedAllocatorError(RuntimeError):
+class ManagedAllocatorError(NodeError):
     """The managed allocator cannot be installed here (say why; the workload may skip the run)."""
 
 

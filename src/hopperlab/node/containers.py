@@ -25,7 +25,6 @@ spython is imported only when an image is built: this module imports without it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import re
@@ -38,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from hopperlab.core.errors import SpecError
+from hopperlab.core.errors import NodeError, SpecError
 
 #: the runtimes we know, in the order ``auto`` tries them
 RUNTIMES = ("apptainer", "singularity")
@@ -51,7 +50,7 @@ DEF_SUFFIX = ".def"
 SIF_SUFFIX = ".sif"
 
 
-class ContainerError(RuntimeError):
+class ContainerError(NodeError):
     """An image could not be built (no runtime, no spython, a failed build)."""
 
 
@@ -59,11 +58,11 @@ class ContainerError(RuntimeError):
 def check_image_name(name: str) -> str:
     """``name`` if it names an image (``pytorch``, ``nemo``); ValueError otherwise."""
     if not isinstance(name, str) or not IMAGE_NAME.match(name):
-        raise ValueError(f"{name!r} is not an image name (letters, digits, '.', '_', '-'; "
+        raise SpecError(f"{name!r} is not an image name (letters, digits, '.', '_', '-'; "
                          f"the stem of containers/<name>{DEF_SUFFIX})")
     for suffix in (DEF_SUFFIX, SIF_SUFFIX):
         if name.endswith(suffix):
-            raise ValueError(f"{name!r}: name the image without {suffix} "
+            raise SpecError(f"{name!r}: name the image without {suffix} "
                              f"(e.g. {name[:-len(suffix)]!r})")
     return name
 
@@ -95,7 +94,7 @@ def find_runtime(preferred: str | None = None) -> str | None:
     elif preferred in RUNTIMES:
         candidates = (preferred,)
     else:
-        raise ValueError(f"unknown container runtime {preferred!r}; "
+        raise SpecError(f"unknown container runtime {preferred!r}; "
                          f"expected auto, {' or '.join(RUNTIMES)}")
     for name in candidates:
         if shutil.which(name):
@@ -174,7 +173,7 @@ def job_binds(paths: Iterable[Path | str], extra: Iterable[str] = (), *,
         path = Path(p).expanduser().resolve()
         text = str(path)
         if "," in text or ":" in text:
-            raise ValueError(f"{text}: cannot bind a path holding ',' or ':' "
+            raise SpecError(f"{text}: cannot bind a path holding ',' or ':' "
                              f"(the runtimes split --bind values on them)")
         if create:
             path.mkdir(parents=True, exist_ok=True)
@@ -198,11 +197,11 @@ def exec_prefix(runtime: str, image: Path | str, binds: Sequence[str], gpus: boo
     ``--nv`` only when ``gpus``. An argument list for subprocess/submitit, never a shell string.
     """
     if runtime not in RUNTIMES:
-        raise ValueError(f"unknown container runtime {runtime!r}; expected {' or '.join(RUNTIMES)}")
+        raise SpecError(f"unknown container runtime {runtime!r}; expected {' or '.join(RUNTIMES)}")
     specs: list[str] = []
     for spec in binds:
         if not spec or "," in spec:
-            raise ValueError(f"bind {spec!r}: empty, or holds a ',' (which separates binds)")
+            raise SpecError(f"bind {spec!r}: empty, or holds a ',' (which separates binds)")
         if spec not in specs:
             specs.append(spec)
     cmd = [runtime, "exec"]
@@ -225,7 +224,7 @@ def build_command(def_path: Path | str, sif_path: Path | str, runtime: str,
     tests/test_containers.py checks it against the command spython really starts.
     """
     if runtime not in RUNTIMES:
-        raise ValueError(f"unknown container runtime {runtime!r}; expected {' or '.join(RUNTIMES)}")
+        raise SpecError(f"unknown container runtime {runtime!r}; expected {' or '.join(RUNTIMES)}")
     cmd = [runtime, "build"]
     if fakeroot:
         cmd.append("--fakeroot")
@@ -289,7 +288,7 @@ def build(def_path: Path | str, sif_path: Path | str, runtime: str, fakeroot: bo
     a failed build leaves any previous image there untouched. Raises ContainerError.
 
     It changes the process's PATH and working folder while the build runs (spython offers no
-    other way): call it from one thread, as ``python -m hopperlab.node.containers build`` does.
+    other way): call it from one thread, as ``hopperlab containers build`` does.
     """
     def_file = Path(def_path).resolve()
     target = Path(sif_path).resolve()
@@ -335,65 +334,3 @@ def build(def_path: Path | str, sif_path: Path | str, runtime: str, fakeroot: bo
     finally:
         partial.unlink(missing_ok=True)
     return target
-
-
-# --------------------------------------------------------------------------- command line
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m hopperlab.node.containers",
-        description="Build hopperlab's container images (containers/<name>.def -> .sif).")
-    sub = parser.add_subparsers(dest="action", required=True)
-    for action, text in (("build", "build containers/<NAME>.sif through spython"),
-                         ("command", "print the build command, run nothing")):
-        p = sub.add_parser(action, help=text)
-        p.add_argument("name", help="the image: containers/<NAME>.def")
-        p.add_argument("--runtime", default="auto", choices=("auto",) + RUNTIMES,
-                       help="auto: apptainer, else singularity (default: auto)")
-        p.add_argument("--fakeroot", action="store_true", help="build with --fakeroot")
-        p.add_argument("--containers-dir", default="containers", type=Path,
-                       help="where the .def files are (default: containers)")
-        p.add_argument("--output", type=Path, default=None,
-                       help="the image to write (default: <containers-dir>/<NAME>.sif)")
-    p = sub.add_parser("runtime", help="print the container runtime found on PATH")
-    p.add_argument("--runtime", default="auto", choices=("auto",) + RUNTIMES)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hopperlab.node.containers build NAME --runtime R [--fakeroot]`` and friends."""
-    args = _parser().parse_args(argv)
-    try:
-        if args.action == "runtime":
-            found = find_runtime(args.runtime)
-            if found is None:
-                wanted = " or ".join(RUNTIMES) if args.runtime == "auto" else args.runtime
-                print(f"hopperlab: no container runtime: `{wanted}` is not on PATH",
-                      file=sys.stderr)
-                return 1
-            print(found)
-            return 0
-        definition = def_path(args.name, args.containers_dir)
-        output = args.output if args.output is not None else image_path(args.name,
-                                                                        args.containers_dir)
-        runtime = find_runtime(args.runtime)
-        if args.action == "command":
-            shown = runtime or (args.runtime if args.runtime != "auto" else RUNTIMES[0])
-            print(shlex.join(build_command(definition, output, shown, args.fakeroot)))
-            return 0
-        if runtime is None:
-            wanted = " or ".join(RUNTIMES) if args.runtime == "auto" else args.runtime
-            raise ContainerError(f"cannot build {output}: `{wanted}` is not on PATH on "
-                                 f"{socket.gethostname()}")
-        if not definition.is_file():
-            known = ", ".join(known_images(args.containers_dir)) or "none"
-            raise ContainerError(f"{definition}: no such definition file (images: {known})")
-        build(definition, output, runtime, args.fakeroot,
-              context=Path(args.containers_dir).resolve().parent)
-        return 0
-    except (ContainerError, ValueError) as exc:
-        print(f"hopperlab: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

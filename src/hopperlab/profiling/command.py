@@ -3,7 +3,7 @@
 The job's command is ``[container exec] + profiler_prefix(...) + [python]`` (``hopperlab.run.launch``):
 
 * ``profiler: none``  -> nothing;
-* ``profiler: torch`` -> ``python -m hopperlab.profiling job --run-dir D --profiler torch --``;
+* ``profiler: torch`` -> ``python -m hopperlab.cli profile job --run-dir D --profiler torch --``;
 * ``profiler: nsys``  -> the same wrapper, then ``nsys profile ...``.
 
 The wrapper (``hopperlab.profiling.finish``) starts the rest of the line as its child and, once
@@ -133,8 +133,9 @@ def _seconds(value: float) -> str:
 
 def wrapper_args(python: str, run_dir: Path, profiler: str, settings: ProfilingSettings,
                  nsys: str | None = None) -> list[str]:
-    """``python -m hopperlab.profiling job ... --``: runs what follows, then finishes the profile."""
-    args = [python, "-m", "hopperlab.profiling", "job", "--run-dir", str(run_dir),
+    """``python -m hopperlab.cli profile job ... --``: runs what follows, then finishes the
+    profile."""
+    args = [python, "-m", "hopperlab.cli", "profile", "job", "--run-dir", str(run_dir),
             "--profiler", profiler, "--gap-threshold-us", str(settings.gap_threshold_us)]
     if nsys:
         args += ["--nsys", nsys]

@@ -1,7 +1,7 @@
 """After the profiled process: CSV reports, the SQLite export, ``prof_`` metrics into the record.
 
 Where this runs, and why: in the job itself, as a wrapper process around the profiled one
-(``python -m hopperlab.profiling job --run-dir D ... -- nsys profile ... python ...``). nsys
+(``python -m hopperlab.cli profile job --run-dir D ... -- nsys profile ... python ...``). nsys
 writes its ``.nsys-rep`` only once the profiled process has exited, so the work cannot happen in
 the runner; and it cannot wait for the submitting side either, which on a cluster is a login node
 or a Snakemake job that has neither the job's nsys (often only inside the container or behind a
@@ -18,12 +18,9 @@ A profile that cannot be turned into metrics never fails the run: what went wron
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -227,42 +224,3 @@ def run_child(cmd: Sequence[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 128 - rc if rc < 0 else rc
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hopperlab.profiling",
-                                     description="profile post-processing (see finish.py)")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    job = sub.add_parser("job", help="run the command after --, then finish its profile")
-    job.add_argument("--run-dir", type=Path, required=True)
-    job.add_argument("--profiler", choices=("nsys", "torch"), required=True)
-    job.add_argument("--nsys", default="nsys")
-    job.add_argument("--gap-threshold-us", type=float, default=DEFAULT_GAP_THRESHOLD_US)
-    job.add_argument("--keep-sqlite", action="store_true")
-    job.add_argument("--report", action="append", default=[])
-    job.add_argument("command", nargs=argparse.REMAINDER)
-    show = sub.add_parser("metrics", help="print the prof_ metrics of an export or a trace")
-    show.add_argument("path", type=Path)
-    show.add_argument("--gap-threshold-us", type=float, default=DEFAULT_GAP_THRESHOLD_US)
-    trim = sub.add_parser("trim", help="write the small copy of an nsys SQLite export")
-    trim.add_argument("src", type=Path)
-    trim.add_argument("dst", type=Path)
-    args = parser.parse_args(argv)
-    if args.cmd == "metrics":
-        reader = torch_trace if ".json" in args.path.suffixes else nsys_sqlite
-        metrics, tags = derive_metrics(reader.read_timeline(args.path), args.gap_threshold_us)
-        print(json.dumps({"metrics": metrics, "tags": tags}, indent=1, sort_keys=True))
-        return 0
-    if args.cmd == "trim":
-        nsys_sqlite.trim(args.src, args.dst)
-        return 0
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("job: give the command to run after --")
-    rc = run_child(command)
-    summary = finish_profile(args.run_dir, args.profiler, nsys=args.nsys,
-                             gap_threshold_us=args.gap_threshold_us,
-                             keep_sqlite=args.keep_sqlite, reports=args.report)
-    note = summary.get("error") or summary.get("note") or f"{len(summary['metrics'])} prof_ metrics"
-    print(f"[hopperlab.profiling] {args.run_dir}: {note}", file=sys.stderr, flush=True)
-    return rc

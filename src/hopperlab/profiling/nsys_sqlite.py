@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hopperlab.profiling.timeline import KERNEL, MEMSET, GpuOp, Range, Timeline
+from hopperlab.core.errors import HopperlabError
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -36,7 +37,7 @@ _COPY_KIND_FALLBACK = {1: "Host-to-Device", 2: "Device-to-Host", 8: "Device-to-D
 _RANGE_EVENT_TYPES_FALLBACK = (59, 60, 70, 71)
 
 
-class NotAnExport(ValueError):
+class NotAnExport(HopperlabError, ValueError):
     """The file is not an nsys SQLite export (or holds no capture at all)."""
 
 

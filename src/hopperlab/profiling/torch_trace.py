@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hopperlab.profiling.timeline import KERNEL, MEMSET, GpuOp, Range, Timeline
+from hopperlab.core.errors import HopperlabError
 
 KERNEL_CATS = frozenset({"kernel"})
 MEMCPY_CATS = frozenset({"gpu_memcpy"})
@@ -27,7 +28,7 @@ RANGE_CATS = frozenset({"user_annotation"})
 _DIRECTIONS = {"htod": "h2d", "dtoh": "d2h", "dtod": "d2d", "htoh": "h2h", "ptop": "p2p"}
 
 
-class NotATrace(ValueError):
+class NotATrace(HopperlabError, ValueError):
     """The file is not a torch profiler Chrome trace."""
 
 

@@ -17,7 +17,6 @@ import base64
 import csv
 import html
 import io
-import json
 import logging
 import math
 import re
@@ -694,18 +693,3 @@ def build_report(results_dir: Path) -> tuple[Path, Path]:
     summary = write_summary(runs, results_dir / SUMMARY_FILE)
     report = write_html(runs, results_dir / REPORT_FILE, source=str(results_dir))
     return summary, report
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results_dir", type=Path, nargs="?", default=Path("results"))
-    args = parser.parse_args(argv)
-    summary, report = build_report(args.results_dir)
-    print(json.dumps({"summary": str(summary), "report": str(report)}))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

@@ -57,6 +57,8 @@ from hopperlab.core.rundir import (
     write_json_atomic,
 )
 
+from hopperlab.core.errors import ResultsError
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -96,7 +98,7 @@ HEALTH_TIMEOUT_S = 5.0
 
 
 # -- errors -------------------------------------------------------------------------------------
-class TrackingError(RuntimeError):
+class TrackingError(ResultsError):
     """An upload could not be done (bad run directory, MLflow refused the data...)."""
 
 

@@ -19,10 +19,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hopperlab.core.errors import HopperlabError
+
 FLOAT_RTOL = 1e-9
 
 
-class AnswerMismatch(AssertionError):
+class AnswerMismatch(HopperlabError, AssertionError):
     """A GPU answer that differs from DuckDB's (the run ends ``failed``, the difference shown)."""
 
 

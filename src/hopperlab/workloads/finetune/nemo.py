@@ -179,7 +179,7 @@ def run_nemo(spec: Any, params: FinetuneParams, recorder: Any) -> None:
     prefix = container_prefix(spec)
     if prefix is None:
         raise SkipRun("backend nemo: not inside the nemo image, and no container runtime with "
-                      "containers/nemo.sif here (build it: python -m hopperlab.node.containers "
+                      "containers/nemo.sif here (build it: hopperlab containers "
                       "build nemo)")
     full = prefix + cmd
     recorder.set_tag("nemo.command", " ".join(full))

@@ -1,0 +1,73 @@
+"""``hopperlab containers``: build the container images (containers/<name>.def -> .sif).
+
+    hopperlab containers build pytorch --runtime apptainer --fakeroot
+    hopperlab containers command pytorch     # print the build command, run nothing
+    hopperlab containers runtime             # which runtime is on PATH (exit 1: none)
+
+The workflow's ``container_image`` rule calls ``build``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import socket
+import sys
+from pathlib import Path
+
+from hopperlab.node.containers import (RUNTIMES, ContainerError, build, build_command, def_path,
+                                       find_runtime, image_path, known_images)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """``hopperlab containers build|command|runtime`` under the main parser's ``sub``."""
+    p = sub.add_parser("containers", help="build the container images (containers/*.def)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=run)
+    actions = p.add_subparsers(dest="action", required=True)
+    for action, text in (("build", "build containers/<NAME>.sif through spython"),
+                         ("command", "print the build command, run nothing")):
+        q = actions.add_parser(action, help=text)
+        q.add_argument("name", help="the image: containers/<NAME>.def")
+        q.add_argument("--runtime", default="auto", choices=("auto",) + RUNTIMES,
+                       help="auto: apptainer, else singularity (default: auto)")
+        q.add_argument("--fakeroot", action="store_true", help="build with --fakeroot")
+        q.add_argument("--containers-dir", default="containers", type=Path,
+                       help="where the .def files are (default: containers)")
+        q.add_argument("--output", type=Path, default=None,
+                       help="the image to write (default: <containers-dir>/<NAME>.sif)")
+    q = actions.add_parser("runtime", help="print the container runtime found on PATH")
+    q.add_argument("--runtime", default="auto", choices=("auto",) + RUNTIMES)
+
+
+def _wanted(runtime: str) -> str:
+    return " or ".join(RUNTIMES) if runtime == "auto" else runtime
+
+
+def run(args: argparse.Namespace) -> int:
+    """One ``hopperlab containers`` action; a failed build raises ContainerError (exit 2)."""
+    if args.action == "runtime":
+        found = find_runtime(args.runtime)
+        if found is None:
+            print(f"hopperlab: no container runtime: `{_wanted(args.runtime)}` is not on PATH",
+                  file=sys.stderr)
+            return 1
+        print(found)
+        return 0
+    definition = def_path(args.name, args.containers_dir)
+    output = args.output if args.output is not None else image_path(args.name,
+                                                                    args.containers_dir)
+    runtime = find_runtime(args.runtime)
+    if args.action == "command":
+        shown = runtime or (args.runtime if args.runtime != "auto" else RUNTIMES[0])
+        print(shlex.join(build_command(definition, output, shown, args.fakeroot)))
+        return 0
+    if runtime is None:
+        raise ContainerError(f"cannot build {output}: `{_wanted(args.runtime)}` is not on PATH on "
+                             f"{socket.gethostname()}")
+    if not definition.is_file():
+        known = ", ".join(known_images(args.containers_dir)) or "none"
+        raise ContainerError(f"{definition}: no such definition file (images: {known})")
+    build(definition, output, runtime, args.fakeroot,
+          context=Path(args.containers_dir).resolve().parent)
+    return 0

@@ -1,7 +1,0 @@
-"""``python -m hopperlab.profiling job|metrics|trim`` (see ``finish.main``)."""
-
-import sys
-
-from hopperlab.profiling.finish import main
-
-sys.exit(main())
