@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hopperlab.core.errors import shown
 from hopperlab.workloads.base import KNOB_DEFAULTS
 from hopperlab.config.spec import Matrix, SpecError, find_root, load_matrix
 
@@ -24,7 +25,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise SpecError(f"--config {pair!r}: expected KEY=VALUE")
+            raise SpecError(f"--config {shown(pair)}: expected KEY=VALUE")
         out[key] = value
     return out
 
