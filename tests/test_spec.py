@@ -229,7 +229,7 @@ def test_yaml_alias_bomb_is_refused_naming_the_file(project, rel, key, value):
 
 
 def test_yaml_merge_key_bomb_and_self_alias_are_refused():
-    from hopperlab.spec import safe_load_yaml
+    from hopperlab.core.schema import safe_load_yaml
 
     merge = "m0: &m0 {x: 1}\n" + "".join(
         f"m{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}]}}\n" for i in range(1, 40))
