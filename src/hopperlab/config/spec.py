@@ -202,7 +202,8 @@ def check_knobs(info: FamilyInfo, knobs: Mapping[str, Any], source: str, path: s
         if name != "num_workers" and value not in supported:
             raise SpecError(
                 f"{source}: {path}.{name}: the {info.name} family does not implement "
-                f"{clip(str(name))}={shown(value)}; expected one of: {', '.join(map(str, sorted(supported)))}")
+                f"{clip(str(name))}={shown(value)}; "
+                f"expected one of: {', '.join(map(str, sorted(supported)))}")
     return Knobs(**{**KNOB_DEFAULTS, **knobs})
 
 
@@ -235,7 +236,8 @@ def parse_substitutes(text: str) -> dict[str, str]:
         old, sep, new = pair.partition(":")
         if not sep or not old.strip() or not new.strip():
             raise SpecError(f"configs/config.yaml (with --config overrides): asset_substitutes: "
-                            f"{shown(pair)} is not NAME:SUBSTITUTE (e.g. dolly-15k:dolly-synthetic)")
+                            f"{shown(pair)} is not NAME:SUBSTITUTE "
+                            f"(e.g. dolly-15k:dolly-synthetic)")
         out[old.strip()] = new.strip()
     return out
 
@@ -339,7 +341,8 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
     for exp_name, exp in data["experiments"].items():
         exp_path = f"experiments.{exp_name}"
         if exp["baseline"] not in exp["variants"]:
-            raise SpecError(f"{source}: {exp_path}.baseline: {shown(exp['baseline'])} is not one of "
+            raise SpecError(f"{source}: {exp_path}.baseline: {shown(exp['baseline'])} "
+                            f"is not one of "
                             f"its variants ({', '.join(exp['variants'])})")
         check_path_name(exp_name, f"{source}: {key_path(['experiments', exp_name])}")
         scale_block = exp["scales"][scale]
