@@ -5,12 +5,26 @@
 # The rules are thin: each calls the `hopperlab` command; the logic lives in src/hopperlab.
 from snakemake.utils import min_version, validate
 
+from hopperlab.core.errors import SpecError
+from hopperlab.cli.workflow import check_config, check_config_file
+
 min_version("9.0")
+
+# hopperlab reads the config before Snakemake does: Snakemake's loader expands YAML aliases
+# without bound, and its `validate` prints the whole schema for one unknown key
+try:
+    check_config_file("configs/config.yaml")
+except SpecError as exc:
+    raise WorkflowError(f"hopperlab: config error:\n{exc}") from None
 
 
 configfile: "configs/config.yaml"
 
 
+try:
+    check_config(config, "workflow/schemas/config.schema.yaml")
+except SpecError as exc:
+    raise WorkflowError(f"hopperlab: config error:\n{exc}") from None
 validate(config, "workflow/schemas/config.schema.yaml")
 
 

@@ -266,6 +266,28 @@ def test_no_network_with_the_real_library(tmp_path):
     assert SECRET.encode() not in _all_bytes(tmp_path)
 
 
+def _http_error(status: int) -> BaseException:
+    """huggingface_hub's own error for an HTTP answer, as its HTTP client makes it."""
+    http = sys.modules[type(huggingface_hub.get_session()).__module__.split(".")[0]]
+    request = http.Request("GET", "https://huggingface.co/api/models/x/tree/main")
+    return huggingface_hub.errors.HfHubHTTPError(
+        f"{status} Server Error: Service Unavailable for url: {request.url}",
+        response=http.Response(status, request=request))
+
+
+def test_hub_answering_503_names_the_ways_out(hub, specs, tmp_path):
+    """A refused connection named the ways out; a 503 of the Hub said only "failed"."""
+    hub.error = _http_error(503)
+    with pytest.raises(NoNetworkError) as err:
+        materialize("llama-2-7b", ROOT, tmp_path / "assets", specs=specs)
+    text = str(err.value)
+    assert text.startswith("asset 'llama-2-7b': the Hugging Face Hub answered 503")
+    assert "try again later" in text
+    assert "`local_path: /path/to/folder` under assets.llama-2-7b" in text
+    assert "`weights: random` under assets.llama-2-7b" in text
+    assert SECRET not in text
+
+
 def test_gated_repository_says_to_set_the_token(hub, specs, tmp_path, monkeypatch):
     hub.error = type("GatedRepoError", (Exception,), {})("401 Client Error: access restricted")
     monkeypatch.delenv("HF_TOKEN")

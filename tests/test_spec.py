@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,107 @@ def test_config_args_forward_profiler_and_substitutes_to_the_job():
     again = load_matrix(REPO, parse_overrides(words))
     spec = again.runs["finetune/lora-llama2-7b/baseline"]
     assert spec.knobs.profiler == "torch" and spec.assets["records"] == "dolly-synthetic"
+
+
+# --------------------------------------------------------------------------- hostile input
+def _bomb(levels: int = 6) -> str:
+    """A "billion laughs" YAML block: alias ``&l{levels}`` stands for 10**levels strings."""
+    lines = ["bomb0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"bomb{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("rel, key, value", [
+    ("experiments/membench.yaml", "description", "*l6"),
+    ("configs/sites/local.yaml", "executor", "*l6"),
+    ("configs/assets.d/finetune.yaml", "scales", "{smoke: *l6}"),
+])
+def test_yaml_alias_bomb_is_refused_naming_the_file(project, rel, key, value):
+    """An alias expanding to a million values is refused when loading, before any check
+    builds a message from it (before: the message quoted all of it, megabytes)."""
+    path = project / rel
+    text = path.read_text() if key != "scales" else "assets: {}\nscales: {}\n"
+    text = re.sub(rf"^{key}:.*$", f"{key}: {value}", text, count=1, flags=re.M)
+    path.write_text(_bomb() + text)
+    msg = _error(project)
+    assert rel in msg and "aliases (*name) expand to more than" in msg
+    assert len(msg) < 1000
+
+
+def test_yaml_merge_key_bomb_and_self_alias_are_refused():
+    from hopperlab.core.schema import safe_load_yaml
+
+    merge = "m0: &m0 {x: 1}\n" + "".join(
+        f"m{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}]}}\n" for i in range(1, 40))
+    for text in (merge, "a: &a [*a]\n"):
+        with pytest.raises(SpecError, match="aliases"):
+            safe_load_yaml(text, "some.yaml")
+    assert safe_load_yaml("a: &a [1, 2]\nb: *a\nc: {<<: {d: 3}}\n", "ok.yaml") == \
+        {"a": [1, 2], "b": [1, 2], "c": {"d": 3}}
+
+
+def test_snakemake_refuses_an_alias_bomb_in_the_config_file(project):
+    """Snakemake's own `configfile:` loader expands aliases: hopperlab reads the file first."""
+    path = project / "configs/config.yaml"
+    kept = "\n".join(line for line in path.read_text().splitlines()
+                     if not line.startswith("only:"))
+    path.write_text(_bomb() + kept + "\nonly: *l6\n")
+    out = snakemake(["-n", "--cores", "1"], project, timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "configs/config.yaml" in text and "aliases (*name) expand to more than" in text
+    assert len(text) < 5000
+
+
+def test_error_messages_cut_long_values_short(project, tmp_path):
+    """`--config site=/etc/passwd` quoted the whole file; a value is shown cut to ~100 chars."""
+    big = tmp_path / "big.txt"
+    big.write_text("x" * 10_000)
+    msg = _error(project, site=str(big))
+    assert "xxxxx" in msg and "x" * 101 not in msg and "…" in msg
+    msg = _error(project, only="membench/" + "y" * 5000)
+    assert "y" * 101 not in msg and "selects no run" in msg
+
+
+def _add_variant(project: Path, name: str) -> None:
+    edit_yaml(project / "experiments/membench.yaml",
+              lambda d: d["experiments"]["copy"]["variants"].update(
+                  {name: {"params": {"direction": "h2d", "host_memory": "pinned"}}}))
+
+
+def test_over_long_variant_name_is_refused_at_spec_time(project):
+    """A 300-character variant passed `list` and `-n`, then failed with File name too long."""
+    name = "v" * 300
+    _add_variant(project, name)
+    msg = _error(project)
+    assert "experiments/membench.yaml" in msg and "experiments.copy.variants.vvv" in msg
+    assert "300 bytes long" in msg and "at most 255" in msg
+    out = snakemake(["-n", "--cores", "1", "--config", "only=membench/copy"], project)
+    assert out.returncode != 0 and "300 bytes long" in out.stdout + out.stderr
+
+
+def test_run_directory_and_results_dir_must_fit_in_a_path(project):
+    deep = "/".join(["d" * 200] * 20)  # every name fits; the whole path does not
+    msg = _error(project, results_dir=deep)
+    assert "experiments/membench.yaml: experiments.copy.variants.h2d-pageable" in msg
+    assert "-byte path" in msg
+    msg = _error(project, results_dir="r" * 256)
+    assert "results_dir" in msg and "256 bytes long" in msg
+
+
+def test_over_long_asset_name_is_refused(project):
+    path = project / "configs/assets.yaml"
+    name = "a" * 250
+    edit_yaml(path, lambda d: d["assets"].update({name: dict(d["assets"]["tiny-tokenizer"])}))
+    msg = _error(project)
+    assert "configs/assets.yaml: assets.aaa" in msg and "250 bytes long" in msg
+
+
+def test_snakemake_names_an_unknown_config_key_in_one_line(project):
+    """Snakemake's `validate` printed its whole 68-line schema for one unknown key."""
+    out = snakemake(["-n", "--cores", "1", "--config", "sacle=full"], project)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert ("configs/config.yaml (with --config overrides): sacle: unknown key; expected one "
+            "of: asset_substitutes, families, only, profiler, results_dir, scale, site") in text
+    assert "Failed validating" not in text and "'properties'" not in text

@@ -157,16 +157,35 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
+def _unavailable_status(exc: BaseException) -> int | None:
+    """The HTTP status of a Hub answer meaning "not now" (429, 5xx) in the chain, if any."""
+    for e in _chain(exc):
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        if isinstance(status, int) and (status == 429 or 500 <= status <= 599):
+            return status
+    return None
+
+
 def no_network_message(spec: HubSpec, exc: BaseException | None = None) -> str:
     """What to say when the Hub cannot be reached: the reason and the two ways out."""
     why = f" ({_first_line(exc)})" if exc is not None else ""
+    status = _unavailable_status(exc) if exc is not None else None
+    if status is None:
+        head = f"cannot reach the Hugging Face Hub to fetch {spec.repo}"
+        cause = "This machine has no network access to the Hub (or HF_HUB_OFFLINE is set)."
+    else:
+        head = f"the Hugging Face Hub answered {status} when asked for {spec.repo}"
+        cause = ("The Hub is down or refusing requests for now: try again later, or go on "
+                 "without it.")
+    return scrub("\n".join([f"asset {spec.name!r}: {head} at revision {spec.revision}{why}.",
+                            f"{cause} Ways out:", *_ways_out(spec)]))
+
+
+def _ways_out(spec: HubSpec) -> list[str]:
+    """How to build the asset without the Hub: a local copy, or (models) random weights."""
     where = f"assets.{spec.name} in {spec.source}"
     dataset = " --repo-type dataset" if spec.repo_type == "dataset" else ""
     lines = [
-        f"asset {spec.name!r}: cannot reach the Hugging Face Hub to fetch {spec.repo} at "
-        f"revision {spec.revision}{why}.",
-        "This machine has no network access to the Hub (or HF_HUB_OFFLINE is set). "
-        "Ways out:",
         f"  1. a local copy: set `local_path: /path/to/folder` under {where}: a folder that "
         f"holds the files of that revision ({', '.join(spec.files)}), downloaded on a machine "
         f"with network (e.g. `hf download {spec.repo}{dataset} --revision {spec.revision} "
@@ -180,7 +199,7 @@ def no_network_message(spec: HubSpec, exc: BaseException | None = None) -> str:
             f"performance studies; runs record weights=random.")
     else:
         lines.append("  (at smoke scale the synthetic assets need no network at all)")
-    return scrub("\n".join(lines))
+    return lines
 
 
 def translate_error(exc: BaseException, spec: HubSpec, what: str) -> AssetError:
@@ -199,7 +218,7 @@ def translate_error(exc: BaseException, spec: HubSpec, what: str) -> AssetError:
         msg = (f"{head}: repository not found, or it needs a token (HF_TOKEN is "
                f"{'set' if hf_token() else 'not set'}); check assets.{spec.name}.repo in "
                f"{spec.source}")
-    elif names & _NETWORK_ERRORS:
+    elif names & _NETWORK_ERRORS or _unavailable_status(exc) is not None:
         return NoNetworkError(no_network_message(spec, exc))
     elif "EntryNotFoundError" in names:
         msg = f"{head}: a file is not in the repository ({_first_line(exc)})"

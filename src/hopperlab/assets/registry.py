@@ -17,14 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from hopperlab.core.errors import SpecError
-from hopperlab.core.schema import load_yaml, typed_from_mapping, validate_against_schema
+from hopperlab.core.errors import SpecError, clip, shown
+from hopperlab.core.schema import (
+    check_path_name,
+    load_yaml,
+    safe_load_yaml,
+    typed_from_mapping,
+    validate_against_schema,
+)
 
 ASSETS_FILE = "configs/assets.yaml"
 #: more asset files, one per family (same format as ASSETS_FILE), merged in name order
 ASSETS_EXTRA_GLOB = "configs/assets.d/*.yaml"
 SCHEMA_FILE = "workflow/schemas/assets.schema.yaml"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+#: bytes of a folder name the store adds to an asset's name ("@<fingerprint>.partial", ...)
+ASSET_NAME_ROOM = 64
 REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
 #: spec fields that say where or how, not what: they never change an asset's fingerprint
 NOT_DEFINITION = "definition"
@@ -149,9 +157,8 @@ def _schema_checked(root: Path, rel: str) -> dict[str, Any]:
     if not schema_path.exists():  # a test root or an installed package: the bundled schema
         schema_path = Path(__file__).resolve().parents[3] / SCHEMA_FILE
     if schema_path.exists():
-        import yaml
-
-        validate_against_schema(data, yaml.safe_load(schema_path.read_text()), rel)
+        schema = safe_load_yaml(schema_path.read_text(), str(schema_path))
+        validate_against_schema(data, schema, rel)
     if not isinstance(data.get("assets"), dict):
         raise SpecError(f"{rel}: assets: expected a mapping of asset name -> fields")
     return data
@@ -189,14 +196,15 @@ def load_assets(root: Path | str) -> dict[str, AssetSpec]:
     specs: dict[str, AssetSpec] = {}
     for name, fields_ in data["assets"].items():
         source = data["sources"][name]
-        where = f"{source}: assets.{name}"
+        where = f"{source}: assets.{clip(str(name))}"
         if not NAME_RE.match(str(name)):
             raise SpecError(f"{where}: asset names must match {NAME_RE.pattern}")
+        check_path_name(name, f"{source}: assets.{clip(name)}", room=ASSET_NAME_ROOM)
         if not isinstance(fields_, dict) or "kind" not in fields_:
             raise SpecError(f"{where}.kind: required; one of: {', '.join(sorted(registry))}")
         kind = registry.get(fields_["kind"])
         if kind is None:
-            raise SpecError(f"{where}.kind: unknown kind {fields_['kind']!r}; "
+            raise SpecError(f"{where}.kind: unknown kind {shown(fields_['kind'])}; "
                             f"expected one of: {', '.join(sorted(registry))}")
         specs[name] = _build_spec(kind, name, fields_, source, root)
     for spec in specs.values():
@@ -208,7 +216,7 @@ def load_assets(root: Path | str) -> dict[str, AssetSpec]:
     for scale, names in (data.get("scales") or {}).items():
         for i, name in enumerate(names):
             if name not in specs:
-                raise SpecError(f"{ASSETS_FILE}: scales.{scale}[{i}]: unknown asset {name!r}")
+                raise SpecError(f"{ASSETS_FILE}: scales.{scale}[{i}]: unknown asset {shown(name)}")
     return specs
 
 
@@ -224,7 +232,7 @@ def _check_inputs(spec: AssetSpec, specs: Mapping[str, AssetSpec]) -> None:
         if dep is None:
             continue
         if dep not in specs:
-            raise SpecError(f"{spec.where}.{role}: unknown asset {dep!r}; "
+            raise SpecError(f"{spec.where}.{role}: unknown asset {shown(dep)}; "
                             f"known assets: {', '.join(specs)}")
         if specs[dep].kind not in allowed:
             raise SpecError(f"{spec.where}.{role}: {dep!r} is of kind {specs[dep].kind!r}; "
@@ -260,7 +268,7 @@ def get_spec(specs: Mapping[str, AssetSpec], name: str) -> AssetSpec:
     try:
         return specs[name]
     except KeyError:
-        raise SpecError(f"{ASSETS_FILE}: assets: no asset named {name!r}; "
+        raise SpecError(f"{ASSETS_FILE}: assets: no asset named {shown(name)}; "
                         f"known assets: {', '.join(specs)}") from None
 
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hopperlab.core.errors import shown
 from hopperlab.workloads.base import KNOB_DEFAULTS
 from hopperlab.cli import assets as assets_cli
 from hopperlab.cli import containers as containers_cli
@@ -36,7 +37,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise SpecError(f"--config {pair!r}: expected KEY=VALUE")
+            raise SpecError(f"--config {shown(pair)}: expected KEY=VALUE")
         out[key] = value
     return out
 

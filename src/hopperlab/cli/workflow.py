@@ -8,7 +8,14 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
+from hopperlab.core.errors import shown
 from hopperlab.core.rundir import RECORD_FILE, METRICS_FILE
+from hopperlab.core.schema import (
+    check_expansion,
+    load_yaml,
+    validate_against_schema,
+    value_children,
+)
 from hopperlab.config.spec import Matrix, SpecError, unknown_target_message
 
 #: config keys forwarded to `hopperlab` on each rule's command line
@@ -29,6 +36,27 @@ def config_args(config: Mapping[str, Any]) -> str:
             value = ",".join(f"{k}:{v}" for k, v in value.items())
         words.append(shlex.quote(f"{key}={value}"))
     return " ".join(words)
+
+
+def check_config_file(path: str) -> None:
+    """Read the config file with hopperlab's bounded YAML loader before `configfile:` does.
+
+    Snakemake's own loader expands every alias: a small "billion laughs" file would hold
+    `snakemake -n` for minutes. Run it first, on the same path, so that such a file is refused
+    at once, naming the file.
+    """
+    load_yaml(Path(path), "platform config")
+
+
+def check_config(config: Mapping[str, Any], schema_path: str) -> None:
+    """Validate the config (with --config overrides) before Snakemake's `validate` does.
+
+    Snakemake prints its whole schema for one unknown key; hopperlab says, one line each,
+    which key and what it expected, with the values cut short.
+    """
+    where = "configs/config.yaml (with --config overrides)"
+    check_expansion(config, value_children, where)
+    validate_against_schema(config, load_yaml(Path(schema_path), "schema"), where)
 
 
 def bare_forcerun(argv: list[str]) -> bool:
@@ -85,7 +113,7 @@ def run_asset_manifests(matrix: Matrix, wildcards: Any, assets_dir: str) -> list
 
 def _asset_spec_or_error(specs: Mapping[str, Any], name: str) -> Any:
     if name not in specs:
-        raise SpecError(f"configs/assets.yaml: assets: no asset named {name!r} (asked for as "
+        raise SpecError(f"configs/assets.yaml: assets: no asset named {shown(name)} (asked for as "
                         f"a target); known assets: {', '.join(specs)}")
     return specs[name]
 

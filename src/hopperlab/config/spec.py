@@ -12,11 +12,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
 from hopperlab.node.containers import image_path, resolve_site_runtime
-from hopperlab.core.errors import AssetMissing, SpecError
-from hopperlab.core.schema import load_yaml, typed_from_mapping, validate_against_schema
+from hopperlab.core.errors import AssetMissing, SpecError, clip, shown
+from hopperlab.core.schema import (
+    check_expansion,
+    check_name_length,
+    check_path_length,
+    check_path_name,
+    key_path,
+    load_yaml,
+    safe_load_yaml,
+    typed_from_mapping,
+    validate_against_schema,
+    value_children,
+)
 from hopperlab.workloads import FAMILY_MODULES, family_info
 from hopperlab.workloads.base import KNOB_DEFAULTS, FamilyInfo, Knobs
 
@@ -170,7 +180,8 @@ class Matrix:
 
 # --------------------------------------------------------------------------- validation
 def _schema(root: Path, name: str) -> dict[str, Any]:
-    return yaml.safe_load((root / "workflow" / "schemas" / name).read_text())
+    path = root / "workflow" / "schemas" / name
+    return safe_load_yaml(path.read_text(), str(path))
 
 
 def build_params(info: FamilyInfo, values: Mapping[str, Any], source: str, path: str) -> Any:
@@ -186,12 +197,13 @@ def check_knobs(info: FamilyInfo, knobs: Mapping[str, Any], source: str, path: s
         if supported is None:
             ok = ", ".join(sorted(info.supported_knobs)) or "none"
             raise SpecError(
-                f"{source}: {path}.{name}: the {info.name} family does not support the knob "
-                f"{name!r} (its knobs: {ok})")
+                f"{source}: {path}.{clip(name)}: the {info.name} family does not support the knob "
+                f"{shown(name)} (its knobs: {ok})")
         if name != "num_workers" and value not in supported:
             raise SpecError(
                 f"{source}: {path}.{name}: the {info.name} family does not implement "
-                f"{name}={value!r}; expected one of: {', '.join(map(str, sorted(supported)))}")
+                f"{clip(str(name))}={shown(value)}; "
+                f"expected one of: {', '.join(map(str, sorted(supported)))}")
     return Knobs(**{**KNOB_DEFAULTS, **knobs})
 
 
@@ -199,15 +211,19 @@ def check_knobs(info: FamilyInfo, knobs: Mapping[str, Any], source: str, path: s
 def load_config(root: Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     path = root / "configs" / "config.yaml"
     config = load_yaml(path, "platform config")
-    config.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    check_expansion(overrides, value_children, "--config")
+    config.update(overrides)
     if isinstance(config.get("families"), str):
         config["families"] = [f for f in config["families"].split(",") if f]
     if isinstance(config.get("only"), str):
         config["only"] = [f for f in config["only"].split(",") if f]
     if isinstance(config.get("asset_substitutes"), str):
         config["asset_substitutes"] = parse_substitutes(config["asset_substitutes"])
-    validate_against_schema(config, _schema(root, "config.schema.yaml"),
-                            f"{path.relative_to(root)} (with --config overrides)")
+    where = f"{path.relative_to(root)} (with --config overrides)"
+    validate_against_schema(config, _schema(root, "config.schema.yaml"), where)
+    for part in Path(config["results_dir"]).parts:
+        check_name_length(part, f"{where}: results_dir")
     return config
 
 
@@ -220,7 +236,8 @@ def parse_substitutes(text: str) -> dict[str, str]:
         old, sep, new = pair.partition(":")
         if not sep or not old.strip() or not new.strip():
             raise SpecError(f"configs/config.yaml (with --config overrides): asset_substitutes: "
-                            f"{pair!r} is not NAME:SUBSTITUTE (e.g. dolly-15k:dolly-synthetic)")
+                            f"{shown(pair)} is not NAME:SUBSTITUTE "
+                            f"(e.g. dolly-15k:dolly-synthetic)")
         out[old.strip()] = new.strip()
     return out
 
@@ -233,7 +250,7 @@ def check_substitutes(substitutes: Mapping[str, str], known: set[str] | None) ->
         for name in (old, new):
             if name not in known:
                 raise SpecError(f"configs/config.yaml (with --config overrides): "
-                                f"asset_substitutes.{old}: unknown asset {name!r}; "
+                                f"asset_substitutes.{clip(old)}: unknown asset {shown(name)}; "
                                 f"configs/assets.yaml and configs/assets.d/ define: "
                                 f"{', '.join(sorted(known))}")
 
@@ -248,7 +265,7 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
     path = site_path(root, site)
     if not path.exists():
         known = sorted(p.stem for p in (root / "configs" / "sites").glob("*.yaml"))
-        raise SpecError(f"configs/config.yaml: site: no site file {path} "
+        raise SpecError(f"configs/config.yaml: site: no site file {clip(str(path))} "
                         f"(known sites: {', '.join(known)})")
     data = load_yaml(path, "site")
     validate_against_schema(data, _schema(root, "site.schema.yaml"), str(path))
@@ -309,12 +326,12 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
     path = root / "experiments" / f"{family}.yaml"
     source = str(path.relative_to(root))
     if family not in FAMILY_MODULES:
-        raise SpecError(f"configs/config.yaml: families: unknown family {family!r}; "
+        raise SpecError(f"configs/config.yaml: families: unknown family {shown(family)}; "
                         f"known families: {', '.join(sorted(FAMILY_MODULES))}")
     data = load_yaml(path, "experiments")
     validate_against_schema(data, _schema(root, "experiments.schema.yaml"), source)
     if data["family"] != family:
-        raise SpecError(f"{source}: family: is {data['family']!r}, expected {family!r} "
+        raise SpecError(f"{source}: family: is {shown(data['family'])}, expected {family!r} "
                         f"(the file name)")
     info = family_info(family)
     scale = config["scale"]
@@ -324,11 +341,16 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
     for exp_name, exp in data["experiments"].items():
         exp_path = f"experiments.{exp_name}"
         if exp["baseline"] not in exp["variants"]:
-            raise SpecError(f"{source}: {exp_path}.baseline: {exp['baseline']!r} is not one of "
+            raise SpecError(f"{source}: {exp_path}.baseline: {shown(exp['baseline'])} "
+                            f"is not one of "
                             f"its variants ({', '.join(exp['variants'])})")
+        check_path_name(exp_name, f"{source}: {key_path(['experiments', exp_name])}")
         scale_block = exp["scales"][scale]
         for var_name, var in exp["variants"].items():
             var_path = f"{exp_path}.variants.{var_name}"
+            where = f"{source}: {key_path(['experiments', exp_name, 'variants', var_name])}"
+            check_path_name(var_name, where)
+            check_path_length(root / config["results_dir"] / family / exp_name / var_name, where)
             knobs = {k: var[k] for k in KNOB_DEFAULTS if k in var}
             if config.get("profiler"):   # one profiler for every run of this invocation
                 knobs["profiler"] = config["profiler"]
@@ -341,7 +363,7 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                 for role, asset in assets.items():
                     if asset not in known_assets:
                         raise SpecError(
-                            f"{source}: {var_path}: assets.{role}: unknown asset {asset!r}; "
+                            f"{source}: {var_path}: assets.{role}: unknown asset {shown(asset)}; "
                             f"configs/assets.yaml and configs/assets.d/ define: "
                             f"{', '.join(sorted(known_assets))}")
             params = build_params(info, merged_params, source, f"{var_path}.params")
@@ -388,7 +410,7 @@ def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) ->
             runs[spec.key] = spec
     for sel in config.get("only") or []:
         if not any(_selected(k, [sel]) for k in runs):
-            raise SpecError(f"configs/config.yaml: only: {sel!r} selects no run")
+            raise SpecError(f"configs/config.yaml: only: {shown(sel)} selects no run")
     return Matrix(runs=runs, config=config, site=site, root=root)
 
 
@@ -396,15 +418,17 @@ def unknown_target_message(key: str, runs: Mapping[str, RunSpec]) -> str:
     parts = key.split("/")
     families = sorted({s.family for s in runs.values()})
     if len(parts) != 3:
-        return f"{key!r}: a run is named family/experiment/variant"
+        return f"{shown(key)}: a run is named family/experiment/variant"
     fam, exp, var = parts
+    key = clip(key)
     if fam not in families:
-        return f"{key}: unknown family {fam!r}; in the matrix: {', '.join(families)}"
+        return f"{key}: unknown family {shown(fam)}; in the matrix: {', '.join(families)}"
     exps = sorted({s.experiment for s in runs.values() if s.family == fam})
     if exp not in exps:
-        return f"{key}: experiments/{fam}.yaml has no experiment {exp!r}; it has: {', '.join(exps)}"
+        return (f"{key}: experiments/{fam}.yaml has no experiment {shown(exp)}; "
+                f"it has: {', '.join(exps)}")
     vars_ = [s.variant for s in runs.values() if s.family == fam and s.experiment == exp]
-    return (f"{key}: experiments/{fam}.yaml: experiments.{exp} has no variant {var!r}; "
+    return (f"{key}: experiments/{fam}.yaml: experiments.{exp} has no variant {shown(var)}; "
             f"it has: {', '.join(vars_)}")
 
 

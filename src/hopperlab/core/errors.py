@@ -9,6 +9,8 @@ derive from a class here.
 
 from __future__ import annotations
 
+import reprlib
+
 
 class HopperlabError(Exception):
     """An expected error: its message says what went wrong and where, for a person."""
@@ -41,3 +43,29 @@ class NodeError(HopperlabError, RuntimeError):
 
 class ResultsError(HopperlabError, RuntimeError):
     """Recorded results cannot be read, uploaded or compared as asked."""
+
+
+#: the most characters of one value an error message shows
+SHOWN_MAX = 100
+
+
+def shown(value: object, limit: int = SHOWN_MAX) -> str:
+    """``repr(value)`` cut to ``limit`` characters with an ellipsis, for error messages.
+
+    A message echoes what the user wrote; a whole file passed as a name, or an expanded YAML
+    alias, must not become the message. Containers are summarized by ``reprlib`` so that a
+    huge one is never rendered in full.
+    """
+    if isinstance(value, str):
+        text = repr(value[:limit + 1])
+    else:
+        brief = reprlib.Repr()
+        brief.maxlevel, brief.maxstring, brief.maxother = 3, limit, limit
+        brief.maxlist = brief.maxtuple = brief.maxdict = brief.maxset = 8
+        text = brief.repr(value)
+    return clip(text, limit)
+
+
+def clip(text: str, limit: int = SHOWN_MAX) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked by an ellipsis."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"

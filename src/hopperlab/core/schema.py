@@ -11,28 +11,136 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import yaml
 
-from hopperlab.core.errors import SpecError
+from hopperlab.core.errors import SHOWN_MAX, SpecError, clip, shown
 
 T = TypeVar("T")
 
 
 def key_path(parts: Iterable[Any]) -> str:
     """``a.b.0.c`` for a key path (``(top level)`` when empty)."""
-    return ".".join(str(p) for p in parts) or "(top level)"
+    return ".".join(clip(str(p)) for p in parts) or "(top level)"
 
 
 def load_yaml(path: Path, what: str) -> Any:
     """The YAML file at ``path`` (``{}`` when empty); a missing or broken file is a SpecError."""
     if not path.exists():
         raise SpecError(f"{path}: {what} file not found")
+    return safe_load_yaml(path.read_text(), str(path)) or {}
+
+
+#: the most values one YAML document may expand to, an alias counted in full at every use: the
+#: project's largest file has about 1,000; a "billion laughs" file has 10^9 and more
+YAML_MAX_VALUES = 100_000
+
+
+def safe_load_yaml(text: str, source: str, limit: int = YAML_MAX_VALUES) -> Any:
+    """``yaml.safe_load`` for every project YAML file, refusing an alias bomb before it expands.
+
+    Aliases share one node, so a small file can stand for billions of values that a schema
+    check, a merge key (``<<``) or an error message would then expand. The composed node graph
+    is measured first (each alias at its full size) and refused past ``limit``, naming the file.
+    """
+    loader = yaml.SafeLoader(text)
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        node = loader.get_single_node()
+        if node is not None:
+            check_expansion(node, _node_children, source, limit)
+        return loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+        raise SpecError(f"{source}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise SpecError(f"{source}: not accepted: its values are nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def _node_children(node: Any) -> list[Any]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return node.value if isinstance(node, yaml.SequenceNode) else []
+
+
+def value_children(value: Any) -> list[Any]:
+    """The keys, values or items inside a loaded value (for ``check_expansion``)."""
+    if isinstance(value, Mapping):
+        return [part for pair in value.items() for part in pair]
+    return list(value) if isinstance(value, (list, tuple, set)) else []
+
+
+def check_expansion(root: Any, children: Callable[[Any], list[Any]], source: str,
+                    limit: int = YAML_MAX_VALUES) -> None:
+    """Refuse ``root`` when it expands to more than ``limit`` values (or loops on itself).
+
+    Shared parts are measured once and counted at every use, so the cost is that of the
+    unexpanded document however large its expansion.
+    """
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(item: Any) -> int:
+        key = id(item)
+        if key in sizes:
+            return sizes[key]
+        if key in active:   # an alias inside itself: endless
+            return limit + 1
+        active.add(key)
+        total = 1
+        for child in children(item):
+            total = min(total + size(child), limit + 1)
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    if size(root) > limit:
+        raise SpecError(f"{source}: not accepted: its aliases (*name) expand to more than "
+                        f"{limit:,} values (a YAML alias bomb?)")
+
+
+def _schema_message(err: Any) -> str:
+    """jsonschema's message with the offending value cut short (it quotes the value whole)."""
+    whole = repr(err.instance)
+    return err.message.replace(whole, shown(err.instance)) if len(whole) > SHOWN_MAX \
+        else err.message
+
+
+#: the longest file or folder name Linux file systems take (NAME_MAX, in bytes)
+NAME_MAX = 255
+#: the longest path the OS takes (PATH_MAX, in bytes, with its final NUL)
+PATH_MAX = 4096
+#: what a run directory keeps free of PATH_MAX for its own files (attempts/<n>/logs/...)
+RUN_FILES_ROOM = 512
+
+
+def check_path_name(name: str, where: str, room: int = 0) -> None:
+    """Refuse a name that cannot be one folder name (plus ``room`` bytes of suffix).
+
+    Such a name passes the schema, ``hopperlab list`` and ``snakemake -n``, and fails only when
+    its folder is made (``File name too long``), after other runs have started.
+    """
+    if name in ("", ".", "..") or "/" in name or not name.isprintable():
+        raise SpecError(f"{where}: {shown(name)} cannot be a folder name (empty, '.', '..', "
+                        f"a '/' or a control character)")
+    check_name_length(name, where, room)
+
+
+def check_name_length(name: str, where: str, room: int = 0) -> None:
+    """Refuse a path component longer than NAME_MAX (with ``room`` bytes of suffix)."""
+    size = len(name.encode())
+    if size + room > NAME_MAX:
+        raise SpecError(f"{where}: the name {shown(name)} is {size} bytes long; as a folder "
+                        f"name it may have at most {NAME_MAX - room}")
+
+
+def check_path_length(path: Path, where: str, room: int = RUN_FILES_ROOM) -> None:
+    """Refuse a folder whose path, with ``room`` bytes for what is written in it, is too long."""
+    size = len(str(path).encode())
+    if size + room > PATH_MAX:
+        raise SpecError(f"{where}: its folder {clip(str(path))} would be a {size}-byte path; "
+                        f"at most {PATH_MAX - room} bytes are left for it")
 
 
 def validate_against_schema(data: Any, schema: Mapping[str, Any], source: str) -> None:
@@ -53,7 +161,7 @@ def validate_against_schema(data: Any, schema: Mapping[str, Any], source: str) -
                 hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
                 lines.append(f"{source}: {key_path(path + [key])}: unknown key{hint}")
             continue
-        lines.append(f"{source}: {key_path(path)}: {err.message}")
+        lines.append(f"{source}: {key_path(path)}: {_schema_message(err)}")
     raise SpecError("\n".join(lines))
 
 
@@ -105,11 +213,11 @@ def typed_from_mapping(cls: type[T], values: Mapping[str, Any], where: str, unkn
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in hidden}
     for key, value in values.items():
         if key not in fields:
-            raise SpecError(f"{where}.{key}: unknown {unknown}; "
+            raise SpecError(f"{where}.{clip(str(key))}: unknown {unknown}; "
                             f"expected one of: {', '.join(sorted(fields))}")
         if not value_fits(value, hints[key]):
             raise SpecError(f"{where}.{key}: expected {type_name(hints[key])}, "
-                            f"got {type(value).__name__} {value!r}")
+                            f"got {type(value).__name__} {shown(value)}")
     missing = [f.name for f in fields.values() if f.name not in values
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from hopperlab.core.errors import SpecError
+from hopperlab.core.schema import safe_load_yaml
 from hopperlab.cuda.nvtx import TORCH_TRACE  # noqa: F401 - re-exported: part of this module's API
 
 if TYPE_CHECKING:
@@ -89,9 +90,7 @@ def site_settings(spec: "RunSpec") -> ProfilingSettings:
     source = spec.site.source
     if not source or not Path(source).is_file():
         return ProfilingSettings()
-    import yaml
-
-    data = yaml.safe_load(Path(source).read_text()) or {}
+    data = safe_load_yaml(Path(source).read_text(), source) or {}
     return ProfilingSettings.from_mapping(data.get("profiling"), source)
 
 
