@@ -81,9 +81,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _fetch(matrix: Matrix, name: str) -> Path:
+    """Build one asset; with the matrix's substitutes, so that derived assets can be named."""
+    from hopperlab.assets.registry import load_assets
     from hopperlab.assets.store import materialize
 
-    return materialize(name, matrix.root, matrix.site.assets_dir)
+    specs = load_assets(matrix.root, matrix.config.get("asset_substitutes"))
+    return materialize(name, matrix.root, matrix.site.assets_dir, specs=specs)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:

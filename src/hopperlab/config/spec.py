@@ -305,7 +305,10 @@ def _selected(key: str, only: list[str]) -> bool:
 
 
 def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: SiteSpec,
-                     commit: str | None, known_assets: set[str] | None = None) -> list[RunSpec]:
+                     commit: str | None,
+                     known_assets: Mapping[str, str] | None = None) -> list[RunSpec]:
+    """The selected runs of one family; ``known_assets`` maps each asset name to the asset
+    used in its place (``asset_substitutes``, derived assets included)."""
     path = root / "experiments" / f"{family}.yaml"
     source = str(path.relative_to(root))
     if family not in FAMILY_MODULES:
@@ -336,7 +339,6 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                              **var.get("params", {})}
             assets = {**exp.get("assets", {}), **scale_block.get("assets", {}),
                       **var.get("assets", {})}
-            assets = {role: substitutes.get(name, name) for role, name in assets.items()}
             if known_assets is not None:
                 for role, asset in assets.items():
                     if asset not in known_assets:
@@ -344,6 +346,8 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                             f"{source}: {var_path}: assets.{role}: unknown asset {asset!r}; "
                             f"configs/assets.yaml and configs/assets.d/ define: "
                             f"{', '.join(sorted(known_assets))}")
+            renames = known_assets if known_assets is not None else substitutes
+            assets = {role: renames.get(name, name) for role, name in assets.items()}
             params = build_params(info, merged_params, source, f"{var_path}.params")
             resources = Resources(**{**base_resources, **exp.get("resources", {}),
                                      **scale_block.get("resources", {}),
@@ -365,13 +369,17 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
     return runs
 
 
-def _known_assets(root: Path) -> set[str] | None:
-    """Names of every asset (validated); None in a project without configs/assets.yaml."""
+def _known_assets(root: Path, substitutes: Mapping[str, str]) -> dict[str, str] | None:
+    """Every asset's name (validated) -> the asset used in its place (itself when no substitute
+    touches it); None in a project without configs/assets.yaml."""
     if not (root / "configs" / "assets.yaml").is_file():
         return None
-    from hopperlab.assets.registry import load_assets  # noqa: PLC0415 - imports spec
+    from hopperlab.assets.registry import apply_substitutes, load_assets  # noqa: PLC0415
 
-    return set(load_assets(root))
+    specs = load_assets(root)
+    check_substitutes(substitutes, set(specs))
+    return {name: renamed for name, renamed in apply_substitutes(specs, substitutes)[1].items()
+            if name in specs}
 
 
 def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) -> Matrix:
@@ -381,8 +389,7 @@ def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) ->
     site = load_site(root, config["site"], config["results_dir"])
     commit = git_commit(root)
     runs: dict[str, RunSpec] = {}
-    known_assets = _known_assets(root)
-    check_substitutes(config.get("asset_substitutes") or {}, known_assets)
+    known_assets = _known_assets(root, config.get("asset_substitutes") or {})
     for family in config["families"]:
         for spec in load_family_runs(root, family, config, site, commit, known_assets):
             runs[spec.key] = spec
