@@ -93,6 +93,8 @@ class RunSpec:
     git_commit: str | None = None
     #: role -> asset name (e.g. model -> tiny-llama); built by the workflow before the run
     assets: dict[str, str] = field(default_factory=dict)
+    #: the variant this run's ratios are taken against (``compare_to``); None: the baseline
+    compare_to: str | None = None
 
     @property
     def key(self) -> str:
@@ -120,6 +122,8 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["key"] = self.key
+        if data["compare_to"] is None:  # absent: specs of runs that name none stay as they were
+            del data["compare_to"]
         return data
 
     @classmethod
@@ -138,7 +142,7 @@ class RunSpec:
             description=data.get("description", ""),
             headline_metrics=tuple(data.get("headline_metrics", ())),
             source=data.get("source", ""), git_commit=data.get("git_commit"),
-            assets=dict(data.get("assets", {})),
+            assets=dict(data.get("assets", {})), compare_to=data.get("compare_to"),
         )
 
 
@@ -304,6 +308,18 @@ def _selected(key: str, only: list[str]) -> bool:
     return not only or any(key == sel or key.startswith(sel.rstrip("/") + "/") for sel in only)
 
 
+def _compare_to(var: Mapping[str, Any], variants: Mapping[str, Any], var_name: str,
+                source: str, var_path: str) -> str | None:
+    """The variant a variant's ratios are taken against (``compare_to``); None: the baseline.
+    Checked here, so that a typo never turns into ratios against the wrong run."""
+    name = var.get("compare_to")
+    if name is not None and (name == var_name or name not in variants):
+        others = ", ".join(v for v in variants if v != var_name)
+        raise SpecError(f"{source}: {var_path}.compare_to: {name!r} is not another variant of "
+                        f"this experiment (its other variants: {others})")
+    return name
+
+
 def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: SiteSpec,
                      commit: str | None,
                      known_assets: Mapping[str, str] | None = None) -> list[RunSpec]:
@@ -363,7 +379,8 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                 run_dir=str(Path(config["results_dir"]) / family / exp_name / var_name),
                 baseline=exp["baseline"], description=var.get("description", exp.get("description", "")),
                 headline_metrics=info.headline_metrics, source=source, git_commit=commit,
-                assets=assets)
+                assets=assets,
+                compare_to=_compare_to(var, exp["variants"], var_name, source, var_path))
             if _selected(spec.key, list(config.get("only") or [])):
                 runs.append(spec)
     return runs
