@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hopperlab.assets.registry import load_assets
 from hopperlab.workloads.base import KNOB_DEFAULTS
 from hopperlab.config.spec import Matrix, SpecError, find_root, load_matrix
 
@@ -82,7 +83,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _fetch(matrix: Matrix, name: str) -> Path:
     """Build one asset; with the matrix's substitutes, so that derived assets can be named."""
-    from hopperlab.assets.registry import load_assets
     from hopperlab.assets.store import materialize
 
     specs = load_assets(matrix.root, matrix.config.get("asset_substitutes"))
