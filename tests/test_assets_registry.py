@@ -196,3 +196,30 @@ def test_cycles_are_refused(tmp_path):
             """)
     finally:
         KINDS.pop("loop")
+
+
+# --------------------------------------------------------------------------- asset_substitutes
+OFFLINE = {"dolly-15k": "dolly-synthetic", "llama-2-tokenizer": "tiny-tokenizer"}
+
+
+def test_a_substitute_replaces_inputs_of_derived_assets_under_a_new_name():
+    from hopperlab.assets.registry import apply_substitutes
+
+    real = load_assets(ROOT)
+    specs, renames = apply_substitutes(real, OFFLINE)
+    derived = renames["dolly-15k-prepared-2048"]
+    # a new folder and fingerprint: a cached asset built from the real inputs is never reused
+    assert derived != "dolly-15k-prepared-2048" and derived.startswith("dolly-15k-prepared-2048.")
+    assert asset_inputs(derived, specs) == {"data": "dolly-synthetic", "tokenizer": "tiny-tokenizer"}
+    assert asset_fingerprint(derived, specs) != asset_fingerprint("dolly-15k-prepared-2048", real)
+    assert renames["dolly-15k"] == "dolly-synthetic" and renames["tiny-llama"] == "tiny-llama"
+    # the same name however the assets were loaded (Snakemake's rules and the job agree)
+    assert derived in load_assets(ROOT, OFFLINE)
+
+
+def test_a_substitute_of_the_wrong_kind_is_refused_naming_the_config_key():
+    from hopperlab.assets.registry import apply_substitutes
+
+    with pytest.raises(SpecError) as err:
+        apply_substitutes(load_assets(ROOT), {"llama-2-tokenizer": "dolly-synthetic"})
+    assert "asset_substitutes" in str(err.value) and "tokenizer" in str(err.value)

@@ -115,3 +115,35 @@ def test_a_run_without_its_asset_says_which_and_how_to_build_it(tmp_path):
     with pytest.raises(AssetMissing) as err:
         spec.asset_path("model")
     assert "'model'" in str(err.value)
+
+
+def test_the_offline_full_scale_command_plans_no_substituted_asset(tmp_path):
+    """README: `--config scale=full asset_substitutes=...` on a node without the Hub."""
+    project = copy_project(tmp_path / "project")
+    subs = "asset_substitutes=dolly-15k:dolly-synthetic,llama-2-tokenizer:tiny-tokenizer"
+    out = snakemake(["-n", "--config", "scale=full", "site=gpu-node", subs], project)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    planned = set(re.findall(r"output: assets/([^/\s]+)/MANIFEST", out.stdout))
+    assert not planned & {"dolly-15k", "llama-2-tokenizer", "dolly-15k-prepared-2048"}, planned
+    derived = [n for n in planned if n.startswith("dolly-15k-prepared-2048.")]
+    assert len(derived) == 1 and {"dolly-synthetic", "tiny-tokenizer"} <= planned
+    full_1b = [job for job in out.stdout.split("\nrule ") if "experiment=full-1b" in job]
+    assert len(full_1b) == 2 and all(f"assets/{derived[0]}/" in b for b in full_1b), full_1b
+
+
+def test_the_rule_builds_a_derived_asset_from_the_substitutes(tmp_path):
+    """What the planned asset rule runs: `hopperlab fetch NAME --config ...asset_substitutes`."""
+    from tests.helpers import hopperlab
+
+    project = copy_project(tmp_path / "project")
+    subs = {"dolly-15k": "dolly-synthetic", "llama-2-tokenizer": "tiny-tokenizer"}
+    config = ["scale=full", "asset_substitutes=" + ",".join(f"{a}:{b}" for a, b in subs.items())]
+    spec = load_matrix(project, dict(c.split("=", 1) for c in config)).runs["finetune/full-1b/fp8"]
+    name = spec.assets["data"]
+    assert name.startswith("dolly-15k-prepared-2048.")
+    out = hopperlab(["fetch", name, "--config", *config], project)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    info = json.loads((project / "assets" / name / "ASSET.json").read_text())
+    assert {role: i["name"] for role, i in info["inputs"].items()} == {
+        "data": "dolly-synthetic", "tokenizer": "tiny-tokenizer"}
+    assert not (project / "assets/dolly-15k").exists()

@@ -75,3 +75,32 @@ def test_finetune_charts_need_something_to_show():
     assert finetune_charts(one) == []            # one point is no trade-off, no link run
     html = render_html(_finetune_runs())
     assert 'alt="speed against memory"' in html and 'alt="step time and the host link"' in html
+
+
+def _legend_markers_in_the_plot(fig) -> list[tuple[float, float]]:
+    """Display positions of every marker a legend of ``fig`` draws inside the plot area."""
+    ax = fig.axes[0]
+    area = ax.get_window_extent()
+    inside = []
+    for legend in (ax.get_legend(), *fig.legends):
+        for handle in (legend.legend_handles if legend is not None else ()):
+            if hasattr(handle, "get_offsets"):
+                xy = handle.get_offset_transform().transform(handle.get_offsets())
+                inside += [(x, y) for x, y in xy if area.contains(x, y)]
+    return inside
+
+
+def test_speed_against_memory_draws_no_point_that_is_no_run():
+    """The legend's marker once sat in the plot, a green 'baseline' dot at ~63 GiB, 1,000/s."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    runs = _finetune_runs()
+    chart = {c.title: c for c in finetune_charts(runs)}["speed against memory"]
+    FigureCanvasAgg(chart.figure).draw()
+    ax = chart.figure.axes[0]
+    points = sorted(tuple(p) for coll in ax.collections for p in coll.get_offsets())
+    assert points == sorted((r.metrics["peak_gpu_allocated_gib"], r.metrics["tokens_per_s"])
+                            for r in runs if r.status == "ok")
+    assert _legend_markers_in_the_plot(chart.figure) == []
+    # the baseline is still told apart: its colour (the caption says which) and its label
+    assert any("baseline" in t.get_text() for t in ax.texts)

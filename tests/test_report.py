@@ -150,7 +150,7 @@ def test_summary_csv(results: Path) -> None:
     metrics = ["alloc_us_p50", "alloc_us_p99", "d2h_gbps_peak", "h2d_gbps_64mb", "h2d_gbps_peak"]
     assert header == [
         "family", "experiment", "variant", "attempt", "status", "reason", "scale", "hostname",
-        "gpu_model", "cpu_arch", "host_link", "duration_s",
+        "gpu_model", "cpu_arch", "host_link", "duration_s", "compared_to",
         *metrics, *(m + "_vs_baseline" for m in metrics),
     ]
     assert [(r["experiment"], r["variant"], r["status"]) for r in rows] == [
@@ -255,3 +255,42 @@ def test_empty_results(tmp_path: Path, exists: bool) -> None:
     _parse(text)
     assert "There are no runs" in text
     assert "data:image/png" not in text
+
+
+def _compare_to(run_dir: Path, variant: str) -> None:
+    """What a variant with ``compare_to: VARIANT`` leaves in its spec.json."""
+    import json
+
+    spec = json.loads((run_dir / record.SPEC_FILE).read_text())
+    record.write_json_atomic(run_dir / record.SPEC_FILE, {**spec, "compare_to": variant})
+
+
+def test_a_variant_is_compared_with_the_variant_it_names(tmp_path: Path) -> None:
+    """LoRA-7B: fp8 (compiled) against bf16-compile (1.30x), not the eager baseline (1.77x)."""
+    res = tmp_path / "results"
+    for variant, speed in (("baseline", 800.0), ("bf16-compile", 1360.0), ("fp8", 1768.0)):
+        run_dir = _run(res, "finetune", "lora", variant, status="ok", baseline="baseline",
+                       headline=["tokens_per_s"], metrics={"tokens_per_s": speed})
+    _compare_to(run_dir, "bf16-compile")
+    summary, report = build_report(res)
+    with open(summary, newline="") as fh:
+        rows = {r["variant"]: r for r in csv.DictReader(fh)}
+    assert float(rows["fp8"]["tokens_per_s_vs_baseline"]) == pytest.approx(1.3)
+    assert rows["fp8"]["compared_to"] == "bf16-compile"
+    assert float(rows["bf16-compile"]["tokens_per_s_vs_baseline"]) == pytest.approx(1.7)
+    assert rows["bf16-compile"]["compared_to"] == "baseline"
+    visible = " ".join(_parse(report.read_text()).text)
+    assert "(vs bf16-compile)" in visible and "\u00d7 reference" in visible
+    assert "1.3" in visible and "2.21" not in visible  # 1768 / 1360, not 1768 / 800
+
+
+def test_a_reference_without_a_run_gives_no_ratio(tmp_path: Path) -> None:
+    res = tmp_path / "results"
+    _run(res, "finetune", "lora", "baseline", status="ok", baseline="baseline",
+         metrics={"tokens_per_s": 1000.0})
+    _compare_to(_run(res, "finetune", "lora", "fp8", status="ok", baseline="baseline",
+                     metrics={"tokens_per_s": 1770.0}), "bf16-compile")
+    summary, _ = build_report(res)
+    with open(summary, newline="") as fh:
+        rows = {r["variant"]: r for r in csv.DictReader(fh)}
+    assert rows["fp8"]["tokens_per_s_vs_baseline"] == "" and rows["fp8"]["compared_to"] == "bf16-compile"

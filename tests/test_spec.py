@@ -305,3 +305,23 @@ def test_snakemake_names_an_unknown_config_key_in_one_line(project):
     assert ("configs/config.yaml (with --config overrides): sacle: unknown key; expected one "
             "of: asset_substitutes, families, only, profiler, results_dir, scale, site") in text
     assert "Failed validating" not in text and "'properties'" not in text
+
+
+def test_lora_fp8_is_compared_with_bf16_compiled_alike():
+    runs = load_matrix(REPO, {"only": "finetune/lora-llama2-7b"}).runs
+    reference = runs["finetune/lora-llama2-7b/bf16-compile"]
+    fp8 = runs["finetune/lora-llama2-7b/fp8"]
+    assert reference.knobs.precision == "bf16" and reference.params.compile
+    assert fp8.compare_to == "bf16-compile" and fp8.baseline == "baseline"
+    assert runs["finetune/lora-llama2-7b/workers-4"].compare_to is None  # the baseline
+    assert RunSpec.from_dict(fp8.to_dict()) == fp8
+    assert "compare_to" not in runs["finetune/lora-llama2-7b/workers-4"].to_dict()
+
+
+@pytest.mark.parametrize("name", ["bf16-compil", "fp8"])
+def test_compare_to_an_unknown_variant_or_itself_is_refused_naming_file_and_key(project, name):
+    edit_yaml(project / "experiments/finetune.yaml", lambda d: d["experiments"]["lora-llama2-7b"]
+              ["variants"]["fp8"].update(compare_to=name))
+    msg = _error(project)
+    assert "experiments/finetune.yaml" in msg and f"{name!r}" in msg
+    assert "experiments.lora-llama2-7b.variants.fp8.compare_to" in msg

@@ -25,7 +25,8 @@ except SpecError as exc:
 
 RESULTS = MATRIX.config["results_dir"]
 # every asset of configs/assets.yaml + configs/assets.d/, and where the site keeps them
-ASSET_SPECS = load_asset_specs(workflow.basedir)
+# (with the assets derived from substituted ones: asset_substitutes replaces inputs of assets too)
+ASSET_SPECS = load_asset_specs(workflow.basedir, MATRIX.config.get("asset_substitutes"))
 ASSETS_DIR = assets_dir_for_rules(MATRIX)
 ASSET_TARGETS = matrix_asset_manifests(MATRIX, ASSET_SPECS, ASSETS_DIR)
 HOPPERLAB = f"{shlex.quote(sys.executable)} -m hopperlab.cli"

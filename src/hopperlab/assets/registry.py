@@ -188,8 +188,13 @@ def load_assets_file(root: Path | str) -> dict[str, Any]:
     return merged
 
 
-def load_assets(root: Path | str) -> dict[str, AssetSpec]:
-    """Every asset of ``configs/assets.yaml`` as a typed spec, in file order, validated."""
+def load_assets(root: Path | str,
+                substitutes: Mapping[str, str] | None = None) -> dict[str, AssetSpec]:
+    """Every asset of ``configs/assets.yaml`` as a typed spec, in file order, validated.
+
+    With ``substitutes`` (``asset_substitutes`` of the config), the assets derived from
+    substituted ones are added (``apply_substitutes``), so that their names can be built.
+    """
     root = Path(root).resolve()
     data = load_assets_file(root)
     registry = kinds()
@@ -217,6 +222,8 @@ def load_assets(root: Path | str) -> dict[str, AssetSpec]:
         for i, name in enumerate(names):
             if name not in specs:
                 raise SpecError(f"{ASSETS_FILE}: scales.{scale}[{i}]: unknown asset {shown(name)}")
+    if substitutes:
+        specs, _ = apply_substitutes(specs, substitutes)
     return specs
 
 
@@ -255,6 +262,81 @@ def _check_cycles(specs: Mapping[str, AssetSpec]) -> None:
 
     for name in specs:
         visit(name, [])
+
+
+# --------------------------------------------------------------------------- substitutes
+#: what a derived asset's name adds to the name of the asset it stands in for
+SUBSTITUTED_TAG = ".sub-"
+_SUBSTITUTES_WHERE = "configs/config.yaml (with --config overrides): asset_substitutes"
+
+
+def apply_substitutes(specs: Mapping[str, AssetSpec], substitutes: Mapping[str, str]
+                      ) -> tuple[dict[str, AssetSpec], dict[str, str]]:
+    """The specs with derived assets added, and the asset each name is replaced by.
+
+    A substitute replaces an asset wherever it is used, inputs of other assets included: an
+    asset built (directly or not) from a substituted one is replaced by a derived spec built
+    from the substitute. The derived spec has its own name (``NAME.sub-HASH``) and, since its
+    inputs differ, its own fingerprint, so that a folder built from the real input is never
+    taken for it. Names no substitution touches map to themselves.
+    """
+    out = dict(specs)
+    renames: dict[str, str] = {}
+    in_progress: set[str] = set()
+
+    def effective(name: str) -> str:
+        if name not in renames:
+            if name in in_progress:
+                raise SpecError(f"{_SUBSTITUTES_WHERE}: {name!r} would be built from itself "
+                                f"(a substitute built from the asset it replaces)")
+            in_progress.add(name)
+            renames[name] = _derived(_substitute_of(name, substitutes), out, effective)
+            in_progress.discard(name)
+        return renames[name]
+
+    for name in specs:
+        effective(name)
+    return out, renames
+
+
+def _substitute_of(name: str, substitutes: Mapping[str, str]) -> str:
+    """Follow ``a:b, b:c`` to ``c``: what stands in for a substitute stands in for it too."""
+    seen = [name]
+    while name in substitutes:
+        name = substitutes[name]
+        if name in seen:
+            raise SpecError(f"{_SUBSTITUTES_WHERE}: substitutes go round in a circle: "
+                            f"{' -> '.join(seen + [name])}")
+        seen.append(name)
+    return name
+
+
+def _derived(name: str, out: dict[str, AssetSpec], effective: Callable[[str], str]) -> str:
+    """``name``, or the name of a derived spec whose inputs are their substitutes (added to
+    ``out``); the hash in the name says which inputs, so different substitutions never share
+    a folder."""
+    inputs = asset_inputs(name, out)
+    replaced = {role: effective(dep) for role, dep in inputs.items()}
+    if replaced == inputs:
+        return name
+    digest = hashlib.sha256(json.dumps(replaced, sort_keys=True).encode()).hexdigest()[:8]
+    new_name = f"{name}{SUBSTITUTED_TAG}{digest}"
+    if new_name not in out:
+        spec = out[name]
+        changes = ", ".join(f"{role}: {replaced[role]} for {dep}" for role, dep in inputs.items()
+                            if replaced[role] != dep)
+        derived = dataclasses.replace(
+            spec, name=new_name, **replaced,
+            description=f"{spec.description} [asset_substitutes: {changes}]".lstrip())
+        try:
+            _check_inputs(derived, out)
+            validate = KINDS[derived.kind].validate
+            if validate is not None:
+                validate(derived, out)
+        except SpecError as exc:
+            raise SpecError(f"{_SUBSTITUTES_WHERE}: {name} built with {changes}: {exc}") from None
+        out[new_name] = derived
+    return new_name
 
 
 # --------------------------------------------------------------------------- questions

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hopperlab.assets.registry import load_assets
 from hopperlab.core.errors import shown
 from hopperlab.workloads.base import KNOB_DEFAULTS
 from hopperlab.cli import assets as assets_cli
@@ -90,8 +91,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _fetch(matrix: Matrix, name: str) -> Path:
-
-    return materialize(name, matrix.root, matrix.site.assets_dir)
+    """Build one asset; with the matrix's substitutes, so that derived assets can be named."""
+    specs = load_assets(matrix.root, matrix.config.get("asset_substitutes"))
+    return materialize(name, matrix.root, matrix.site.assets_dir, specs=specs)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:

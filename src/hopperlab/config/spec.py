@@ -103,6 +103,8 @@ class RunSpec:
     git_commit: str | None = None
     #: role -> asset name (e.g. model -> tiny-llama); built by the workflow before the run
     assets: dict[str, str] = field(default_factory=dict)
+    #: the variant this run's ratios are taken against (``compare_to``); None: the baseline
+    compare_to: str | None = None
 
     @property
     def key(self) -> str:
@@ -130,6 +132,8 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["key"] = self.key
+        if data["compare_to"] is None:  # absent: specs of runs that name none stay as they were
+            del data["compare_to"]
         return data
 
     @classmethod
@@ -148,7 +152,7 @@ class RunSpec:
             description=data.get("description", ""),
             headline_metrics=tuple(data.get("headline_metrics", ())),
             source=data.get("source", ""), git_commit=data.get("git_commit"),
-            assets=dict(data.get("assets", {})),
+            assets=dict(data.get("assets", {})), compare_to=data.get("compare_to"),
         )
 
 
@@ -321,8 +325,23 @@ def _selected(key: str, only: list[str]) -> bool:
     return not only or any(key == sel or key.startswith(sel.rstrip("/") + "/") for sel in only)
 
 
+def _compare_to(var: Mapping[str, Any], variants: Mapping[str, Any], var_name: str,
+                source: str, var_path: str) -> str | None:
+    """The variant a variant's ratios are taken against (``compare_to``); None: the baseline.
+    Checked here, so that a typo never turns into ratios against the wrong run."""
+    name = var.get("compare_to")
+    if name is not None and (name == var_name or name not in variants):
+        others = ", ".join(v for v in variants if v != var_name)
+        raise SpecError(f"{source}: {var_path}.compare_to: {name!r} is not another variant of "
+                        f"this experiment (its other variants: {others})")
+    return name
+
+
 def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: SiteSpec,
-                     commit: str | None, known_assets: set[str] | None = None) -> list[RunSpec]:
+                     commit: str | None,
+                     known_assets: Mapping[str, str] | None = None) -> list[RunSpec]:
+    """The selected runs of one family; ``known_assets`` maps each asset name to the asset
+    used in its place (``asset_substitutes``, derived assets included)."""
     path = root / "experiments" / f"{family}.yaml"
     source = str(path.relative_to(root))
     if family not in FAMILY_MODULES:
@@ -358,7 +377,6 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                              **var.get("params", {})}
             assets = {**exp.get("assets", {}), **scale_block.get("assets", {}),
                       **var.get("assets", {})}
-            assets = {role: substitutes.get(name, name) for role, name in assets.items()}
             if known_assets is not None:
                 for role, asset in assets.items():
                     if asset not in known_assets:
@@ -366,6 +384,8 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                             f"{source}: {var_path}: assets.{role}: unknown asset {shown(asset)}; "
                             f"configs/assets.yaml and configs/assets.d/ define: "
                             f"{', '.join(sorted(known_assets))}")
+            renames = known_assets if known_assets is not None else substitutes
+            assets = {role: renames.get(name, name) for role, name in assets.items()}
             params = build_params(info, merged_params, source, f"{var_path}.params")
             resources = Resources(**{**base_resources, **exp.get("resources", {}),
                                      **scale_block.get("resources", {}),
@@ -381,19 +401,24 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                 run_dir=str(Path(config["results_dir"]) / family / exp_name / var_name),
                 baseline=exp["baseline"], description=var.get("description", exp.get("description", "")),
                 headline_metrics=info.headline_metrics, source=source, git_commit=commit,
-                assets=assets)
+                assets=assets,
+                compare_to=_compare_to(var, exp["variants"], var_name, source, var_path))
             if _selected(spec.key, list(config.get("only") or [])):
                 runs.append(spec)
     return runs
 
 
-def _known_assets(root: Path) -> set[str] | None:
-    """Names of every asset (validated); None in a project without configs/assets.yaml."""
+def _known_assets(root: Path, substitutes: Mapping[str, str]) -> dict[str, str] | None:
+    """Every asset's name (validated) -> the asset used in its place (itself when no substitute
+    touches it); None in a project without configs/assets.yaml."""
     if not (root / "configs" / "assets.yaml").is_file():
         return None
-    from hopperlab.assets.registry import load_assets  # noqa: PLC0415 - imports spec
+    from hopperlab.assets.registry import apply_substitutes, load_assets  # noqa: PLC0415
 
-    return set(load_assets(root))
+    specs = load_assets(root)
+    check_substitutes(substitutes, set(specs))
+    return {name: renamed for name, renamed in apply_substitutes(specs, substitutes)[1].items()
+            if name in specs}
 
 
 def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) -> Matrix:
@@ -403,8 +428,7 @@ def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) ->
     site = load_site(root, config["site"], config["results_dir"])
     commit = git_commit(root)
     runs: dict[str, RunSpec] = {}
-    known_assets = _known_assets(root)
-    check_substitutes(config.get("asset_substitutes") or {}, known_assets)
+    known_assets = _known_assets(root, config.get("asset_substitutes") or {})
     for family in config["families"]:
         for spec in load_family_runs(root, family, config, site, commit, known_assets):
             runs[spec.key] = spec

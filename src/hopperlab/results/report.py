@@ -35,7 +35,7 @@ REPORT_FILE = "report.html"
 #: Columns of ``summary.csv`` before the metric columns.
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "family", "experiment", "variant", "attempt", "status", "reason", "scale",
-    "hostname", "gpu_model", "cpu_arch", "host_link", "duration_s",
+    "hostname", "gpu_model", "cpu_arch", "host_link", "duration_s", "compared_to",
 )
 RATIO_SUFFIX = "_vs_baseline"
 
@@ -78,6 +78,8 @@ class RunRow:
     run_dir: Path
     #: the experiment's baseline variant (from spec.json), None when not declared
     baseline: str | None = None
+    #: the variant this run's ratios are taken against (spec.json ``compare_to``); None: baseline
+    compare_to: str | None = None
     headline_metrics: tuple[str, ...] = ()
     knobs: dict[str, Any] = field(default_factory=dict)
     #: the record's full hardware dict (hardware.json when the record has none)
@@ -164,6 +166,7 @@ def _run_row(run_dir: Path, results_dir: Path) -> RunRow | None:
         metrics=_clean_metrics(record.get("metrics")),
         run_dir=run_dir,
         baseline=_str_or_none(spec.get("baseline")),
+        compare_to=_str_or_none(spec.get("compare_to")),
         headline_metrics=tuple(str(m) for m in headline) if isinstance(headline, (list, tuple)) else (),
         knobs=dict(knobs) if isinstance(knobs, Mapping) else {},
         hardware=hardware,
@@ -211,6 +214,19 @@ def _baseline_run(runs: Sequence[RunRow]) -> RunRow | None:
     return next((r for r in runs if r.variant == name), None) if name else None
 
 
+def _reference_name(run: RunRow, runs: Sequence[RunRow]) -> str | None:
+    """The variant ``run`` is compared with: the one it names (``compare_to``), else the
+    experiment's baseline (e.g. fp8 against bf16 compiled alike, not against eager bf16)."""
+    return run.compare_to or _baseline_name(runs)
+
+
+def _reference_run(run: RunRow, runs: Sequence[RunRow]) -> RunRow | None:
+    """The run of ``run``'s reference variant; None when it has no run (then no ratio: never
+    a silent fallback to another variant)."""
+    name = _reference_name(run, runs)
+    return next((r for r in runs if r.variant == name), None) if name else None
+
+
 def _ratio(value: float | None, base: RunRow | None, metric: str) -> float | None:
     """``value`` over the baseline's value of ``metric``; None when either is missing, the
     baseline is not ok, or its value is 0."""
@@ -240,10 +256,11 @@ def summary_rows(runs: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     header = [*SUMMARY_COLUMNS, *metrics, *(m + RATIO_SUFFIX for m in metrics)]
     rows = []
     for group in _group(runs).values():
-        base = _baseline_run(group)
         for r in group:
+            base = _reference_run(r, group)
             fixed = [r.family, r.experiment, r.variant, r.attempt, r.status, r.reason, r.scale,
-                     r.hostname, r.gpu_model, r.cpu_arch, r.host_link, r.duration_s]
+                     r.hostname, r.gpu_model, r.cpu_arch, r.host_link, r.duration_s,
+                     _reference_name(r, group)]
             values = [r.metrics.get(m) for m in metrics]
             ratios = [_ratio(r.metrics.get(m), base, m) for m in metrics]
             rows.append([_cell(v) for v in (*fixed, *values, *ratios)])
@@ -251,7 +268,8 @@ def summary_rows(runs: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
 
 
 def write_summary(runs: Sequence[RunRow], path: Path) -> Path:
-    """Write ``summary.csv`` (atomically): one row per run, metrics and ``<metric>_vs_baseline``."""
+    """Write ``summary.csv`` (atomically): one row per run, metrics and ``<metric>_vs_baseline``
+    (against the variant in ``compared_to``: the baseline unless the variant names another)."""
     header, rows = summary_rows(runs)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
@@ -523,18 +541,28 @@ def _knobs(knobs: Mapping[str, Any]) -> str:
     return ", ".join(changed) or "defaults"
 
 
+def _compared_note(run: RunRow, runs: Sequence[RunRow]) -> str:
+    """``(baseline)``, or ``(vs X)`` for a variant compared with another variant than it."""
+    if run.is_baseline:
+        return ' <span class="note">(baseline)</span>'
+    if run.compare_to and run.compare_to != _baseline_name(runs):
+        return f' <span class="note">(vs {_e(run.compare_to)})</span>'
+    return ""
+
+
 def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
-    base = _baseline_run(runs)
     show_knobs = any(r.knobs for r in runs)
     head = ["variant", "status", "attempt", "scale", "host", "duration s"]
     head += ["knobs"] if show_knobs else []
+    others = any(r.compare_to and r.compare_to != _baseline_name(runs) for r in runs)
     for m in metrics:
-        head += [m, "\u00d7 baseline"]
+        head += [m, "\u00d7 reference" if others else "\u00d7 baseline"]
     head.append("reason")
     out = ['<div class="scroll"><table><thead><tr>', *(f"<th>{_e(h)}</th>" for h in head),
            "</tr></thead><tbody>"]
     for r in runs:
-        variant = _e(r.variant) + (' <span class="note">(baseline)</span>' if r.is_baseline else "")
+        variant = _e(r.variant) + _compared_note(r, runs)
+        base = _reference_run(r, runs)
         cells = [
             f'<td class="{"base" if r.is_baseline else ""}">{variant}</td>',
             f"<td>{_badge(r.status)}</td>",

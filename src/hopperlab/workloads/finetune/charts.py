@@ -1,8 +1,9 @@
 """The finetune family's report charts: what each memory technique buys and what it costs.
 
 * **Speed against memory**: one point per variant, tokens/s over peak GPU memory (allocated),
-  the baseline marked. Which techniques pay off is where the points sit: up and to the left is
-  better; a technique that saves memory moves left, and what it costs shows as the drop.
+  the baseline green and labelled (no legend: its marker would read as one more point). Which
+  techniques pay off is where the points sit: up and to the left is better; a technique that
+  saves memory moves left, and what it costs shows as the drop.
 * **Step time and the host link**: the median step of each variant whose techniques move
   counted bytes over the host link, with what the link allows (``link_floor_s``, the larger
   direction at its measured rate; ``link_two_phase_s``, out in forward then back in backward)
@@ -25,6 +26,14 @@ def _ok(runs: Sequence[Any], *metrics: str) -> list[Any]:
     return [r for r in runs if r.status == "ok" and all(r.metrics.get(m) for m in metrics)]
 
 
+def _point_label(run: Any) -> str:
+    """The variant's name, ``(baseline)`` added to the baseline's: the chart has no legend, whose
+    frameless marker, among the points, read as one more run."""
+    if run.is_baseline and run.variant != "baseline":
+        return f"{run.variant} (baseline)"
+    return run.variant
+
+
 def speed_against_memory(runs: Sequence[Any]) -> FamilyChart | None:
     from matplotlib.figure import Figure
 
@@ -36,17 +45,15 @@ def speed_against_memory(runs: Sequence[Any]) -> FamilyChart | None:
     for r in rows:
         x, y = r.metrics["peak_gpu_allocated_gib"], r.metrics["tokens_per_s"]
         colour = BASELINE_COLOUR if r.is_baseline else VARIANT_COLOUR
-        ax.scatter(x, y, s=28, color=colour, zorder=3,
-                   label="baseline" if r.is_baseline else None)
-        ax.annotate(r.variant, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7)
+        ax.scatter(x, y, s=28, color=colour, zorder=3)
+        ax.annotate(_point_label(r), (x, y), xytext=(4, 3), textcoords="offset points",
+                    fontsize=7)
     ax.set_xlabel("peak GPU memory allocated (GiB)", fontsize=8)
     ax.set_ylabel("tokens/s (median step)", fontsize=8)
     # room on the right and on top for the labels of the outermost points
     ax.set_xlim(0, 1.25 * max(r.metrics["peak_gpu_allocated_gib"] for r in rows))
     ax.set_ylim(0, 1.1 * max(r.metrics["tokens_per_s"] for r in rows))
     ax.grid(True, linewidth=0.3)
-    if any(r.is_baseline for r in rows):
-        ax.legend(fontsize=7, frameon=False, loc="lower right")
     ax.spines[["top", "right"]].set_visible(False)
     fig.subplots_adjust(left=0.12, right=0.97, bottom=0.13, top=0.95)
     return FamilyChart(
