@@ -15,6 +15,7 @@ from typing import Any
 
 from hopperlab.workloads.base import KNOB_DEFAULTS
 from hopperlab.config.spec import Matrix, SpecError, find_root, load_matrix
+from hopperlab.cli import machines as machines_cli
 
 EXIT_CONFIG_ERROR = 2
 
@@ -180,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("experiment", help="family/experiment, e.g. membench/copy")
     p.add_argument("--ui", help="address of the MLflow UI (default: the tracking server, or "
                                 "http://127.0.0.1:5000 for a SQLite store opened with `mlflow ui`)")
+    machines_cli.add_verbs(sub, add)
     return parser
 
 
