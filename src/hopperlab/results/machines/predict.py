@@ -153,7 +153,7 @@ def _finetune(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
             and offload == "activations":
         raise _Unsupported("save_on_cpu does not count its bytes over the host link, so its "
                            "link time cannot be rescaled")
-    if offload != "none":
+    if offload != "none" and ctx.params.get("offload_staging") != "device":
         to_host = ctx.metric("bytes_to_host_per_step")
         from_host = ctx.metric("bytes_from_host_per_step")
         r_d2h = ctx.metric("link_d2h_gbps", label="r_S d2h (link_d2h_gbps)")

@@ -101,7 +101,7 @@ class DatabaseParams:
 
 
 #: which way each figure is better, what a run's cost is divided by, and link floors
-DIRECTIONS = {**{f"{q}_time_ms": LOWER for q in QUERIES},
+METRIC_DIRECTIONS = {**{f"{q}_time_ms": LOWER for q in QUERIES},
               **{f"{q}_speedup_vs_duckdb": HIGHER for q in QUERIES},
               **{f"{q}_gbps": HIGHER for q in QUERIES}, "all_correct": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1k_queries", "per 1000 queries", 1e3, "count_per_ms",
@@ -120,7 +120,7 @@ FAMILY = FamilyInfo(
     params=DatabaseParams,
     headline_metrics=HEADLINE_METRICS,
     charts="hopperlab.workloads.database.charts:charts",
-    directions=DIRECTIONS,
+    directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
     floors=FLOORS,
 )

@@ -181,7 +181,7 @@ class FinetuneParams:
 
 
 #: which way each figure is better, what a run's cost is divided by, and link floors
-DIRECTIONS = {"tokens_per_s": HIGHER, "step_time_p50_s": LOWER, "peak_gpu_allocated_gib": LOWER,
+METRIC_DIRECTIONS = {"tokens_per_s": HIGHER, "step_time_p50_s": LOWER, "peak_gpu_allocated_gib": LOWER,
               "mfu": HIGHER, "data_wait_fraction": LOWER, "loss_drop": HIGHER,
               "link_floor_s": LOWER, "step_over_link_floor": LOWER}
 WORK_UNITS = (WorkUnit("cost_per_1m_train_tokens", "per 1M training tokens", 1e6, "per_s",
@@ -201,7 +201,7 @@ FAMILY = FamilyInfo(
     params=FinetuneParams,
     headline_metrics=HEADLINE_METRICS,
     charts="hopperlab.workloads.finetune.charts:charts",
-    directions=DIRECTIONS,
+    directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
     floors=FLOORS,
 )

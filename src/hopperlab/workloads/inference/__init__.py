@@ -117,7 +117,7 @@ class InferenceParams:
 
 
 #: which way each figure is better and what a run's cost is divided by
-DIRECTIONS = {"ttft_ms_p50": LOWER, "ttft_ms_p99": LOWER, "decode_tokens_per_s": HIGHER,
+METRIC_DIRECTIONS = {"ttft_ms_p50": LOWER, "ttft_ms_p99": LOWER, "decode_tokens_per_s": HIGHER,
               "reload_gbps": HIGHER, "floor_fraction": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1m_generated_tokens", "per 1M generated tokens", 1e6, "per_s",
                        "decode_tokens_per_s"),
@@ -133,6 +133,6 @@ FAMILY = FamilyInfo(
     },
     params=InferenceParams,
     headline_metrics=HEADLINE_METRICS,
-    directions=DIRECTIONS,
+    directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
 )

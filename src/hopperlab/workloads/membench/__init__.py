@@ -80,7 +80,7 @@ class MembenchParams:
 
 
 #: which way each figure is better, and what a run's cost is divided by
-DIRECTIONS = {"gbps_peak": HIGHER, "gbps_at_largest": HIGHER, "h2d_gbps_at_largest": HIGHER,
+METRIC_DIRECTIONS = {"gbps_peak": HIGHER, "gbps_at_largest": HIGHER, "h2d_gbps_at_largest": HIGHER,
               "d2h_gbps_at_largest": HIGHER, "alloc_ms_at_largest": LOWER,
               "free_ms_at_largest": LOWER}
 WORK_UNITS = (WorkUnit("cost_per_tb_copied", "per TB copied (at the largest size)", 1e12 / 1e9,
@@ -95,6 +95,6 @@ FAMILY = FamilyInfo(
     },
     params=MembenchParams,
     headline_metrics=HEADLINE_METRICS,
-    directions=DIRECTIONS,
+    directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
 )

@@ -102,7 +102,7 @@ class RecommenderParams:
 
 
 #: which way each figure is better and what a run's cost is divided by
-DIRECTIONS = {"lat_e2e_p50_ms": LOWER, "qps": HIGHER,
+METRIC_DIRECTIONS = {"lat_e2e_p50_ms": LOWER, "qps": HIGHER,
               **{f"lat_{c}_p50_ms": LOWER for c in COMPONENTS},
               "recall_at_k": HIGHER, "rank_auc": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1m_recommendations", "per 1M recommendations", 1e6, "per_s",
@@ -119,6 +119,6 @@ FAMILY = FamilyInfo(
     params=RecommenderParams,
     headline_metrics=HEADLINE_METRICS,
     charts="hopperlab.workloads.recommender.charts:charts",
-    directions=DIRECTIONS,
+    directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
 )
