@@ -109,3 +109,28 @@ def _close_side_panel(page) -> None:
             page.wait_for_timeout(500)
     except Exception:  # cosmetic only
         pass
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.browser
+def test_machines_page_shows_each_machine_and_a_ratio(browser, tmp_path):
+    """machines.html (hopperlab machines on the two fixture folders) in Chromium: each machine's
+    name and the H100's ratio to the H200 on pinned copies are on the page."""
+    from hopperlab.results.machines import compare, descriptions, runs
+
+    fixtures = REPO / "tests" / "fixtures" / "machines"
+    groups = runs.load_folders([fixtures / "results-h200", fixtures / "results-h100"])
+    descs = descriptions.load_descriptions(REPO / "configs" / "machines")
+    _, html_path = compare.compare(groups, tmp_path, descriptions=descs)
+    page = browser.new_page(viewport={"width": 1600, "height": 1200})
+    try:
+        page.goto(html_path.as_uri())
+        for machine in ("h200-141g-pcie5-x86_64", "h100-80g-pcie5-x86_64"):
+            page.get_by_text(machine, exact=True).first.wait_for(timeout=20_000)
+        ratio = f"{54.4 / 55.4:.3f}x"  # membench copy/h2d-pinned gbps_at_largest
+        page.get_by_text(ratio).first.wait_for(timeout=20_000)
+        assert page.locator("img").count() >= 1  # the grouped bar charts
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT.with_name("machines.png")), full_page=False)
+    finally:
+        page.close()

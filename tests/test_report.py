@@ -150,7 +150,7 @@ def test_summary_csv(results: Path) -> None:
     metrics = ["alloc_us_p50", "alloc_us_p99", "d2h_gbps_peak", "h2d_gbps_64mb", "h2d_gbps_peak"]
     assert header == [
         "family", "experiment", "variant", "attempt", "status", "reason", "scale", "hostname",
-        "gpu_model", "cpu_arch", "host_link", "duration_s", "compared_to",
+        "gpu_model", "cpu_arch", "host_link", "duration_s", "compared_to", "machine", "reference_check",
         *metrics, *(m + "_vs_baseline" for m in metrics),
     ]
     assert [(r["experiment"], r["variant"], r["status"]) for r in rows] == [

@@ -28,6 +28,7 @@ from hopperlab.assets.store import materialize
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
 from hopperlab.run.submit import submit
+from hopperlab.cli import machines as machines_cli
 
 #: exit status of an expected error (a config mistake, a missing asset, a node that cannot...)
 EXIT_EXPECTED_ERROR = 2
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "http://127.0.0.1:5000 for a SQLite store opened with `mlflow ui`)")
     for group in (assets_cli, containers_cli, profile_cli):
         group.add_commands(sub)
+    machines_cli.add_verbs(sub, add)
     return parser
 
 

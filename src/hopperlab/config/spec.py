@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 
+from hopperlab.config.cost import CostSpec, cost_from_mapping
 from hopperlab.node.containers import image_path, resolve_site_runtime
 from hopperlab.core.errors import AssetMissing, SpecError, clip, shown
 from hopperlab.core.schema import (
@@ -81,6 +82,10 @@ class SiteSpec:
     source: str = ""
     #: absolute folder of models and data sets
     assets_dir: str = ""
+    #: the machine name every run records (None: derived from the node's fingerprint)
+    machine: str | None = None
+    #: the site's price (None: runs are not priced)
+    cost: CostSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,7 @@ class RunSpec:
         site["slurm"] = SlurmSettings(**{**site["slurm"], "setup": tuple(site["slurm"]["setup"])})
         site["container"] = ContainerSettings(
             **{**site["container"], "binds": tuple(site["container"]["binds"])})
+        site["cost"] = cost_from_mapping(site.get("cost"))
         return cls(
             family=data["family"], experiment=data["experiment"], variant=data["variant"],
             scale=data["scale"], knobs=Knobs(**data["knobs"]),
@@ -299,6 +305,9 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
         env={k: str(v) for k, v in data.get("env", {}).items()},
         source=str(path),
         assets_dir=str((root / data.get("assets_dir", "assets")).resolve()),
+        machine=data.get("machine"),
+        cost=typed_from_mapping(CostSpec, data["cost"], f"{path}: cost", "key of a site's cost")
+        if data.get("cost") else None,
     )
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from hopperlab.core import rundir as rec
+from hopperlab.node.naming import machine_name
+from hopperlab.results.machines.references import judge_rows
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ REPORT_FILE = "report.html"
 #: Columns of ``summary.csv`` before the metric columns.
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "family", "experiment", "variant", "attempt", "status", "reason", "scale",
-    "hostname", "gpu_model", "cpu_arch", "host_link", "duration_s", "compared_to",
+    "hostname", "gpu_model", "cpu_arch", "host_link", "duration_s", "compared_to", "machine", "reference_check",
 )
 RATIO_SUFFIX = "_vs_baseline"
 
@@ -84,6 +86,12 @@ class RunRow:
     knobs: dict[str, Any] = field(default_factory=dict)
     #: the record's full hardware dict (hardware.json when the record has none)
     hardware: dict[str, Any] = field(default_factory=dict)
+    #: the machine the run ran on (the record's, else named from its fingerprint)
+    machine: str | None = None
+    #: the run's tags (the record's), e.g. cost.currency
+    tags: dict[str, str] = field(default_factory=dict)
+    #: pass | regression | improvement | no-reference (configs/references/<machine>.yaml)
+    reference_check: str | None = None
 
     @property
     def key(self) -> str:
@@ -170,6 +178,10 @@ def _run_row(run_dir: Path, results_dir: Path) -> RunRow | None:
         headline_metrics=tuple(str(m) for m in headline) if isinstance(headline, (list, tuple)) else (),
         knobs=dict(knobs) if isinstance(knobs, Mapping) else {},
         hardware=hardware,
+        machine=_str_or_none(record.get("machine"))
+        or (machine_name(hardware) if hardware else None),
+        tags={str(k): str(v) for k, v in (record.get("tags") or {}).items()}
+        if isinstance(record.get("tags"), Mapping) else {},
     )
 
 
@@ -260,7 +272,7 @@ def summary_rows(runs: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
             base = _reference_run(r, group)
             fixed = [r.family, r.experiment, r.variant, r.attempt, r.status, r.reason, r.scale,
                      r.hostname, r.gpu_model, r.cpu_arch, r.host_link, r.duration_s,
-                     _reference_name(r, group)]
+                     _reference_name(r, group), r.machine, r.reference_check]
             values = [r.metrics.get(m) for m in metrics]
             ratios = [_ratio(r.metrics.get(m), base, m) for m in metrics]
             rows.append([_cell(v) for v in (*fixed, *values, *ratios)])
@@ -521,11 +533,13 @@ def _hardware_table(runs: Sequence[RunRow]) -> str:
     for r in runs:
         if not r.hardware:
             continue
-        row = tuple(_hardware_value(k, r.hardware.get(k)) for k, _ in _HARDWARE_COLUMNS)
+        row = (_hardware_value("machine", r.machine),
+               *(_hardware_value(k, r.hardware.get(k)) for k, _ in _HARDWARE_COLUMNS))
         hosts[row] = hosts.get(row, 0) + 1
     if not hosts:
         return '<p class="note">No run recorded its hardware.</p>'
-    head = "".join(f"<th>{_e(label)}</th>" for _, label in _HARDWARE_COLUMNS) + "<th>runs</th>"
+    head = "<th>machine</th>" + "".join(f"<th>{_e(label)}</th>" for _, label in _HARDWARE_COLUMNS)
+    head += "<th>runs</th>"
     body = "".join(
         "<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + f'<td class="num">{n}</td></tr>'
         for row, n in sorted(hosts.items())
@@ -555,6 +569,10 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
     head = ["variant", "status", "attempt", "scale", "host", "duration s"]
     head += ["knobs"] if show_knobs else []
     others = any(r.compare_to and r.compare_to != _baseline_name(runs) for r in runs)
+    show_check = any(r.reference_check not in (None, "no-reference") for r in runs)
+    show_cost = any("cost_run" in r.metrics for r in runs)
+    head += ["reference check"] if show_check else []
+    head += ["cost of the run"] if show_cost else []
     for m in metrics:
         head += [m, "\u00d7 reference" if others else "\u00d7 baseline"]
     head.append("reason")
@@ -573,6 +591,12 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
         ]
         if show_knobs:
             cells.append(f'<td class="wrap"><code>{_e(_knobs(r.knobs))}</code></td>')
+        if show_check:
+            cells.append(f"<td>{_e(r.reference_check or _DASH)}</td>")
+        if show_cost:
+            cost = r.metrics.get("cost_run")
+            cells.append(f'<td class="num">{_e(cost)} {_e(r.tags.get("cost.currency", ""))}'
+                         "</td>" if cost is not None else f"<td>{_DASH}</td>")
         for m in metrics:
             value = r.metrics.get(m)
             ratio = _ratio(value, base, m)
@@ -714,10 +738,23 @@ def write_html(runs: Sequence[RunRow], path: Path, source: str | None = None) ->
     return Path(path)
 
 
-def build_report(results_dir: Path) -> tuple[Path, Path]:
-    """Write ``summary.csv`` and ``report.html`` into ``results_dir``; return their paths."""
+def _references_dir(results_dir: Path) -> Path | None:
+    """configs/references of the project the results folder is in (None: none found)."""
+    for folder in (results_dir.resolve(), *results_dir.resolve().parents):
+        if (folder / "configs" / "references").is_dir():
+            return folder / "configs" / "references"
+    return None
+
+
+def build_report(results_dir: Path, references_dir: Path | None = None) -> tuple[Path, Path]:
+    """Write ``summary.csv`` and ``report.html`` into ``results_dir``; return their paths.
+    Each run is judged against its machine's references (``references_dir``, default the
+    project's configs/references/)."""
     results_dir = Path(results_dir)
     runs = collect_runs(results_dir)
+    refs = references_dir or _references_dir(results_dir)
+    if refs is not None:
+        judge_rows(runs, refs)
     summary = write_summary(runs, results_dir / SUMMARY_FILE)
     report = write_html(runs, results_dir / REPORT_FILE, source=str(results_dir))
     return summary, report

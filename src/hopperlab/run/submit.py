@@ -19,6 +19,7 @@ from hopperlab.core import rundir as record
 from hopperlab.core.rundir import (FAILING_STATUSES, load_record, read_json, utc_now,
                               write_json_atomic, write_record)
 from hopperlab.config.spec import Matrix, RunSpec
+from hopperlab.run.annotate import annotate_record
 
 ATTEMPTS_DIR = "attempts"
 KEPT_ACROSS_ATTEMPTS = {ATTEMPTS_DIR, record.HISTORY_FILE}
@@ -99,6 +100,7 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any) -> 
     if outcome.job_id:
         rec["slurm"] = {**(rec.get("slurm") or {}), "job_id": outcome.job_id,
                         "state": outcome.state}
+    annotate_record(rec, spec)
     write_record(run_dir, rec)
     return rec
 

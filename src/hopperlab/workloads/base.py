@@ -34,6 +34,30 @@ class Knobs:
 KNOB_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Knobs)}
 
 
+#: which way a metric is better, declared once with the metric (``FamilyInfo.directions``)
+HIGHER, LOWER = "higher", "lower"
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """A unit of work a run's cost is divided by, read from the run's own final metrics.
+
+    ``kind`` says how the metrics give units per second: ``per_s`` (``metric`` is units/s,
+    times the spec parameter ``scale_param`` when set: qps x top_n), ``ms_each`` (``metric`` is
+    milliseconds per unit), ``sum_per_ms`` (the metrics ending in ``metric`` summed, over the
+    metrics ending in ``time_suffix`` summed, in ms), ``count_per_ms`` (how many metrics end in
+    ``time_suffix``, over their sum in ms). ``size`` units make one priced amount.
+    """
+
+    name: str            # the cost metric's name, e.g. cost_per_1m_train_tokens
+    label: str           # e.g. "per 1M training tokens"
+    size: float
+    kind: str
+    metric: str = ""
+    time_suffix: str = ""
+    scale_param: str | None = None
+
+
 @dataclass(frozen=True)
 class FamilyInfo:
     name: str
@@ -49,6 +73,12 @@ class FamilyInfo:
     #: ``function(runs) -> list[FamilyChart]`` (runs: the report's rows of that experiment).
     #: The module imports matplotlib only (no torch): the report runs on the login node.
     charts: str | None = None
+    #: metric -> "higher" or "lower" (which is better); machines and references read it
+    directions: Mapping[str, str] = field(default_factory=dict)
+    #: what a run's cost is divided by (hopperlab.config.cost prices each)
+    work_units: tuple[WorkUnit, ...] = ()
+    #: figure metric -> the metric of what the host link allows it (same unit): link floors
+    floors: Mapping[str, str] = field(default_factory=dict)
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)

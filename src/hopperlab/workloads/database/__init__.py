@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import FamilyInfo, PROFILERS
+from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
 
 QUERIES = ("q1", "q3", "q5", "q6", "q12", "q14")
 #: device: columns in GPU memory before timing; host-pinned: pinned host memory, streamed in
@@ -100,6 +100,16 @@ class DatabaseParams:
             raise ValueError(f"link_gbps: expected a positive number, got {self.link_gbps!r}")
 
 
+#: which way each figure is better, what a run's cost is divided by, and link floors
+METRIC_DIRECTIONS = {**{f"{q}_time_ms": LOWER for q in QUERIES},
+              **{f"{q}_speedup_vs_duckdb": HIGHER for q in QUERIES},
+              **{f"{q}_gbps": HIGHER for q in QUERIES}, "all_correct": HIGHER}
+WORK_UNITS = (WorkUnit("cost_per_1k_queries", "per 1000 queries", 1e3, "count_per_ms",
+                       time_suffix="_time_ms"),
+              WorkUnit("cost_per_tb_scanned", "per TB scanned", 1e12, "sum_per_ms",
+                       "_bytes_read", time_suffix="_time_ms"))
+FLOORS = {f"{q}_time_ms": f"{q}_floor_ms" for q in QUERIES}
+
 FAMILY = FamilyInfo(
     name="database",
     entry="hopperlab.workloads.database.workload:run",
@@ -110,4 +120,7 @@ FAMILY = FamilyInfo(
     params=DatabaseParams,
     headline_metrics=HEADLINE_METRICS,
     charts="hopperlab.workloads.database.charts:charts",
+    directions=METRIC_DIRECTIONS,
+    work_units=WORK_UNITS,
+    floors=FLOORS,
 )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import FamilyInfo, PROFILERS
+from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
 
 BACKENDS = ("torch", "nemo")
 METHODS = ("lora", "full")
@@ -180,6 +180,14 @@ class FinetuneParams:
             raise ValueError("lora_targets: LoRA needs at least one target module name")
 
 
+#: which way each figure is better, what a run's cost is divided by, and link floors
+METRIC_DIRECTIONS = {"tokens_per_s": HIGHER, "step_time_p50_s": LOWER, "peak_gpu_allocated_gib": LOWER,
+              "mfu": HIGHER, "data_wait_fraction": LOWER, "loss_drop": HIGHER,
+              "link_floor_s": LOWER, "step_over_link_floor": LOWER}
+WORK_UNITS = (WorkUnit("cost_per_1m_train_tokens", "per 1M training tokens", 1e6, "per_s",
+                       "tokens_per_s"),)
+FLOORS = {"step_time_p50_s": "link_floor_s"}
+
 FAMILY = FamilyInfo(
     name="finetune",
     entry="hopperlab.workloads.finetune.workload:run",
@@ -193,4 +201,7 @@ FAMILY = FamilyInfo(
     params=FinetuneParams,
     headline_metrics=HEADLINE_METRICS,
     charts="hopperlab.workloads.finetune.charts:charts",
+    directions=METRIC_DIRECTIONS,
+    work_units=WORK_UNITS,
+    floors=FLOORS,
 )

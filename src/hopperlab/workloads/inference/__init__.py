@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import FamilyInfo, PROFILERS
+from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
 
 STUDIES = ("kv-cache", "weight-streaming")
 POLICIES = ("resident", "offload", "recompute")
@@ -116,6 +116,14 @@ class InferenceParams:
                              f"a run: give one share, got {list(fractions)!r}")
 
 
+#: which way each figure is better and what a run's cost is divided by
+METRIC_DIRECTIONS = {"ttft_ms_p50": LOWER, "ttft_ms_p99": LOWER, "decode_tokens_per_s": HIGHER,
+              "reload_gbps": HIGHER, "floor_fraction": HIGHER}
+WORK_UNITS = (WorkUnit("cost_per_1m_generated_tokens", "per 1M generated tokens", 1e6, "per_s",
+                       "decode_tokens_per_s"),
+              WorkUnit("cost_per_1k_first_tokens", "per 1000 first tokens", 1e3, "ms_each",
+                       "ttft_ms_p50"))
+
 FAMILY = FamilyInfo(
     name="inference",
     entry="hopperlab.workloads.inference.workload:run",
@@ -125,4 +133,6 @@ FAMILY = FamilyInfo(
     },
     params=InferenceParams,
     headline_metrics=HEADLINE_METRICS,
+    directions=METRIC_DIRECTIONS,
+    work_units=WORK_UNITS,
 )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import FamilyInfo, PROFILERS
+from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
 
 TESTS = ("copy", "alloc")
 DIRECTIONS = ("h2d", "d2h", "bidir")
@@ -79,6 +79,13 @@ class MembenchParams:
             raise ValueError(f"warmup: expected 0 or more, got {self.warmup!r}")
 
 
+#: which way each figure is better, and what a run's cost is divided by
+METRIC_DIRECTIONS = {"gbps_peak": HIGHER, "gbps_at_largest": HIGHER, "h2d_gbps_at_largest": HIGHER,
+              "d2h_gbps_at_largest": HIGHER, "alloc_ms_at_largest": LOWER,
+              "free_ms_at_largest": LOWER}
+WORK_UNITS = (WorkUnit("cost_per_tb_copied", "per TB copied (at the largest size)", 1e12 / 1e9,
+                       "per_s", "gbps_at_largest"),)
+
 FAMILY = FamilyInfo(
     name="membench",
     entry="hopperlab.workloads.membench.workload:run",
@@ -88,4 +95,6 @@ FAMILY = FamilyInfo(
     },
     params=MembenchParams,
     headline_metrics=HEADLINE_METRICS,
+    directions=METRIC_DIRECTIONS,
+    work_units=WORK_UNITS,
 )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import FamilyInfo, PROFILERS
+from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
 
 COMPONENTS = ("retrieval", "features", "transfer", "ranking", "topn")
 PIPELINES = ("gpu", "cpu")
@@ -101,6 +101,13 @@ class RecommenderParams:
                              "and transfer are GPU choices (leave them at their defaults)")
 
 
+#: which way each figure is better and what a run's cost is divided by
+METRIC_DIRECTIONS = {"lat_e2e_p50_ms": LOWER, "qps": HIGHER,
+              **{f"lat_{c}_p50_ms": LOWER for c in COMPONENTS},
+              "recall_at_k": HIGHER, "rank_auc": HIGHER}
+WORK_UNITS = (WorkUnit("cost_per_1m_recommendations", "per 1M recommendations", 1e6, "per_s",
+                       "qps", scale_param="top_n"),)
+
 FAMILY = FamilyInfo(
     name="recommender",
     entry="hopperlab.workloads.recommender.workload:run",
@@ -112,4 +119,6 @@ FAMILY = FamilyInfo(
     params=RecommenderParams,
     headline_metrics=HEADLINE_METRICS,
     charts="hopperlab.workloads.recommender.charts:charts",
+    directions=METRIC_DIRECTIONS,
+    work_units=WORK_UNITS,
 )

@@ -1,0 +1,146 @@
+"""``hopperlab machines``, ``check`` and ``predict``: the verbs of issue 18 (machines side by side).
+
+They read results folders and configs/machines|references of the project; they never load the
+matrix (a colleague's results folder needs no site of ours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from hopperlab.config.spec import find_root, load_config
+from hopperlab.core.errors import SpecError
+from hopperlab.results.machines import compare, descriptions, predict, references, runs
+from hopperlab.results.report import collect_runs
+
+EXIT_REGRESSION = 1
+
+
+def _root(args: argparse.Namespace) -> Path:
+    return Path(args.root).resolve() if args.root else find_root()
+
+
+def _default_results(root: Path, args: argparse.Namespace) -> Path:
+    from hopperlab.cli.main import parse_overrides
+
+    return root / load_config(root, parse_overrides(args.config))["results_dir"]
+
+
+def cmd_machines(args: argparse.Namespace) -> int:
+    root = _root(args)
+    if args.mlflow:
+        from hopperlab.results.machines import mlflow_source
+
+        groups = mlflow_source.load(args.mlflow, args.results_dirs)
+    else:
+        if not args.results_dirs:
+            raise SpecError("hopperlab machines: name the results folders to compare "
+                            "(or --mlflow URI)")
+        groups = runs.load_folders([Path(p) for p in args.results_dirs])
+    refs_dir = root / references.REFERENCES_DIR
+    for g in groups:
+        references.judge_rows(g.runs.values(), refs_dir)
+    descs = descriptions.load_descriptions(root / descriptions.MACHINES_DIR)
+    targets = [descriptions.find_description(root / descriptions.MACHINES_DIR, t).name
+               for t in args.predict]
+    out = Path(args.out) if args.out else root / "results" / "machines"
+    csv_path, html_path = compare.compare(groups, out, reference=args.reference,
+                                          descriptions=descs, targets=targets)
+    print(f"[hopperlab] machines {', '.join(g.machine for g in groups)}: wrote {csv_path} "
+          f"and {html_path}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    root = _root(args)
+    results = Path(args.results_dir) if args.results_dir else _default_results(root, args)
+    rows = collect_runs(results)
+    if not rows:
+        raise SpecError(f"{results}: not a results folder (no run with a record)")
+    refs_dir = Path(args.references) if args.references else root / references.REFERENCES_DIR
+    judgements = references.judge_rows(rows, refs_dir)
+    lines = references.check_lines(rows, judgements)
+    counts: dict[str, int] = {}
+    for j in judgements.values():
+        counts[j.verdict] = counts.get(j.verdict, 0) + 1
+    for line in lines:
+        print(line)
+    machines = sorted({r.machine or "unknown" for r in rows})
+    print(f"[hopperlab] check {results} ({', '.join(machines)}): "
+          + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
+    return EXIT_REGRESSION if lines else 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    root = _root(args)
+    folder = root / descriptions.MACHINES_DIR
+    target = descriptions.find_description(folder, args.machine)
+    groups = runs.load_folder(Path(args.results_dir))
+    measured = None
+    if args.measured:
+        measured = next((g for g in runs.load_folder(Path(args.measured))
+                         if g.machine == target.name), None)
+    descs = descriptions.load_descriptions(folder)
+    out: list[predict.Prediction] = []
+    for g in groups:
+        if g.machine not in descs:
+            raise SpecError(f"{args.results_dir}: its machine {g.machine} has no description "
+                            f"{folder / (g.machine + '.yaml')}: predictions need the figures of "
+                            f"the machine the runs were measured on")
+        out.extend(predict.predict(g, descs[g.machine], target, measured))
+    if args.json:
+        print(json.dumps([_pred_dict(p) for p in out], indent=2))
+        return 0
+    for p in out:
+        head = f"{p.key} {p.metric} on {p.target_machine} [PREDICTION from {p.source_machine}]"
+        if p.unpredictable:
+            print(f"{head}: not predicted: {p.unpredictable}")
+            continue
+        line = f"{head}: {p.predicted:.4g} (measured on {p.source_machine}: {p.source_value:.4g}"
+        if p.measured is not None:
+            line += f"; measured on {p.target_machine}: {p.measured:.4g}, error {p.error:+.1%}"
+        print(line + ")")
+        print(f"    model {p.model}: {p.formula}")
+        for k, v in p.inputs.items():
+            print(f"    {k} = {v}")
+    return 0
+
+
+def _pred_dict(p: predict.Prediction) -> dict[str, Any]:
+    return {"label": p.label, "key": p.key, "metric": p.metric, "source_machine": p.source_machine,
+            "target_machine": p.target_machine, "source_value": p.source_value,
+            "predicted": p.predicted, "measured": p.measured, "error": p.error,
+            "model": p.model, "formula": p.formula, "inputs": p.inputs,
+            "unpredictable": p.unpredictable}
+
+
+def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
+    p = add("machines", cmd_machines,
+            "compare results folders of several machines: machines.csv and machines.html")
+    p.add_argument("results_dirs", nargs="*", help="results folders (with --mlflow: machine "
+                                                   "names to keep, default all)")
+    p.add_argument("--reference", help="the machine ratios are to (default: the first)")
+    p.add_argument("--out", help="output folder (default: results/machines)")
+    p.add_argument("--mlflow", help="read the runs from this MLflow tracking URI instead, "
+                                    "grouped by their machine tag")
+    p.add_argument("--predict", nargs="*", default=[], metavar="MACHINE",
+                   help="also predict these machines (configs/machines/ names or aliases)")
+    p = add("check", cmd_check, "judge runs against configs/references/<machine>.yaml; "
+                                "exit 1 on a regression")
+    p.add_argument("results_dir", nargs="?", help="default: the config's results_dir")
+    p.add_argument("--references", help="folder of reference files (default configs/references)")
+    p = add("predict", cmd_predict, "predict a results folder's figures on another machine")
+    p.add_argument("results_dir")
+    p.add_argument("--machine", required=True, help="target (configs/machines/ name or alias)")
+    p.add_argument("--measured", help="a results folder of the target machine, for the error")
+    p.add_argument("--json", action="store_true")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from hopperlab.cli.main import main
+
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""``machines.csv`` and ``machines.html``: the same runs on several machines, side by side.
+
+Per (family, experiment, variant) and headline metric: each machine's value, its ratio to the
+reference machine, which is better (by the metric's declared direction), the link floor and the
+figure over it, the run's cost and "x cheaper per unit"; a grouped bar chart per experiment;
+and predictions (each machine's runs predicted on the others and on any ``--predict`` target,
+with the error where the target was measured). A value a machine did not record is the visible
+cell "no data", never a zero.
+
+The HTML is self-contained (inline CSS, charts as base64 PNG): mail it, archive it.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from hopperlab.core.rundir import utc_now, write_text_atomic
+from hopperlab.core.errors import SpecError
+from hopperlab.results.machines import cost as costs
+from hopperlab.results.machines.descriptions import MachineDescription
+from hopperlab.results.machines.predict import Prediction, predict
+from hopperlab.results.machines.references import direction
+from hopperlab.results.machines.runs import MachineRuns
+from hopperlab.workloads import family_info
+
+CSV_FILE = "machines.csv"
+HTML_FILE = "machines.html"
+NO_DATA = "no data"
+CSV_COLUMNS = ("family", "experiment", "variant", "metric", "direction", "machine",
+               "reference_machine", "status", "value", "ratio_to_reference", "better",
+               "link_floor", "over_floor", "cost_run", "currency", "cost_unit",
+               "cost_per_unit", "cheaper_per_unit_x", "reference_check")
+
+
+@dataclass
+class Cell:
+    """One machine's figure of one (run, metric)."""
+
+    machine: str
+    status: str | None
+    value: float | None
+    ratio: float | None = None
+    better: str = ""
+    floor: float | None = None
+    over_floor: float | None = None
+    cost_run: float | None = None
+    currency: str = ""
+    unit: costs.UnitCost | None = None
+    cheaper: float | None = None
+    check: str | None = None
+
+
+@dataclass
+class Line:
+    family: str
+    experiment: str
+    variant: str
+    metric: str
+    direction: str | None
+    cells: list[Cell]
+
+
+def _headline(groups: Sequence[MachineRuns], key: str) -> list[str]:
+    rows = [g.runs[key] for g in groups if key in g.runs]
+    metrics: list[str] = []
+    for r in rows:
+        for m in r.headline_metrics:
+            if m not in metrics and any(m in x.metrics for x in rows):
+                metrics.append(m)
+    return metrics
+
+
+def _better(value: float | None, ref: float | None, way: str | None) -> str:
+    if value is None or ref is None or way is None:
+        return ""
+    if math.isclose(value, ref, rel_tol=1e-9):
+        return "same"
+    return "better" if (value > ref) == (way == "higher") else "worse"
+
+
+def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
+    """The comparison, one Line per (run, headline metric) any machine recorded."""
+    ref_group = next(g for g in groups if g.machine == reference)
+    keys = sorted({k for g in groups for k in g.runs})
+    lines = []
+    for key in keys:
+        family, experiment, variant = key.split("/")
+        try:
+            floors = family_info(family).floors
+        except (KeyError, ImportError):
+            floors = {}
+        ref_row = ref_group.runs.get(key)
+        ref_units = {u.metric: u for u in costs.unit_costs(ref_row)} if ref_row else {}
+        for metric in _headline(groups, key) or ["-"]:
+            way = direction(family, metric)
+            ref_value = ref_row.metrics.get(metric) if ref_row and ref_row.status == "ok" else None
+            cells = []
+            for g in groups:
+                row = g.runs.get(key)
+                if row is None:
+                    cells.append(Cell(g.machine, None, None))
+                    continue
+                value = row.metrics.get(metric) if row.status == "ok" else None
+                cell = Cell(g.machine, row.status, value, check=row.reference_check,
+                            cost_run=costs.run_cost(row),
+                            currency=row.tags.get("cost.currency", ""))
+                if value is not None and ref_value:
+                    cell.ratio = value / ref_value
+                cell.better = "" if g.machine == reference else _better(value, ref_value, way)
+                floor_metric = floors.get(metric)
+                if floor_metric and floor_metric in row.metrics:
+                    cell.floor = row.metrics[floor_metric]
+                    if value is not None and cell.floor:
+                        cell.over_floor = value / cell.floor
+                units = costs.unit_costs(row)
+                if units:
+                    cell.unit = units[0]
+                    cell.cheaper = costs.cheaper(ref_units.get(units[0].metric), units[0])
+                cells.append(cell)
+            lines.append(Line(family, experiment, variant, metric, way, cells))
+    return lines
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else repr(float(value))
+
+
+def write_csv(lines: Sequence[Line], reference: str, path: Path) -> Path:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for line in lines:
+        for c in line.cells:
+            w.writerow([line.family, line.experiment, line.variant, line.metric,
+                        line.direction or "", c.machine, reference, c.status or "no run",
+                        NO_DATA if c.value is None else repr(c.value), _num(c.ratio), c.better,
+                        _num(c.floor), _num(c.over_floor), _num(c.cost_run), c.currency,
+                        c.unit.label if c.unit else "", _num(c.unit.value if c.unit else None),
+                        _num(c.cheaper), c.check or ""])
+    write_text_atomic(path, buf.getvalue())
+    return path
+
+
+# ----------------------------------------------------------------------------- HTML
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _f(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return f'<span class="nodata">{NO_DATA}</span>'
+    return f"{value:.{digits}g}"
+
+
+def _chart(experiment_lines: Sequence[Line], machines: Sequence[str]) -> str | None:
+    """A grouped bar chart: variants on the axis, one bar per machine, first metric of each
+    variant, as the ratio to the reference machine (units differ across variants)."""
+    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    firsts: dict[str, Line] = {}
+    for line in experiment_lines:
+        firsts.setdefault(line.variant, line)
+    rows = [ln for ln in firsts.values() if any(c.ratio is not None for c in ln.cells)]
+    if not rows:
+        return None
+    fig = Figure(figsize=(max(5.0, 1.1 * len(rows) * max(1, len(machines)) / 2 + 2), 3.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    width = 0.8 / max(1, len(machines))
+    for i, machine in enumerate(machines):
+        heights = []
+        for ln in rows:
+            cell = next((c for c in ln.cells if c.machine == machine), None)
+            heights.append(cell.ratio if cell and cell.ratio is not None else 0.0)
+        xs = [j + (i - (len(machines) - 1) / 2) * width for j in range(len(rows))]
+        ax.bar(xs, heights, width, label=machine)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{ln.variant}\n{ln.metric}" for ln in rows], fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_ylabel("x reference machine")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+_CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:collapse;
+margin:.5em 0 1em}td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;vertical-align:top}
+th{background:#f0f0f0}.num{text-align:right}.better{color:#2e7d32;font-weight:bold}
+.worse{color:#c62828;font-weight:bold}.nodata{color:#999;font-style:italic}.meta{color:#555}
+.pred{background:#fff8e1}.regression{color:#c62828;font-weight:bold}.improvement{color:#2e7d32}
+code{font-size:12px}"""
+
+
+def _cell_html(c: Cell, reference: str) -> str:
+    if c.status is None:
+        return f'<td><span class="nodata">{NO_DATA} (no run)</span></td>'
+    parts = [_f(c.value)]
+    if c.value is None and c.status != "ok":
+        parts = [f'<span class="nodata">{NO_DATA} ({_e(c.status)})</span>']
+    if c.ratio is not None and c.machine != reference:
+        cls = c.better if c.better in ("better", "worse") else ""
+        parts.append(f'<span class="{cls}">{c.ratio:.3f}x</span>'
+                     + (f" {c.better}" if c.better else ""))
+    if c.floor is not None:
+        parts.append(f"floor {_f(c.floor)}" + (f" ({c.over_floor:.2f}x floor)"
+                                                if c.over_floor else ""))
+    if c.unit is not None:
+        txt = f"{c.unit.value:.4g} {_e(c.unit.currency)} {_e(c.unit.label)}"
+        if c.cheaper is not None and c.machine != reference:
+            txt += f"; {c.cheaper:.2f}x cheaper per unit"
+        parts.append(txt)
+    elif c.cost_run is not None:
+        parts.append(f"run {c.cost_run:.4g} {_e(c.currency)}")
+    if c.check and c.check != "no-reference":
+        parts.append(f'<span class="{_e(c.check)}">check: {_e(c.check)}</span>')
+    return "<td>" + "<br>".join(parts) + "</td>"
+
+
+def _prediction_table(preds: Sequence[Prediction]) -> str:
+    out = ['<table><thead><tr><th>run</th><th>metric</th><th>from</th><th>measured there</th>'
+           "<th>PREDICTION for</th><th>predicted</th><th>measured on target</th><th>error</th>"
+           "<th>model and formula</th><th>inputs</th></tr></thead><tbody>"]
+    for p in preds:
+        if p.unpredictable:
+            body = (f'<td colspan="4" class="nodata">not predicted: {_e(p.unpredictable)}</td>'
+                    "<td></td><td></td>")
+        else:
+            err = p.error
+            body = (f'<td class="num pred">{_f(p.predicted)}</td>'
+                    f'<td class="num">{_f(p.measured) if p.measured is not None else "-"}</td>'
+                    f'<td class="num">{"-" if err is None else f"{err * 100:+.1f} %"}</td>'
+                    f"<td><b>{_e(p.model)}</b>: <code>{_e(p.formula)}</code></td>"
+                    "<td>" + "<br>".join(f"<code>{_e(k)}</code> = {_e(v)}"
+                                         for k, v in p.inputs.items()) + "</td>")
+        out.append(f"<tr><td>{_e(p.key)}</td><td>{_e(p.metric)}</td><td>{_e(p.source_machine)}"
+                   f'</td><td class="num">{_f(p.source_value)}</td><td>{_e(p.target_machine)}'
+                   f" ({_e(p.label)})</td>{body}</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[Line],
+                predictions: Sequence[Prediction]) -> str:
+    machines = [g.machine for g in groups]
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           f"<title>hopperlab machines</title><style>{_CSS}</style></head><body>",
+           "<h1>Machines side by side</h1>",
+           f'<p class="meta">made {_e(utc_now())}; reference machine <b>{_e(reference)}</b>; '
+           "ratios are value / reference; better/worse by the metric's declared direction; "
+           f'a figure a machine did not record reads "{NO_DATA}".</p>',
+           "<table><thead><tr><th>machine</th><th>from</th><th>runs</th></tr></thead><tbody>"]
+    for g in groups:
+        out.append(f"<tr><td><b>{_e(g.machine)}</b></td><td><code>{_e(g.source)}</code></td>"
+                   f'<td class="num">{len(g.runs)}</td></tr>')
+    out.append("</tbody></table>")
+    experiments: dict[tuple[str, str], list[Line]] = {}
+    for line in lines:
+        experiments.setdefault((line.family, line.experiment), []).append(line)
+    for (family, experiment), exp_lines in experiments.items():
+        out.append(f"<h2>{_e(family)} / {_e(experiment)}</h2>")
+        png = _chart(exp_lines, machines)
+        if png:
+            out.append(f'<figure><img alt="{_e(experiment)}: machines side by side" '
+                       f'src="data:image/png;base64,{png}"><figcaption>each variant\'s first '
+                       f"headline metric as a multiple of {_e(reference)} (dashed line)"
+                       "</figcaption></figure>")
+        out.append("<table><thead><tr><th>variant</th><th>metric</th><th>better</th>"
+                   + "".join(f"<th>{_e(m)}</th>" for m in machines) + "</tr></thead><tbody>")
+        for line in exp_lines:
+            out.append(f"<tr><td>{_e(line.variant)}</td><td>{_e(line.metric)}</td>"
+                       f"<td>{_e(line.direction or '-')}</td>"
+                       + "".join(_cell_html(c, reference) for c in line.cells) + "</tr>")
+        out.append("</tbody></table>")
+    out.append("<h2>Predictions</h2>")
+    if predictions:
+        out.append('<p class="meta">Every figure in the <i>predicted</i> column is a PREDICTION '
+                   "from the models of hopperlab.results.machines.predict, with its formula and "
+                   "inputs; where the target machine was measured too, the error is "
+                   "(predicted - measured) / measured.</p>")
+        out.append(_prediction_table(predictions))
+    else:
+        out.append('<p class="nodata">No predictions (no machine description for the compared '
+                   "machines in configs/machines/, and no --predict target).</p>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def all_predictions(groups: Sequence[MachineRuns], descriptions: dict[str, MachineDescription],
+                    targets: Sequence[str] = ()) -> list[Prediction]:
+    """Each machine's runs predicted on every other compared machine (with the error) and on
+    every extra target that has a description."""
+    out: list[Prediction] = []
+    by_name = {g.machine: g for g in groups}
+    for g in groups:
+        src = descriptions.get(g.machine)
+        if src is None:
+            continue
+        for name in [m for m in by_name if m != g.machine] + [t for t in targets
+                                                             if t not in by_name]:
+            tgt = descriptions.get(name)
+            if tgt is None:
+                continue
+            out.extend(predict(g, src, tgt, by_name.get(name)))
+    return out
+
+
+def compare(groups: Sequence[MachineRuns], out_dir: Path, *, reference: str | None = None,
+            descriptions: dict[str, MachineDescription] | None = None,
+            targets: Sequence[str] = ()) -> tuple[Path, Path]:
+    """Write machines.csv and machines.html into ``out_dir``; return their paths."""
+    if not groups:
+        raise SpecError("hopperlab machines: no results to compare")
+    names = [g.machine for g in groups]
+    reference = reference or names[0]
+    if reference not in names:
+        raise SpecError(f"--reference {reference}: not one of the compared machines "
+                        f"({', '.join(names)})")
+    lines = build_lines(groups, reference)
+    preds = all_predictions(groups, descriptions or {}, targets)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path = write_csv(lines, reference, out_dir / CSV_FILE)
+    html_path = out_dir / HTML_FILE
+    write_text_atomic(html_path, render_html(groups, reference, lines, preds))
+    return csv_path, html_path

@@ -1,0 +1,119 @@
+"""``configs/machines/<name>.yaml``: what a machine offers, each figure with its source.
+
+Predictions read these (``predict.py``); a figure without a source would be a guess passed off as
+a fact, so every figure is ``{value: ..., source: ...}`` and the file is read strictly: a
+missing or unknown key is an error naming the file and the key path. ``value: null`` is allowed
+where the machine does not have the thing (direct host reads over PCIe), and the source says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from hopperlab.core.errors import SpecError
+from hopperlab.core.schema import load_yaml, typed_from_mapping
+
+MACHINES_DIR = Path("configs") / "machines"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One number and where it comes from (measured here, with the command; or published, with
+    the reference)."""
+
+    value: float | None
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.source.strip():
+            raise ValueError("source: must say where the figure comes from")
+
+
+@dataclass(frozen=True)
+class Directions:
+    """GB/s host->device, device->host, both at once (the sum)."""
+
+    h2d: Figure
+    d2h: Figure
+    bidir: Figure
+
+
+@dataclass(frozen=True)
+class HostLink:
+    kind: str
+    pinned: Directions
+    pageable: Directions
+    #: kernels reading host memory directly (zero-copy / system memory over C2C), GB/s
+    direct_h2d: Figure
+
+
+@dataclass(frozen=True)
+class MachineDescription:
+    name: str
+    description: str
+    aliases: tuple[str, ...]
+    gpu_model: str
+    cpu_arch: str
+    gpu_memory_gb: Figure
+    hbm_tbps: Figure
+    bf16_tflops: Figure
+    fp8_tflops: Figure
+    host_link: HostLink
+    host_memory_gb: Figure
+    host_memory_gbps: Figure
+    cpu_cores: Figure
+    source_file: str = ""
+
+    def figure(self, path: str) -> Figure:
+        """``host_link.pinned.h2d`` -> that Figure."""
+        obj: Any = self
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        if not isinstance(obj, Figure):
+            raise KeyError(path)
+        return obj
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    """A (nested) frozen dataclass from YAML, strictly: unknown, missing or mistyped keys are
+    SpecErrors naming ``where`` and the key path."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    values = dict(data)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp) and f.name in values:
+            values[f.name] = _build(tp, values[f.name], f"{where}.{f.name}")
+    return typed_from_mapping(cls, values, where, "key of a machine description",
+                              hidden=("source_file",))
+
+
+def load_description(path: Path) -> MachineDescription:
+    data = load_yaml(path, "machine description")
+    desc = _build(MachineDescription, data, str(path))
+    if desc.name != path.stem:
+        raise SpecError(f"{path}: name: is {desc.name!r}, expected {path.stem!r} (the file name)")
+    return dataclasses.replace(desc, source_file=str(path))
+
+
+def load_descriptions(folder: Path) -> dict[str, MachineDescription]:
+    """Every description in ``folder``, by name (each file validated)."""
+    return {p.stem: load_description(p) for p in sorted(Path(folder).glob("*.yaml"))}
+
+
+def find_description(folder: Path, name: str) -> MachineDescription:
+    """The description named ``name`` or carrying it as an alias."""
+    descs = load_descriptions(folder)
+    if name in descs:
+        return descs[name]
+    for desc in descs.values():
+        if name in desc.aliases:
+            return desc
+    known = ", ".join(f"{n} ({', '.join(d.aliases)})" if d.aliases else n
+                      for n, d in descs.items()) or "none"
+    raise SpecError(f"--machine {name}: no description in {folder}; known machines: {known}")

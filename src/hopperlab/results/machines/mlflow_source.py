@@ -1,0 +1,83 @@
+"""The runs of several machines from one MLflow server (``hopperlab machines --mlflow URI``).
+
+Sites that share a tracking server need not copy results folders: each uploaded child run
+carries the tag ``machine``, its final metrics and its resolved spec as params
+(``params.direction``, ``knobs.offload``, ...), which is all the comparison and the predictions
+read. The latest attempt of each run key per machine is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from hopperlab.core.errors import SpecError
+from hopperlab.results import tracking
+from hopperlab.results.machines.runs import MachineRuns
+from hopperlab.results.report import RunRow
+
+
+def unflatten(params: Mapping[str, str]) -> dict[str, Any]:
+    """MLflow's flattened params back into a spec mapping (JSON values decoded)."""
+    spec: dict[str, Any] = {}
+    for name, raw in params.items():
+        try:
+            value: Any = json.loads(raw)
+        except (TypeError, ValueError):
+            value = raw
+        node = spec
+        parts = name.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                break
+        else:
+            node[parts[-1]] = value
+    return spec
+
+
+def _row(run: Any, spec: Mapping[str, Any]) -> RunRow:
+    tags = dict(run.data.tags)
+    headline = spec.get("headline_metrics") or ()
+    return RunRow(
+        family=tags[tracking.TAG_FAMILY], experiment=tags[tracking.TAG_EXPERIMENT],
+        variant=tags[tracking.TAG_VARIANT], status=tags.get(tracking.TAG_STATUS, "failed"),
+        reason=tags.get(tracking.TAG_REASON), attempt=int(tags.get(tracking.TAG_ATTEMPT, 1)),
+        scale=spec.get("scale"), hostname=tags.get("hostname"), cpu_model=None,
+        cpu_arch=tags.get("cpu_arch"), gpu_model=tags.get("gpu_model"), host_link=None,
+        duration_s=None, metrics={k: float(v) for k, v in run.data.metrics.items()},
+        run_dir=Path(f"mlflow-run-{run.info.run_id}"), baseline=spec.get("baseline"),
+        headline_metrics=tuple(headline) if isinstance(headline, list) else (),
+        knobs=dict(spec.get("knobs") or {}), machine=tags.get("machine"), tags=tags)
+
+
+def load(tracking_uri: str, machines: Sequence[str] = ()) -> list[MachineRuns]:
+    """Every machine's latest runs on the server (only ``machines`` when given)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    groups: dict[str, MachineRuns] = {}
+    attempts: dict[tuple[str, str], int] = {}
+    for exp in client.search_experiments():
+        for run in client.search_runs([exp.experiment_id], max_results=50000):
+            tags = run.data.tags
+            machine = tags.get("machine")
+            if not machine or tags.get(tracking.TAG_ROLE) == "parent" or \
+                    tracking.TAG_VARIANT not in tags or (machines and machine not in machines):
+                continue
+            spec = unflatten(run.data.params)
+            row = _row(run, spec)
+            slot = (machine, row.key)
+            if slot in attempts and attempts[slot] >= (row.attempt or 0):
+                continue
+            attempts[slot] = row.attempt or 0
+            group = groups.setdefault(machine, MachineRuns(machine, tracking.redact_uri(
+                tracking_uri)))
+            group.runs[row.key] = row
+            group.specs[row.key] = spec
+    if not groups:
+        wanted = f" of machine(s) {', '.join(machines)}" if machines else ""
+        raise SpecError(f"--mlflow {tracking.redact_uri(tracking_uri)}: no runs{wanted} with a "
+                        f"machine tag")
+    return list(groups.values())

@@ -1,0 +1,42 @@
+"""What the submitting side adds to every record: the machine it ran on and what it cost.
+
+Done when the record is settled (``submit._settle_record``), so that a job that died before
+writing its record is named and priced too, and the job itself stays free of pricing.
+The machine name goes into the record (``machine``) and its tags (MLflow tag ``machine``);
+the cost figures go into its metrics (``cost_run``, ``cost_per_...``), the currency into the tag
+``cost.currency``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hopperlab.config.cost import price
+from hopperlab.config.spec import RunSpec
+from hopperlab.node.naming import machine_name
+from hopperlab.workloads import family_info
+
+TAG_MACHINE = "machine"
+
+
+def annotate_record(rec: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
+    """``rec`` with ``machine`` and, where the site has a price, the cost metrics."""
+    name = machine_name(rec.get("hardware") or {}, spec.site.machine)
+    rec["machine"] = name
+    tags = rec.setdefault("tags", {})
+    tags[TAG_MACHINE] = name
+    cost = spec.site.cost
+    if cost is None:
+        return rec
+    params = spec.params if isinstance(spec.params, dict) else vars(spec.params)
+    metrics = rec.setdefault("metrics", {})
+    figures, note = price(metrics, rec.get("duration_s"), cost=cost,
+                          gpus=spec.resources.gpus,
+                          nodes=int(getattr(spec.resources, "nodes", 1) or 1),
+                          units=family_info(spec.family).work_units, params=params)
+    metrics.update(figures)
+    tags["cost.currency"] = cost.currency
+    tags["cost.basis"] = f"per {cost.basis} hour"
+    if note:
+        tags["cost.note"] = note
+    return rec

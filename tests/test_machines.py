@@ -1,0 +1,330 @@
+"""Machines side by side (issue 18), on CPU: names, prices, references and check, machine
+descriptions, predictions and the comparison, from the two small results folders of
+tests/fixtures/machines/ (an H200 and an H100 as lent)."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from hopperlab.cli.main import main
+from hopperlab.config.cost import CostSpec, price
+from hopperlab.config.spec import load_matrix
+from hopperlab.core.errors import SpecError
+from hopperlab.node.naming import machine_name
+from hopperlab.results.machines import compare, descriptions, predict, references, runs
+from hopperlab.results.report import build_report, collect_runs
+from hopperlab.run.annotate import annotate_record
+from hopperlab.workloads import family_info
+from tests.helpers import REPO, copy_project, edit_yaml
+
+FIX = REPO / "tests" / "fixtures" / "machines"
+H200, H100 = "h200-141g-pcie5-x86_64", "h100-80g-pcie5-x86_64"
+MACHINES = REPO / "configs" / "machines"
+REFS = REPO / "configs" / "references"
+
+
+@pytest.fixture
+def fixtures(tmp_path: Path) -> dict[str, Path]:
+    """Copies of the two results folders (tests may edit them)."""
+    out = {}
+    for m in ("h200", "h100"):
+        out[m] = tmp_path / f"results-{m}"
+        shutil.copytree(FIX / f"results-{m}", out[m])
+    return out
+
+
+# --------------------------------------------------------------------------- names
+@pytest.mark.parametrize("hw, name", [
+    ({"gpu_count": 1, "gpu_model": "NVIDIA H200", "gpu_memory_gb": 140.4,
+      "host_link": "PCIe Gen5 x16", "cpu_arch": "x86_64"}, "h200-141g-pcie5-x86_64"),
+    ({"gpu_count": 1, "gpu_model": "NVIDIA GH200 480GB", "gpu_memory_gb": 95.6,
+      "host_link": "NVLink-C2C", "cpu_arch": "aarch64"}, "gh200-96g-c2c-aarch64"),
+    ({"gpu_count": 1, "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_memory_gb": 79.6,
+      "host_link": "PCIe Gen5 x16", "cpu_arch": "x86_64"}, "h100-80g-pcie5-x86_64"),
+    ({"gpu_count": 1, "gpu_model": "NVIDIA H100 PCIe", "gpu_memory_gb": 79.6,
+      "host_link": "PCIe Gen4 x8", "cpu_arch": "x86_64"}, "h100pcie-80g-pcie4x8-x86_64"),
+    ({"gpu_count": 0, "gpu_model": None, "cpu_arch": "x86_64"}, "cpu-x86_64"),
+])
+def test_machine_names_from_the_fingerprint(hw, name):
+    assert machine_name(hw) == name
+    assert machine_name(hw, "my-node") == "my-node"
+
+
+# --------------------------------------------------------------------------- cost
+def test_price_per_unit_of_each_family():
+    cost = CostSpec(per_gpu_hour=3.6)  # 0.001 per GPU second
+    ft, _ = price({"tokens_per_s": 10_000.0}, 100.0, cost=cost, gpus=2,
+                  units=family_info("finetune").work_units)
+    assert ft["cost_run"] == pytest.approx(0.2)
+    assert ft["cost_per_1m_train_tokens"] == pytest.approx(0.002 / 10_000 * 1e6)
+    db, _ = price({"q1_time_ms": 100.0, "q1_bytes_read": 1e9, "q6_time_ms": 300.0,
+                   "q6_bytes_read": 3e9}, 10.0, cost=cost, gpus=1,
+                  units=family_info("database").work_units)
+    assert db["cost_per_1k_queries"] == pytest.approx(0.001 * 0.2 * 1000)  # 0.2 s per query
+    assert db["cost_per_tb_scanned"] == pytest.approx(0.001 / 1e10 * 1e12)  # 10 GB/s
+    rec, _ = price({"qps": 100.0}, 1.0, cost=cost, gpus=1, params={"top_n": 10},
+                   units=family_info("recommender").work_units)
+    assert rec["cost_per_1m_recommendations"] == pytest.approx(0.001 / 1000 * 1e6)
+    inf, _ = price({"ttft_ms_p50": 50.0}, 1.0, cost=cost, gpus=1,
+                   units=family_info("inference").work_units)
+    assert "cost_per_1m_generated_tokens" not in inf  # no throughput: no figure, never a zero
+    assert inf["cost_per_1k_first_tokens"] == pytest.approx(0.001 * 0.05 * 1000)
+
+
+def test_no_gpu_on_a_gpu_hour_price_is_a_note_not_a_zero():
+    figures, note = price({"tokens_per_s": 1.0}, 10.0, cost=CostSpec(per_gpu_hour=2.49), gpus=0)
+    assert figures == {} and "no gpu" in note
+
+
+def test_cost_block_is_validated(tmp_path):
+    project = copy_project(tmp_path / "project")
+    edit_yaml(project / "configs/sites/local.yaml",
+              lambda d: d.update(cost={"per_gpu_hour": 2.49, "per_node_hour": 1.0}))
+    with pytest.raises(SpecError) as info:
+        load_matrix(project, {"only": "membench/copy"})
+    assert "configs/sites/local.yaml" in str(info.value) and "cost" in str(info.value)
+    edit_yaml(project / "configs/sites/local.yaml",
+              lambda d: d.update(cost={"per_gpu_hour": 2.49, "curency": "USD"}))
+    with pytest.raises(SpecError) as info:
+        load_matrix(project, {"only": "membench/copy"})
+    assert "curency" in str(info.value)
+
+
+def test_example_sites_carry_the_source_rates():
+    rates = {name: yaml.safe_load((REPO / "configs/sites" / f"{name}.yaml").read_text())["cost"]
+             for name in ("gh200", "gpu-node", "slurm", "local")}
+    assert rates["gh200"]["per_gpu_hour"] == 1.49
+    assert rates["gpu-node"]["per_gpu_hour"] == 2.49
+    assert rates["slurm"]["per_gpu_hour"] == pytest.approx(23.92 / 8, rel=1e-3)
+    assert "per_node_hour" in rates["local"]  # smoke runs hold no GPU
+    matrix = load_matrix(REPO, {"only": "membench/copy"})
+    assert matrix.site.cost is not None
+
+
+def test_the_record_gets_machine_and_cost():
+    spec = SimpleNamespace(
+        family="finetune", params={"x": 1}, resources=SimpleNamespace(gpus=1),
+        site=SimpleNamespace(machine=None, cost=CostSpec(per_gpu_hour=3.6, currency="EUR")))
+    rec = {"metrics": {"tokens_per_s": 1000.0}, "duration_s": 36.0, "tags": {},
+           "hardware": {"gpu_count": 1, "gpu_model": "NVIDIA H200", "gpu_memory_gb": 140.4,
+                        "host_link": "PCIe Gen5 x16", "cpu_arch": "x86_64"}}
+    annotate_record(rec, spec)
+    assert rec["machine"] == rec["tags"]["machine"] == H200
+    assert rec["metrics"]["cost_run"] == pytest.approx(0.036)
+    assert rec["metrics"]["cost_per_1m_train_tokens"] == pytest.approx(1.0)
+    assert rec["tags"]["cost.currency"] == "EUR"
+
+
+# --------------------------------------------------------------------------- references
+def _refs(tmp_path: Path, machine: str, body: dict) -> Path:
+    folder = tmp_path / "refs"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{machine}.yaml").write_text(yaml.safe_dump({"machine": machine, **body}))
+    return folder
+
+
+def test_shipped_references_load_and_judge_the_fixtures():
+    for path in REFS.glob("*.yaml"):
+        references.load_references(path)
+    rows = collect_runs(FIX / "results-h200")
+    judged = references.judge_rows(rows, REFS)
+    verdicts = {r.key: r.reference_check for r in rows}
+    assert verdicts["membench/copy/h2d-pinned"] == "pass"
+    assert verdicts["finetune/lora-llama2-7b/baseline"] == "no-reference"
+    assert not references.regressions(judged)
+
+
+def test_a_slow_link_is_a_regression_and_a_fast_one_an_improvement():
+    ref = references.Reference(55.0, -0.05, 0.05, "test")
+    assert references.judge_value(13.6, ref, "higher") == "regression"
+    assert references.judge_value(60.0, ref, "higher") == "improvement"
+    assert references.judge_value(54.0, ref, "higher") == "pass"
+    assert references.judge_value(60.0, ref, "lower") == "regression"
+    assert references.judge_value(40.0, ref, None) == "regression"  # no direction: no guess
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"references": {"membench/copy/h2d-pinned": {"gbps_at_largest": {
+        "value": 55.0, "lower": -0.05, "source": "x"}}}}, ["gbps_at_largest", "upper"]),
+    ({"references": {"membench/copy/h2d-pinned": {"gbps_at_largest": {
+        "value": 55.0, "lower": -0.05, "upper": 0.05, "source": "x", "tolerance": 1}}}},
+     ["gbps_at_largest.tolerance", "unknown"]),
+    ({"refs": {}}, ["refs", "unknown"]),
+])
+def test_reference_files_are_strict(tmp_path, body, words):
+    folder = _refs(tmp_path, H200, body)
+    with pytest.raises(SpecError) as info:
+        references.load_references(folder / f"{H200}.yaml")
+    msg = str(info.value)
+    assert f"{H200}.yaml" in msg and all(w in msg for w in words), msg
+
+
+def test_check_exit_codes_and_the_named_metric(tmp_path, fixtures, capsys):
+    assert main(["--root", str(REPO), "check", str(fixtures["h200"])]) == 0
+    moved = _refs(tmp_path, H200, {"references": {"membench/copy/h2d-pinned": {
+        "gbps_at_largest": {"value": 70.0, "lower": -0.05, "upper": 0.05, "source": "moved"}},
+        "finetune/lora-llama2-7b/*": {"mfu": {"value": 0.4, "lower": -0.1, "upper": 0.1,
+                                              "source": "x"}}}})
+    capsys.readouterr()
+    assert main(["--root", str(REPO), "check", str(fixtures["h200"]),
+                 "--references", str(moved)]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION h200-141g-pcie5-x86_64 membench/copy/h2d-pinned gbps_at_largest" in out
+    # a referenced metric the run did not record is a regression naming the file
+    (fixtures["h100"] / "finetune/lora-llama2-7b/fp8").exists()
+    moved100 = _refs(tmp_path, H100, {"references": {"finetune/lora-llama2-7b/fp8": {
+        "mfu": {"value": 0.45, "lower": -0.1, "upper": 0.1, "source": "x"}}}})
+    assert main(["--root", str(REPO), "check", str(fixtures["h100"]),
+                 "--references", str(moved100)]) == 1
+    out = capsys.readouterr().out
+    assert "mfu missing in" in out and "fp8/metrics.json" in out
+
+
+def test_report_shows_machine_and_check(fixtures):
+    csv_path, html_path = build_report(fixtures["h200"], REFS)
+    rows = list(csv.DictReader(csv_path.open()))
+    row = next(r for r in rows if r["variant"] == "h2d-pinned")
+    assert row["machine"] == H200 and row["reference_check"] == "pass"
+    assert float(row["cost_run"]) > 0
+    text = html_path.read_text()
+    assert H200 in text and "reference check" in text and "cost of the run" in text
+
+
+# --------------------------------------------------------------------------- descriptions
+def test_shipped_descriptions_load():
+    descs = descriptions.load_descriptions(MACHINES)
+    assert {H200, H100, "h100pcie-80g-pcie5-x86_64", "gh200-96g-c2c-aarch64",
+            "gh200-144g-c2c-aarch64"} <= set(descs)
+    assert descriptions.find_description(MACHINES, "gh200-96gb").name == "gh200-96g-c2c-aarch64"
+    for d in descs.values():
+        assert d.host_link.pinned.h2d.source
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d.pop("hbm_tbps"), ["missing", "hbm_tbps"]),
+    (lambda d: d["host_link"]["pinned"].update(h2d_gbps=1), ["host_link.pinned.h2d_gbps",
+                                                             "unknown"]),
+    (lambda d: d["host_link"]["pinned"]["d2h"].pop("source"), ["host_link.pinned.d2h",
+                                                               "source"]),
+    (lambda d: d.update(bf16_tflops=989), ["bf16_tflops", "expected"]),
+])
+def test_description_files_are_strict(tmp_path, edit, words):
+    data = yaml.safe_load((MACHINES / f"{H200}.yaml").read_text())
+    edit(data)
+    path = tmp_path / f"{H200}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as info:
+        descriptions.load_description(path)
+    msg = str(info.value)
+    assert str(path) in msg and all(w in msg for w in words), msg
+
+
+# --------------------------------------------------------------------------- folders
+def test_bad_folders(tmp_path, fixtures):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecError, match="not a results folder"):
+        runs.load_folder(tmp_path / "empty")
+    with pytest.raises(SpecError, match="no such directory"):
+        runs.load_folder(tmp_path / "nowhere")
+    twin = tmp_path / "twin"
+    shutil.copytree(fixtures["h200"], twin)
+    with pytest.raises(SpecError) as info:
+        runs.load_folders([fixtures["h200"], twin])
+    assert H200 in str(info.value) and str(twin) in str(info.value)
+
+
+# --------------------------------------------------------------------------- comparison
+def test_comparison_csv(tmp_path, fixtures):
+    groups = runs.load_folders([fixtures["h200"], fixtures["h100"]])
+    csv_path, html_path = compare.compare(groups, tmp_path / "out",
+                                          descriptions=descriptions.load_descriptions(MACHINES))
+    rows = list(csv.DictReader(csv_path.open()))
+
+    def cell(key: str, metric: str, machine: str) -> dict:
+        fam, exp, var = key.split("/")
+        return next(r for r in rows if (r["family"], r["experiment"], r["variant"], r["metric"],
+                                        r["machine"]) == (fam, exp, var, metric, machine))
+
+    pinned = cell("membench/copy/h2d-pinned", "gbps_at_largest", H100)
+    assert float(pinned["ratio_to_reference"]) == pytest.approx(54.4 / 55.4)
+    assert pinned["better"] == "worse" and pinned["reference_machine"] == H200
+    assert pinned["direction"] == "higher"
+    # a metric the H100 did not record, and a run it does not have: visible, never zero
+    assert cell("recommender/latency/gpu", "qps", H100)["value"] == "no data"
+    missing = cell("membench/copy/h2d-pageable", "gbps_at_largest", H100)
+    assert missing["value"] == "no data" and missing["status"] == "no run"
+    # the link floor and the figure over it; the cost per unit and x cheaper
+    offload = cell("finetune/lora-llama2-7b/offload-recompute", "step_time_p50_s", H100)
+    assert float(offload["over_floor"]) > 1.0
+    base = cell("finetune/lora-llama2-7b/baseline", "tokens_per_s", H100)
+    assert base["cost_unit"] == "per 1M training tokens"
+    h200_unit = float(cell("finetune/lora-llama2-7b/baseline", "tokens_per_s", H200)
+                      ["cost_per_unit"])
+    assert float(base["cheaper_per_unit_x"]) == pytest.approx(h200_unit / float(
+        base["cost_per_unit"]))
+    text = html_path.read_text()
+    assert "data:image/png;base64," in text and "x cheaper per unit" in text
+    assert "PREDICTION" in text and "no data" in text
+
+
+def test_reference_machine_must_be_compared(tmp_path, fixtures):
+    groups = runs.load_folders([fixtures["h200"], fixtures["h100"]])
+    with pytest.raises(SpecError, match="--reference"):
+        compare.compare(groups, tmp_path, reference="gh200-96g-c2c-aarch64")
+
+
+# --------------------------------------------------------------------------- predictions
+def _predictions(source: str, target: str) -> dict[tuple[str, str], predict.Prediction]:
+    descs = descriptions.load_descriptions(MACHINES)
+    groups = {g.machine: g for g in runs.load_folders([FIX / "results-h200", FIX / "results-h100"])}
+    out = predict.predict(groups[source], descs[source], descs[target], groups.get(target))
+    return {(p.key, p.metric): p for p in out}
+
+
+def test_link_bound_predictions_are_within_ten_percent_both_ways():
+    for source, target in ((H100, H200), (H200, H100)):
+        preds = _predictions(source, target)
+        for key, metric in (("finetune/lora-llama2-7b/offload-recompute", "tokens_per_s"),
+                            ("inference/kv-cache/offload", "ttft_ms_p50"),
+                            ("inference/weight-streaming/stream", "decode_tokens_per_s"),
+                            ("database/tpch/host-pinned", "q1_time_ms"),
+                            ("membench/copy/h2d-pinned", "gbps_at_largest")):
+            p = preds[(key, metric)]
+            assert p.unpredictable is None, (key, p.unpredictable)
+            assert p.label == "prediction" and p.formula and p.inputs
+            assert abs(p.error) < 0.10, (source, key, p.error)
+
+
+def test_prediction_states_formula_and_inputs_and_refuses_what_it_cannot():
+    preds = _predictions(H100, H200)
+    offload = preds[("finetune/lora-llama2-7b/offload-recompute", "tokens_per_s")]
+    assert offload.model == "overlap" and "max(C*k, L_T)" in offload.formula
+    assert "sibling (the step with offload_staging: device)" in offload.inputs
+    assert any("host_link.pinned.h2d" in v for v in offload.inputs.values())
+    assert "save_on_cpu" in preds[("finetune/lora-llama2-7b/save-on-cpu-recompute",
+                                   "tokens_per_s")].unpredictable
+
+
+def test_gh200_prediction_is_labelled_and_cites_its_inputs():
+    preds = _predictions(H200, "gh200-96g-c2c-aarch64")
+    p = preds[("finetune/lora-llama2-7b/offload-recompute", "tokens_per_s")]
+    assert p.measured is None and p.predicted > p.source_value  # C2C takes the link out
+    assert any("arXiv 2407.07850" in v for v in p.inputs.values())
+    zero_copy_free = preds[("membench/copy/h2d-pageable", "gbps_at_largest")]
+    assert zero_copy_free.unpredictable and "pageable" in zero_copy_free.unpredictable
+
+
+def test_predict_cli(capsys):
+    assert main(["--root", str(REPO), "predict", str(FIX / "results-h100"), "--machine", "h200",
+                 "--measured", str(FIX / "results-h200")]) == 0
+    out = capsys.readouterr().out
+    assert "[PREDICTION from h100-80g-pcie5-x86_64]" in out and "error" in out
+    assert "not predicted: save_on_cpu" in out
+    assert main(["--root", str(REPO), "predict", str(FIX / "results-h100"), "--machine",
+                 "no-such-machine"]) == 2
