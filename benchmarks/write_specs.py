@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hopperlab.cli.main import parse_overrides
+from hopperlab.config.spec import parse_overrides
 from hopperlab.core.rundir import write_json_atomic
 from hopperlab.config.spec import find_root, load_matrix
 

@@ -189,7 +189,7 @@ def test_asset_substitutes_refuse_unknown_names_and_bad_pairs(project):
 
 
 def test_config_args_forward_profiler_and_substitutes_to_the_job():
-    from hopperlab.cli.main import parse_overrides
+    from hopperlab.config.spec import parse_overrides
     from hopperlab.cli.workflow import config_args
 
     config = {"site": "local", "scale": "full", "results_dir": "r", "families": ["finetune"],

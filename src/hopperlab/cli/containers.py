@@ -15,8 +15,16 @@ import socket
 import sys
 from pathlib import Path
 
-from hopperlab.node.containers import (RUNTIMES, ContainerError, build, build_command, def_path,
-                                       find_runtime, image_path, known_images)
+from hopperlab.node.containers import (
+    RUNTIMES,
+    ContainerError,
+    build,
+    build_command,
+    def_path,
+    find_runtime,
+    image_path,
+    known_images,
+)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

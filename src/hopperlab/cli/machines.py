@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from hopperlab.config.spec import find_root, load_config
+from hopperlab.config.spec import find_root, load_config, parse_overrides
 from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import compare, descriptions, predict, references, runs
 from hopperlab.results.report import collect_runs
@@ -25,8 +24,6 @@ def _root(args: argparse.Namespace) -> Path:
 
 
 def _default_results(root: Path, args: argparse.Namespace) -> Path:
-    from hopperlab.cli.main import parse_overrides
-
     return root / load_config(root, parse_overrides(args.config))["results_dir"]
 
 
@@ -138,9 +135,3 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--machine", required=True, help="target (configs/machines/ name or alias)")
     p.add_argument("--measured", help="a results folder of the target machine, for the error")
     p.add_argument("--json", action="store_true")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from hopperlab.cli.main import main
-
-    sys.exit(main())

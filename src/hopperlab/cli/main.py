@@ -14,34 +14,22 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from hopperlab.assets.registry import load_assets
-from hopperlab.core.errors import shown
-from hopperlab.workloads.base import KNOB_DEFAULTS
+from hopperlab.assets.store import materialize
 from hopperlab.cli import assets as assets_cli
 from hopperlab.cli import containers as containers_cli
+from hopperlab.cli import machines as machines_cli
 from hopperlab.cli import profile as profile_cli
-from hopperlab.config.spec import Matrix, find_root, load_matrix
+from hopperlab.config.spec import Matrix, find_root, load_matrix, parse_overrides
 from hopperlab.core.errors import HopperlabError, SpecError
-from hopperlab.assets.store import materialize
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
 from hopperlab.run.submit import submit
-from hopperlab.cli import machines as machines_cli
+from hopperlab.workloads.base import KNOB_DEFAULTS
 
 #: exit status of an expected error (a config mistake, a missing asset, a node that cannot...)
 EXIT_EXPECTED_ERROR = 2
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SpecError(f"--config {shown(pair)}: expected KEY=VALUE")
-        out[key] = value
-    return out
 
 
 def _matrix(args: argparse.Namespace) -> Matrix:

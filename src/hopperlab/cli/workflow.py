@@ -8,15 +8,15 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
+from hopperlab.config.spec import Matrix, SpecError, unknown_target_message
 from hopperlab.core.errors import shown
-from hopperlab.core.rundir import RECORD_FILE, METRICS_FILE
+from hopperlab.core.rundir import METRICS_FILE, RECORD_FILE
 from hopperlab.core.schema import (
     check_expansion,
     load_yaml,
     validate_against_schema,
     value_children,
 )
-from hopperlab.config.spec import Matrix, SpecError, unknown_target_message
 
 #: config keys forwarded to `hopperlab` on each rule's command line
 FORWARDED_KEYS = ("site", "scale", "results_dir", "families", "only", "profiler",

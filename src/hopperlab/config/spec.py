@@ -218,6 +218,17 @@ def check_knobs(info: FamilyInfo, knobs: Mapping[str, Any], source: str, path: s
 
 
 # --------------------------------------------------------------------------- loading
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` words (``--config`` of ``hopperlab`` and of Snakemake) as overrides."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SpecError(f"--config {shown(pair)}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
 def load_config(root: Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     path = root / "configs" / "config.yaml"
     config = load_yaml(path, "platform config")
