@@ -8,7 +8,9 @@ the very process that runs the workload. Polling stays gentle: at most one ``sac
 
 from __future__ import annotations
 
+import functools
 import shlex
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -21,6 +23,11 @@ from hopperlab.config.spec import RunSpec
 
 #: Slurm states that mean "ran out of its time limit" (submitit reports them as uncompleted).
 TIMEOUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
+#: The local controller's own limit lies this far past ours: it only stops orphans (its SIGINT
+#: would read as a crash, "KeyboardInterrupt"); ``run_job`` enforces the limit and says TIMEOUT.
+LOCAL_BACKSTOP_MIN = 1
+#: Give up on a Slurm job no source (sacct, squeue) has known for this long.
+UNKNOWN_STATE_LIMIT_S = 1800.0
 
 
 @dataclass
@@ -34,6 +41,8 @@ class JobOutcome:
     #: where submitit kept the job's stdout/stderr (copied into the run directory's logs/)
     stdout: Path | None = None
     stderr: Path | None = None
+    #: why we stopped waiting ourselves (the local time limit, a state nobody knew), if we did
+    reason: str | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -63,7 +72,94 @@ def job_python(spec: RunSpec, run_dir: Path) -> str:
     return shlex.join(parts)
 
 
-def make_executor(spec: RunSpec, run_dir: Path) -> Any:
+def squeue_states(job_ids: list[str]) -> dict[str, dict[str, str]]:
+    """The controller's view of jobs, shaped like submitit's sacct info (``JobID``, ``State``).
+
+    slurmctld keeps an ended job (CANCELLED, TIMEOUT, ...) for ``MinJobAge`` seconds, so this
+    answers what sacct cannot while slurmdbd is down. An unknown job is simply absent.
+    """
+    cmd = ["squeue", "-h", "--states=all", "-o", "%i|%T|%N", "-j", ",".join(job_ids)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    info = {}
+    for line in out.splitlines():
+        job, state, nodes = (line.split("|") + ["", ""])[:3]
+        if job.strip() in job_ids and state.strip():
+            info[job.strip()] = {"JobID": job.strip(), "State": state.strip(), "NodeList": nodes}
+    return info
+
+
+def _first_error_line(exc: BaseException) -> str:
+    """What sacct said on stderr (its last line), else the exception itself."""
+    stderr = getattr(exc, "stderr", None) or b""
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else str(stderr)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return (lines[-1] if lines else f"{type(exc).__name__}: {exc}")[:300]
+
+
+@functools.cache
+def _watcher_class() -> type:
+    """submitit's sacct watcher, taught to ask squeue when sacct fails and to say so once per job.
+
+    Without it, a job killed while slurmdbd is down (TIMEOUT, CANCELLED) is never seen to end,
+    and submitit logs "Bypassing sacct error" on every poll. Built lazily: submitit is heavy.
+    """
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    class SlurmStateWatcher(SlurmInfoWatcher):
+        def __init__(self, delay_s: int, log: Callable[[str], None]) -> None:
+            super().__init__(delay_s=delay_s)
+            self.log = log
+            self._told: set[str] = set()
+            self._known_at: dict[str, float] = {}
+
+        def unknown_for_s(self, job_id: str) -> float:
+            """Seconds since sacct or squeue last knew ``job_id`` (or since it was registered)."""
+            return time.monotonic() - self._known_at.setdefault(job_id, time.monotonic())
+
+        def update(self) -> None:
+            """submitit's update (the same bookkeeping), with squeue for what sacct cannot say."""
+            command = self._make_command()
+            if command is None:
+                return
+            self._num_calls += 1
+            ids = sorted({x.split("_")[0] for x in self._registered - self._finished})
+            info: dict[str, dict[str, str]] = {}
+            try:
+                self._output = subprocess.run(command, capture_output=True, check=True,
+                                              timeout=120).stdout
+                info = self.read_info(self._output)
+            except (OSError, subprocess.SubprocessError) as exc:
+                self._say_sacct_failed(ids, exc)
+            missing = [j for j in ids if j not in info]
+            if missing:
+                info.update(squeue_states(missing))
+            self._info_dict.update(info)
+            for job_id in info:
+                self._known_at[job_id] = time.monotonic()
+            self._last_status_check = time.time()
+            for job_id in self._registered - self._finished:
+                if self.is_done(job_id, mode="cache"):
+                    self._finished.add(job_id)
+
+        def _say_sacct_failed(self, ids: list[str], exc: BaseException) -> None:
+            for job_id in ids:
+                if job_id not in self._told:
+                    self._told.add(job_id)
+                    self.log(f"[hopperlab] sacct failed ({_first_error_line(exc)}); job "
+                             f"{job_id}'s state comes from squeue until accounting answers")
+
+    return SlurmStateWatcher
+
+
+def slurm_watcher(delay_s: int, log: Callable[[str], None] = print) -> Any:
+    """The watcher every SlurmJob of this process shares (one sacct call per ``delay_s``)."""
+    return _watcher_class()(delay_s, log)
+
+
+def make_executor(spec: RunSpec, run_dir: Path, log: Callable[[str], None] = print) -> Any:
     """The submitit executor the site asks for, with the spec's resources."""
     import submitit
 
@@ -74,9 +170,8 @@ def make_executor(spec: RunSpec, run_dir: Path) -> Any:
     if site.executor == "slurm":
         from submitit.slurm import slurm as slurm_mod
 
-        # One sacct call per poll interval for all jobs of this process.
-        slurm_mod.SlurmJob.watcher = slurm_mod.SlurmInfoWatcher(
-            delay_s=max(1, int(site.poll_interval_s)))
+        # One sacct call per poll interval for all jobs of this process (squeue when it fails).
+        slurm_mod.SlurmJob.watcher = slurm_watcher(max(1, int(site.poll_interval_s)), log)
         ex = submitit.SlurmExecutor(folder=folder, python=python, max_num_timeout=0)
         params: dict[str, Any] = dict(
             job_name=name, time=res.time_min, cpus_per_task=res.cpus, mem=f"{int(res.mem_gb * 1024)}M",
@@ -99,7 +194,7 @@ def make_executor(spec: RunSpec, run_dir: Path) -> Any:
         return ex
     if site.executor == "local":
         ex = submitit.LocalExecutor(folder=folder, python=python, max_num_timeout=0)
-        ex.update_parameters(timeout_min=res.time_min, gpus_per_node=res.gpus,
+        ex.update_parameters(timeout_min=res.time_min + LOCAL_BACKSTOP_MIN, gpus_per_node=res.gpus,
                              tasks_per_node=1, nodes=1, signal_delay_s=0)
         return ex
     if site.executor == "debug":
@@ -115,20 +210,24 @@ def _state(job: Any) -> str:
 
 
 def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
-            on_submitted: Callable[[str], None] | None = None) -> JobOutcome:
+            on_submitted: Callable[[str], None] | None = None,
+            log: Callable[[str], None] = print) -> JobOutcome:
     """Submit ``func(*args)`` as a job for ``spec`` and wait, polling gently."""
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
-    executor = make_executor(spec, run_dir)
+    executor = make_executor(spec, run_dir, log)
     job = executor.submit(func, *args)
     job_id = str(job.job_id)
     if on_submitted:
         on_submitted(job_id)
-    poll = min(1.0, spec.site.poll_interval_s)
-    if spec.site.executor != "debug":
-        while not job.done():
-            time.sleep(poll)
     outcome = JobOutcome(job_id=job_id if spec.site.executor == "slurm" else None, state="UNKNOWN")
+    if spec.site.executor != "debug":
+        stop = _wait(spec, job)
+        outcome.stdout, outcome.stderr = Path(job.paths.stdout), Path(job.paths.stderr)
+        if stop:
+            outcome.state, outcome.reason = stop
+            outcome.error = outcome.reason
+            return outcome
     try:
         outcome.result = job.result()
         outcome.state = "COMPLETED"
@@ -140,9 +239,7 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
     except FailedJobError as exc:
         outcome.error = str(exc)
         outcome.state = _final_state(job, default="FAILED")
-    if spec.site.executor != "debug":
-        outcome.stdout, outcome.stderr = Path(job.paths.stdout), Path(job.paths.stderr)
-    elif spec.knobs.profiler == "torch":
+    if spec.site.executor == "debug" and spec.knobs.profiler == "torch":
         # no command line to wrap in-process: finish the profile here (nsys is refused before)
         from hopperlab.profiling.command import site_settings
         from hopperlab.profiling.finish import finish_profile
@@ -150,6 +247,36 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
         settings = site_settings(spec)
         finish_profile(run_dir, "torch", gap_threshold_us=settings.gap_threshold_us)
     return outcome
+
+
+def _wait(spec: RunSpec, job: Any) -> tuple[str, str] | None:
+    """Poll until the job is done; ``(state, error)`` when we stopped waiting ourselves.
+
+    Locally the time limit is ours to enforce: submitit's controller would end the job with a
+    SIGINT that the job cannot tell from a crash. On Slurm we give up on a job whose state no
+    source has known for ``UNKNOWN_STATE_LIMIT_S`` (accounting and controller both away).
+    """
+    poll = min(1.0, spec.site.poll_interval_s)
+    limit_s = spec.resources.time_min * 60
+    t0 = time.monotonic()
+    while not job.done():
+        if spec.site.executor == "local" and time.monotonic() - t0 >= limit_s:
+            _cancel_and_wait(job)
+            return "TIMEOUT", f"time limit of {spec.resources.time_min} min reached (local executor)"
+        unknown_s = getattr(job.watcher, "unknown_for_s", lambda _: 0.0)(str(job.job_id))
+        if unknown_s >= UNKNOWN_STATE_LIMIT_S:
+            job.cancel(check=False)
+            return "UNKNOWN", (f"neither sacct nor squeue knew job {job.job_id} for "
+                               f"{unknown_s:.0f} s; stopped waiting and asked Slurm to cancel it")
+        time.sleep(poll)
+    return None
+
+
+def _cancel_and_wait(job: Any) -> None:
+    """Stop a local job (SIGINT, then SIGKILL from submitit's controller) and wait for its end."""
+    job.cancel(check=False)
+    while not job.done():
+        time.sleep(0.1)
 
 
 def _final_state(job: Any, default: str) -> str:

@@ -7,13 +7,16 @@ run directory ends with a record, and an unreachable MLflow only delays the uplo
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
+import os
 import re
 import threading
 import shutil
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hopperlab.core import rundir as record
 from hopperlab.core.rundir import (FAILING_STATUSES, load_record, read_json, utc_now,
@@ -23,6 +26,10 @@ from hopperlab.run.annotate import annotate_record
 
 ATTEMPTS_DIR = "attempts"
 KEPT_ACROSS_ATTEMPTS = {ATTEMPTS_DIR, record.HISTORY_FILE}
+#: How long the submitting side waits for space to write a run's record on a full disk, and how
+#: often it tries again.
+DISK_FULL_WAIT_S = 3600.0
+DISK_FULL_RETRY_S = 1.0
 
 
 def previous_attempt(run_dir: Path) -> int:
@@ -61,12 +68,74 @@ def _append_history(run_dir: Path, entry: dict[str, Any]) -> None:
         fh.write(json.dumps(entry) + "\n")
 
 
-def _copy_logs(run_dir: Path, outcome: Any) -> None:
+def _copy_logs(run_dir: Path, outcome: Any) -> str | None:
+    """Copy the job's stdout/stderr into ``logs/``; on a full disk, why not (partial copy gone)."""
     logs = run_dir / "logs"
-    logs.mkdir(exist_ok=True)
     for src, name in ((outcome.stdout, "job.out"), (outcome.stderr, "job.err")):
         if src is not None and Path(src).exists():
-            shutil.copyfile(src, logs / name)
+            try:
+                logs.mkdir(exist_ok=True)
+                shutil.copyfile(src, logs / name)
+            except OSError as exc:
+                if not is_disk_full(exc):
+                    raise
+                (logs / name).unlink(missing_ok=True)  # its space is what the record needs
+                return disk_full_reason(logs / name, exc)
+    return None
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _mount_of(path: Path) -> tuple[str, str]:
+    """(device, mount point) of the filesystem holding ``path``, from /proc/self/mounts."""
+    path = Path(os.path.realpath(path))
+    best = ("", "/")
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        device, mount = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f)
+                         for f in fields[:2])
+        if (path == Path(mount) or Path(mount) in path.parents) and len(mount) >= len(best[1]):
+            best = (device, mount)
+    return best
+
+
+def disk_full_reason(path: Path, exc: BaseException | None = None) -> str:
+    """``no space left on <device> mounted at <mount> (writing <path>)``, for the record."""
+    device, mount = _mount_of(path)
+    what = "quota exceeded" if getattr(exc, "errno", None) == errno.EDQUOT else "no space left"
+    return f"{what} on {device or 'the filesystem'} mounted at {mount} (writing {path})"
+
+
+def _when_space(write: Callable[[], None], path: Path, log=print) -> bool:
+    """Run ``write()``; on a full disk retry until there is space (or ``DISK_FULL_WAIT_S``).
+
+    A full disk after the job must still end in a record: it is written when space is back.
+    """
+    deadline = time.monotonic() + DISK_FULL_WAIT_S
+    said = False
+    while True:
+        try:
+            write()
+            return True
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            if not said:
+                log(f"[hopperlab] {disk_full_reason(path, exc)}; waiting up to "
+                    f"{DISK_FULL_WAIT_S:.0f} s for space to write it")
+                said = True
+            if time.monotonic() >= deadline:
+                log(f"[hopperlab] gave up writing {path}: still {disk_full_reason(path, exc)}")
+                return False
+            time.sleep(DISK_FULL_RETRY_S)
 
 
 def _last_error_line(outcome: Any) -> str:
@@ -81,7 +150,11 @@ def _last_error_line(outcome: Any) -> str:
 
 
 def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any) -> dict[str, Any]:
-    """The job's own record, or one written here for a job that died before it could."""
+    """The job's own record, or one made here for a job that died before it could write it.
+
+    A time limit wins over what the job said while it was being stopped (a local job sees its
+    end as KeyboardInterrupt). Nothing is written here: ``_write_settled`` does that.
+    """
     rec = load_record(run_dir)
     if rec is None or rec.get("attempt") != attempt:
         status = "timeout" if outcome.timed_out else "failed"
@@ -90,19 +163,60 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any) -> 
         rec = {
             "key": spec.key, "family": spec.family, "experiment": spec.experiment,
             "variant": spec.variant, "attempt": attempt, "status": status,
-            "reason": f"job ended in scheduler state {outcome.state} before writing its record"
-                      + (f": {tail}" if tail else ""),
+            "reason": _died_reason(outcome, tail),
             "metrics": {}, "tags": {}, "started_at": None, "finished_at": utc_now(),
             "duration_s": None,
             "hardware": read_json(hardware_file) if hardware_file.exists() else {},
             "slurm": None,
         }
+    elif outcome.timed_out and rec.get("status") == "failed":
+        rec = {**rec, "status": "timeout", "reason": _timeout_reason(outcome, rec.get("reason"))}
     if outcome.job_id:
         rec["slurm"] = {**(rec.get("slurm") or {}), "job_id": outcome.job_id,
                         "state": outcome.state}
     annotate_record(rec, spec)
-    write_record(run_dir, rec)
     return rec
+
+
+def _died_reason(outcome: Any, tail: str) -> str:
+    """Why a job left no record: a full disk it reported, else the scheduler state and its
+    last error line."""
+    enospc = re.search(r"\[Errno 28\][^'\"]*['\"]([^'\"]+)['\"]", tail)
+    if enospc:
+        return disk_full_reason(Path(enospc.group(1))) + f" in the job: {tail}"
+    if outcome.reason:
+        return outcome.reason + (f"; the job was stopped in: {tail}" if tail else "")
+    return (f"job ended in scheduler state {outcome.state} before writing its record"
+            + (f": {tail}" if tail else ""))
+
+
+def _timeout_reason(outcome: Any, job_reason: str | None) -> str:
+    said = outcome.reason or f"time limit reached (scheduler state {outcome.state})"
+    return said + (f"; the job was stopped in: {job_reason}" if job_reason else "")
+
+
+def _disk_full_record(rec: dict[str, Any], reason: str) -> dict[str, Any]:
+    """The run failed: its directory could not be completed on this disk."""
+    before = rec.get("status")
+    was = f"; the job had ended {before}" + (f": {rec['reason']}" if rec.get("reason") else "")
+    return {**rec, "status": "failed", "reason": reason + (was if before else "")}
+
+
+def _write_settled(run_dir: Path, rec: dict[str, Any], disk_full: str | None,
+                   log=print) -> tuple[dict[str, Any], bool]:
+    """Write the record; a full disk (``disk_full``: met before) makes it a disk-full failure,
+    written once space is back. Returns the record as written and whether it was written."""
+    if disk_full:
+        rec = _disk_full_record(rec, disk_full)
+    try:
+        write_record(run_dir, rec)
+        return rec, True
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        if not disk_full:
+            rec = _disk_full_record(rec, disk_full_reason(run_dir / record.RECORD_FILE, exc))
+    return rec, _when_space(lambda: write_record(run_dir, rec), run_dir / record.RECORD_FILE, log)
 
 
 def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | None = None,
@@ -135,13 +249,17 @@ def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | Non
                          daemon=True).start()
     outcome = launch.run_job(
         spec, run_dir, runner.execute, str(spec_file.resolve()),
-        on_submitted=lambda job_id: log(f"[hopperlab] {key}: job {job_id} submitted"))
-    _copy_logs(run_dir, outcome)
+        on_submitted=lambda job_id: log(f"[hopperlab] {key}: job {job_id} submitted"), log=log)
+    disk_full = _copy_logs(run_dir, outcome)
     rec = _settle_record(run_dir, spec, attempt, outcome)
-    _append_history(run_dir, {"attempt": attempt, "event": "end", "time": utc_now(),
-                              "status": rec["status"], "job_id": outcome.job_id,
-                              "state": outcome.state})
+    rec, written = _write_settled(run_dir, rec, disk_full, log)
+    end = {"attempt": attempt, "event": "end", "time": utc_now(), "status": rec["status"],
+           "job_id": outcome.job_id, "state": outcome.state}
+    written = written and _when_space(lambda: _append_history(run_dir, end),
+                                      run_dir / record.HISTORY_FILE, log)
     log(f"[hopperlab] {key}: {rec['status']}" + (f" ({rec['reason']})" if rec["reason"] else ""))
+    if not written:
+        return 1
     if upload:
         upload_quietly(run_dir, spec.site.tracking_uri, log)
     return 1 if rec["status"] in FAILING_STATUSES else 0

@@ -1,0 +1,129 @@
+"""Faults of the submitting side on this machine (local executor): a time limit, a full disk."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hopperlab import launch, submission
+from hopperlab.spec import load_matrix
+from tests.helpers import copy_project, hopperlab
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _history(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+
+
+def test_local_time_limit_is_recorded_as_timeout(tmp_path):
+    project = copy_project(tmp_path / "project")
+    out = hopperlab(["submit", "selftest/faults/overtime", "--no-upload", "--config",
+                     "families=selftest"], project, timeout=400)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    run_dir = project / "results/selftest/faults/overtime"
+    rec = json.loads((run_dir / "record.json").read_text())
+    assert rec["status"] == "timeout", rec
+    assert "time limit" in rec["reason"] and "1 min" in rec["reason"], rec["reason"]
+    end = _history(run_dir)[-1]
+    assert end["event"] == "end" and end["status"] == "timeout" and end["state"] == "TIMEOUT"
+
+
+class TinyDisk:
+    """A real filesystem that can be filled and freed: a small tmpfs mounted for one test."""
+
+    def __init__(self, mountpoint: Path, size: str = "4m") -> None:
+        self.mountpoint = mountpoint
+        mountpoint.mkdir(parents=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                               str(mountpoint)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (root and CAP_SYS_ADMIN needed): "
+                        f"{proc.stderr.strip()}")
+        self.filler = mountpoint / "filler"
+
+    def fill(self) -> None:
+        """Write until the filesystem says ENOSPC."""
+        with open(self.filler, "wb") as fh:
+            try:
+                while True:
+                    fh.write(b"\0" * 65536)
+                    fh.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+
+    def free(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.mountpoint)], check=False)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    disk = TinyDisk(tmp_path / f"disk-{uuid.uuid4().hex[:6]}")
+    try:
+        yield disk
+    finally:
+        disk.unmount()
+
+
+def test_full_disk_after_the_job_ends_failed_naming_the_device(tmp_path, tiny_disk,
+                                                                monkeypatch):
+    """The disk fills between the job's end and the copy of its logs; space comes back while
+    the submitting side waits to write the record."""
+    project = copy_project(tmp_path / "project")
+    results = tiny_disk.mountpoint / "results"
+    matrix = load_matrix(project, {"families": "selftest", "results_dir": str(results)})
+    real_run_job = launch.run_job
+
+    def run_job_then_fill_disk(*args, **kwargs):
+        outcome = real_run_job(*args, **kwargs)
+        tiny_disk.fill()
+        return outcome
+
+    monkeypatch.setattr(launch, "run_job", run_job_then_fill_disk)
+    said: list[str] = []
+
+    def log(line: str) -> None:
+        said.append(line)
+        if "no space left" in line:
+            tiny_disk.free()  # someone cleans up, as a user would
+
+    rc = submission.submit(matrix, "selftest/faults/ok", upload=False, executor="local",
+                           log=log)
+    assert rc == 1, said
+    run_dir = results / "selftest/faults/ok"
+    rec = json.loads((run_dir / "record.json").read_text())
+    assert rec["status"] == "failed", rec
+    assert rec["reason"].startswith("no space left on "), rec["reason"]
+    assert str(tiny_disk.mountpoint) in rec["reason"], rec["reason"]
+    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "failed"
+    end = _history(run_dir)[-1]
+    assert end["event"] == "end" and end["status"] == "failed"
+    assert any("no space left" in line for line in said), said
+
+
+def test_disk_full_reason_names_device_and_mount(tmp_path, tiny_disk):
+    tiny_disk.fill()
+    with pytest.raises(OSError) as info:
+        (tiny_disk.mountpoint / "x").write_bytes(b"x" * 65536)
+    reason = submission.disk_full_reason(tiny_disk.mountpoint / "x", info.value)
+    assert reason.startswith("no space left on tmpfs mounted at "), reason
+    assert os.fspath(tiny_disk.mountpoint) in reason
+
+
+def test_a_job_that_died_of_a_full_disk_is_recorded_as_such(tmp_path):
+    """The job itself hit ENOSPC and could not write its record: the reason names the disk."""
+    stderr = tmp_path / "job.err"
+    stderr.write_text("Traceback (most recent call last):\n"
+                      f"OSError: [Errno 28] No space left on device: '{tmp_path}/steps.jsonl'\n")
+    outcome = launch.JobOutcome(job_id=None, state="FAILED", stderr=stderr)
+    reason = submission._died_reason(outcome, submission._last_error_line(outcome))
+    assert reason.startswith("no space left on ") and f"{tmp_path}/steps.jsonl" in reason
