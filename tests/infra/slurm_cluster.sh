@@ -6,6 +6,8 @@
 #                                  prints KEY=VALUE lines (SLURM_CONF=...) on stdout, progress on stderr
 #   slurm_cluster.sh stop DIR      cancel jobs, stop every daemon by its pid file, wait for exit
 #   slurm_cluster.sh status DIR    show the daemons; exit 0 only if all of them run
+#   slurm_cluster.sh stop-dbd DIR  stop slurmdbd only: accounting (sacct) down, the cluster up
+#   slurm_cluster.sh start-dbd DIR start slurmdbd again and wait until sacct answers
 #
 # Why each piece is here:
 # - No systemd on the test machines, so every daemon is started by hand and stopped by its pid file.
@@ -402,13 +404,35 @@ cmd_status() {
   return $ok
 }
 
+# An accounting outage for tests: slurmctld keeps running jobs (and caches their records) while
+# slurmdbd is away, and sends what it cached once it is back.
+cmd_stop_dbd() {
+  need_root
+  [[ -n ${1:-} ]] || die "usage: $0 stop-dbd DIR"
+  paths "$1"
+  stop_daemon slurmdbd
+}
+
+cmd_start_dbd() {
+  need_root
+  [[ -n ${1:-} ]] || die "usage: $0 start-dbd DIR"
+  paths "$1"
+  if ! live_pid slurmdbd >/dev/null; then
+    rm -f "$(pidfile slurmdbd)"
+    slurmdbd
+  fi
+  wait_for 60 sacct sacct_answers || { show_logs; die "sacct does not answer"; }
+}
+
 case ${1:-} in
   install) cmd_install ;;
   start) cmd_start "${2:-}" ;;
   stop) cmd_stop "${2:-}" ;;
   status) cmd_status "${2:-}" ;;
+  stop-dbd) cmd_stop_dbd "${2:-}" ;;
+  start-dbd) cmd_start_dbd "${2:-}" ;;
   *)
-    echo "usage: $0 {install|start DIR|stop DIR|status DIR}" >&2
+    echo "usage: $0 {install|start DIR|stop DIR|status DIR|stop-dbd DIR|start-dbd DIR}" >&2
     exit 2
     ;;
 esac

@@ -11,6 +11,7 @@ for the cluster's lifetime; whoever holds it knows any other running test cluste
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shlex
@@ -95,6 +96,20 @@ class SlurmCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} not finished after {timeout}s: {row or 'not in sacct'}")
             time.sleep(poll)
+
+
+    @contextlib.contextmanager
+    def accounting_down(self) -> Iterator[None]:
+        """slurmdbd stopped (sacct fails, jobs still run) for the block; started again after."""
+        proc = _script("stop-dbd", str(self.dir), timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(_failure("slurm_cluster.sh stop-dbd", proc))
+        try:
+            yield
+        finally:
+            proc = _script("start-dbd", str(self.dir), timeout=120)
+            if proc.returncode != 0:
+                raise RuntimeError(_failure("slurm_cluster.sh start-dbd", proc))
 
 
 def _unavailable(reason: str) -> None:
