@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hopperlab import launch, submission
-from hopperlab.spec import load_matrix
+from hopperlab.run import launch
+from hopperlab.run import submit as submission
+from hopperlab.config.spec import load_matrix
 from tests.helpers import copy_project, hopperlab
 
 pytestmark = pytest.mark.timeout(600)

@@ -104,8 +104,8 @@ class _NobodyKnows:
 
 
 def test_a_job_no_source_knows_is_given_up_on_not_awaited_forever():
-    from hopperlab import launch
-    from hopperlab.spec import load_matrix
+    from hopperlab.run import launch
+    from hopperlab.config.spec import load_matrix
     from tests.helpers import REPO
 
     spec = load_matrix(REPO, {"site": "slurm", "families": "selftest"}).get("selftest/faults/ok")
