@@ -91,7 +91,7 @@ class _NobodyKnows:
     job_id = "42"
     cancelled = False
 
-    class watcher:  # noqa: N801 - shaped like launch's watcher
+    class watcher:  # shaped like launch's watcher
         @staticmethod
         def unknown_for_s(job_id: str) -> float:
             return 3600.0
@@ -104,8 +104,8 @@ class _NobodyKnows:
 
 
 def test_a_job_no_source_knows_is_given_up_on_not_awaited_forever():
-    from hopperlab.run import launch
     from hopperlab.config.spec import load_matrix
+    from hopperlab.run import launch
     from tests.helpers import REPO
 
     spec = load_matrix(REPO, {"site": "slurm", "families": "selftest"}).get("selftest/faults/ok")

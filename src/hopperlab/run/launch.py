@@ -80,7 +80,7 @@ def squeue_states(job_ids: list[str]) -> dict[str, dict[str, str]]:
     """
     cmd = ["squeue", "-h", "--states=all", "-o", "%i|%T|%N", "-j", ",".join(job_ids)]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     info = {}
@@ -194,7 +194,8 @@ def make_executor(spec: RunSpec, run_dir: Path, log: Callable[[str], None] = pri
         return ex
     if site.executor == "local":
         ex = submitit.LocalExecutor(folder=folder, python=python, max_num_timeout=0)
-        ex.update_parameters(timeout_min=res.time_min + LOCAL_BACKSTOP_MIN, gpus_per_node=res.gpus,
+        ex.update_parameters(timeout_min=res.time_min + LOCAL_BACKSTOP_MIN,
+                             gpus_per_node=res.gpus,
                              tasks_per_node=1, nodes=1, signal_delay_s=0)
         return ex
     if site.executor == "debug":
@@ -262,7 +263,8 @@ def _wait(spec: RunSpec, job: Any) -> tuple[str, str] | None:
     while not job.done():
         if spec.site.executor == "local" and time.monotonic() - t0 >= limit_s:
             _cancel_and_wait(job)
-            return "TIMEOUT", f"time limit of {spec.resources.time_min} min reached (local executor)"
+            return "TIMEOUT", (f"time limit of {spec.resources.time_min} min reached "
+                               "(local executor)")
         unknown_s = getattr(job.watcher, "unknown_for_s", lambda _: 0.0)(str(job.job_id))
         if unknown_s >= UNKNOWN_STATE_LIMIT_S:
             job.cancel(check=False)
