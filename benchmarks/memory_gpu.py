@@ -131,7 +131,7 @@ LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, nu
 def pinned_bandwidth(nbytes: int = GiB) -> dict:
     """Pinned copy GB/s each way, through a buffer of the offload's own pool (registered with
     cudaHostRegister at its exact size), median of 5."""
-    from hopperlab.memory.activation_offload import PinnedBufferPool
+    from hopperlab.memory.pinned import PinnedBufferPool
     from hopperlab.cuda.link import pinned_copy_gbps
 
     pool = PinnedBufferPool(pin=True)

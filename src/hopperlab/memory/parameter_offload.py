@@ -50,7 +50,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from hopperlab.memory.activation_offload import pinned_empty
+from hopperlab.memory.pinned import pinned_empty
 from hopperlab.cuda.nvtx import OFFLOAD_PREFETCH, nvtx_range
 
 
