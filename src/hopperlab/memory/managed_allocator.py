@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hopperlab.core.errors import NodeError
+from hopperlab.node.hardware import is_grace_hopper
 
 SOURCE = Path(__file__).with_name("csrc") / "managed_allocator.cpp"
 ALLOC_SYMBOL = "hopperlab_managed_malloc"
@@ -54,8 +55,6 @@ class ManagedAllocatorError(NodeError):
 # ----------------------------------------------------------------------------- pure policy
 def oversubscription_allowed(cpu_arch: str | None, gpu_name: str | None, site_allows: bool) -> bool:
     """Grace Hopper (Arm host + Hopper GPU, or a GH200) or the site's explicit permission."""
-    from hopperlab.node.hardware import is_grace_hopper
-
     return bool(site_allows) or is_grace_hopper(cpu_arch, gpu_name)
 
 

@@ -33,6 +33,10 @@ ACTIVATION_OFFLOADS = ("async", "save_on_cpu")
 DTYPES = ("bfloat16", "float32")
 MANAGED_ADVICE = ("none", "preferred_device", "accessed_by", "both")
 OFFLOAD_STAGINGS = ("host", "device")
+#: the ``offload`` knob, the family's one declaration of it: each value and what it offloads
+OFFLOADS: dict[str, frozenset[str]] = {
+    "none": frozenset(), "activations": frozenset({"activations"}),
+    "parameters": frozenset({"parameters"}), "both": frozenset({"activations", "parameters"})}
 
 #: The figures the report charts for every finetune run.
 HEADLINE_METRICS: tuple[str, ...] = (
@@ -193,7 +197,7 @@ FAMILY = FamilyInfo(
     entry="hopperlab.workloads.finetune.workload:run",
     supported_knobs={
         "num_workers": frozenset(range(0, 65)),
-        "offload": frozenset({"none", "activations", "parameters", "both"}),
+        "offload": frozenset(OFFLOADS),
         "memory": frozenset({"device", "managed"}),
         "precision": frozenset({"bf16", "fp8"}),
         "profiler": PROFILERS,

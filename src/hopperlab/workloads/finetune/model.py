@@ -98,17 +98,6 @@ def make_trainable(model: Any, params: FinetuneParams) -> Any:
     return get_peft_model(model, config)
 
 
-def decoder_layers(model: Any) -> Any:
-    """The ModuleList of decoder layers of a (peft-wrapped) Llama-style model."""
-    inner = model
-    for attr in ("base_model", "model"):  # PeftModel -> LoraModel -> LlamaForCausalLM
-        if hasattr(inner, "get_decoder"):
-            break
-        inner = getattr(inner, attr, inner)
-    decoder = inner.get_decoder() if hasattr(inner, "get_decoder") else inner.model
-    return decoder.layers
-
-
 def counts(model: Any) -> ModelCounts:
     config = getattr(model, "config")
     seen: set[int] = set()
