@@ -33,7 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from hopperlab.core.rundir import SkipRun
+from hopperlab.node.containers import exec_prefix, find_runtime, image_path, job_binds
 from hopperlab.workloads.finetune import FinetuneParams
+from hopperlab.workloads.finetune.metrics import percentile
 
 NEMO_IMAGE = "nemo"
 #: Megatron needs cpu_offloading_num_layers < num_layers; Llama-2-7B has 32
@@ -129,8 +132,6 @@ def parse_log(lines: Iterable[str]) -> list[NemoStep]:
 def summarize_log(steps: Sequence[NemoStep], *, warmup_steps: int,
                   tokens_per_step: int) -> dict[str, float]:
     """The torch backend's figures from NeMo's steps (the first ``warmup_steps`` excluded)."""
-    from hopperlab.workloads.finetune.metrics import percentile
-
     measured = list(steps[warmup_steps:])
     if not measured:
         raise ValueError(f"the NeMo log has {len(steps)} step line(s), none after the "
@@ -151,8 +152,6 @@ def container_prefix(spec: Any) -> list[str] | None:
     prefix for ``containers/nemo.sif`` otherwise, None when neither is possible."""
     if os.environ.get("HOPPERLAB_IMAGE") == NEMO_IMAGE:
         return []
-    from hopperlab.node.containers import exec_prefix, find_runtime, image_path, job_binds
-
     container = spec.site.container
     images_dir = Path(container.image_file).parent if container.image_file else Path("containers")
     image = image_path(NEMO_IMAGE, images_dir)
@@ -164,8 +163,6 @@ def container_prefix(spec: Any) -> list[str] | None:
 
 
 def run_nemo(spec: Any, params: FinetuneParams, recorder: Any) -> None:
-    from hopperlab.core.rundir import SkipRun
-
     try:
         model_dir = spec.asset_path("model")
     except Exception:  # noqa: BLE001 - NeMo can fetch the model itself
