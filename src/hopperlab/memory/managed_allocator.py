@@ -1,24 +1,15 @@
 """Unified memory for PyTorch: every CUDA allocation through ``cudaMallocManaged``.
 
-``install_managed_allocator()`` compiles ``csrc/managed_allocator.cpp`` at first use (g++, into a
-cache folder keyed by the source's hash and the toolchain), and makes it PyTorch's CUDA allocator
-through ``torch.cuda.memory.CUDAPluggableAllocator``. That must happen before CUDA is initialised
-in the process (PyTorch refuses to swap an allocator that has been used): we check
-``torch.cuda.is_initialized()`` first and refuse clearly.
+``install_managed_allocator()`` compiles ``csrc/managed_allocator.cpp`` at first use (cached by
+the source's hash and the toolchain) and makes it PyTorch's allocator through
+``CUDAPluggableAllocator``, before CUDA is initialised (refused clearly after).
 
-The safety rule (ARCHITECTURE.md): managed memory never asks for more than the GPU has free,
-unless the machine is a Grace Hopper (coherent NVLink-C2C: oversubscription is what it is for) or
-the site says ``allow_oversubscription: true``. Asking for more can hang a shared GPU. So the
-cap is computed at install time from ``cudaMemGetInfo``'s free bytes minus a margin
-(``managed_cap_bytes``), and the allocator itself refuses, with ``torch.OutOfMemoryError`` (a run's
-``status: oom``), any allocation that would take the managed bytes it holds past the cap.
-
-Optional: memory advice on each new block (preferred location the GPU, and/or accessed-by the
-GPU) and a prefetch of each new block to the GPU on the allocating stream.
-
-Figures: ``ManagedAllocator.stats()``: peak managed bytes held (``peak_managed_bytes``), peak in
-use, cudaMallocManaged calls, refusals. ``torch.cuda.memory_allocated`` and friends do not work
-with a pluggable allocator: read these instead.
+Why the cap (ARCHITECTURE.md): managed memory never asks for more than the GPU has free unless
+the machine is a Grace Hopper or the site says ``allow_oversubscription: true``; asking for more
+can hang a shared GPU. The cap (``managed_cap_bytes``: free bytes at install minus a margin) is
+enforced by the allocator with ``torch.OutOfMemoryError`` (a run's ``status: oom``). Optional
+advice and prefetch per new block. ``torch.cuda.memory_allocated`` does not work under a
+pluggable allocator: read ``ManagedAllocator.stats()``. In detail: docs/memory.md.
 """
 
 from __future__ import annotations

@@ -2,25 +2,12 @@
 
 ``nemo_command`` builds the NeMo-Run CLI call of a LoRA fine-tuning of Llama-2-7B on Dolly
 (``nemo llm finetune --factory llama2_7b`` with ``data=dolly``), the run's knobs mapped onto
-NeMo's own settings:
-
-==========================  ==================================================================
-``num_workers``             ``data.num_workers``
-``offload: activations``    Megatron's ``model.config.cpu_offloading*`` (activations, all
-                            layers but the last: Megatron requires fewer than num_layers)
-``offload: parameters``     ``cpu_offloading_weights=True`` as well (``both``: both)
-``checkpointing`` (param)   ``recompute_granularity=full``, ``recompute_method=uniform``
-``precision: fp8``          ``trainer.plugins=bf16_with_fp8_mixed`` (Transformer Engine's
-                            delayed-scaling FP8 recipe; NeMo's own, not torchao's)
-``memory: managed``         no NeMo setting: the run is skipped and says so
-==========================  ==================================================================
-
-``run_nemo`` runs it (directly when the job already runs in the ``nemo`` image, else through
-the site's container runtime and ``containers/nemo.sif``), keeps the log as an artifact, and
-``parse_log`` turns its per-step lines (``global_step: N | reduced_train_loss: L |
-train_step_timing in s: T``, or the progress-bar form ``train_step_timing in s=T``) into the
-same metrics as the torch backend. NeMo does not log data-loader waits: that metric is absent.
-It cannot run on a machine without the image; tests check the command and the parser.
+NeMo's own settings (the table: docs/benchmarks/finetune.md, "The NeMo backend"); ``memory:
+managed`` has no NeMo setting and is skipped. ``run_nemo`` runs it (in the image, or through the
+site's container runtime and ``containers/nemo.sif``), keeps the log, and ``parse_log`` turns its
+per-step lines into the torch backend's metrics (NeMo logs no data-loader waits). It cannot run
+on a machine without the image; tests check the command and the parser. Cheap to import (no
+torch): the nemo tests run without it.
 """
 
 from __future__ import annotations
