@@ -1,5 +1,6 @@
 """The finetune family's GPU benchmark (docs/benchmarks/finetune.md): random-weight Llama shapes,
-batch 4 x 2048, through the family's own ``run_torch`` with the variants' knobs and params.
+batch 4 x 2048, through the family's own ``prepare`` and ``train`` (what ``run_torch`` runs),
+with the variants' knobs and params, and other projects' pieces put in through that seam.
 
     PYTHONPATH=src python3 benchmarks/finetune_gpu.py --suite lora7b --out DIR
     suites: lora7b (baseline, checkpointing, save_on_cpu, async offload of everything, 40 GiB
@@ -80,11 +81,27 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def run_with_peers(spec: Any, params: FinetuneParams, rec: Recorder, *,
+                   forward_context: Callable[[], Any] | None = None,
+                   make_optimizer: Callable[[list[Any]], Any] | None = None,
+                   adapt_model: Callable[[Any, Any], Any] | None = None) -> dict[str, float]:
+    """The family's run with other projects' pieces in place of its own: ``adapt_model(model,
+    layers)`` changes the prepared model, ``make_optimizer(trainable)`` and ``forward_context``
+    (entered around each forward) replace the family's; none given is ``run_torch``."""
+    from hopperlab.workloads.finetune.workload import prepare, train
+
+    job = prepare(spec, params, rec)
+    if adapt_model is not None:
+        job.adapt(adapt_model)
+    optimizer = make_optimizer(job.trainable()) if make_optimizer is not None else None
+    return train(job, optimizer=optimizer, forward_context=forward_context)
+
+
 def run_variant(out: Path, suite: str, name: str, model: str, params: FinetuneParams,
                 knobs: Knobs = Knobs(), assets: dict[str, Path] | None = None,
                 **inject: Any) -> dict[str, Any]:
-    """One variant through the family's run_torch; a JSON line in out/results.jsonl."""
-    from hopperlab.workloads.finetune.workload import run_torch
+    """One variant through the family's prepare and train; a JSON line in out/results.jsonl."""
+    import torch
 
     if ONLY_VARIANTS and name not in ONLY_VARIANTS:
         return {}
@@ -93,12 +110,12 @@ def run_variant(out: Path, suite: str, name: str, model: str, params: FinetunePa
     t0 = time.time()
     row: dict[str, Any] = {"suite": suite, "variant": name, "model": model}
     try:
-        run_torch(spec, params, rec, **inject)
+        run_with_peers(spec, params, rec, **inject)
         row["status"] = "ok"
     except SkipRun as exc:
         row.update(status="skipped", reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - an OOM is a result; keep going
-        oom = "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
+        oom = "out of memory" in str(exc).lower() or isinstance(exc, torch.cuda.OutOfMemoryError)
         row.update(status="oom" if oom else "failed", reason=f"{type(exc).__name__}: {exc}"[:400])
         if not oom:
             traceback.print_exc()

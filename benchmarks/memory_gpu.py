@@ -118,7 +118,7 @@ def part_correct(results: dict) -> None:
     compare("parameter+activation", run(m, lambda: off))
     checkpoint_layers(decoder_layers(m))
     compare("parameter+activation+ckpt", run(m, lambda: off))
-    del m, po, off, base_model
+    m = po = off = base_model = None   # dropped (not del: the lambdas above name them)
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -131,7 +131,7 @@ LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, nu
 def pinned_bandwidth(nbytes: int = GiB) -> dict:
     """Pinned copy GB/s each way, through a buffer of the offload's own pool (registered with
     cudaHostRegister at its exact size), median of 5."""
-    from hopperlab.memory.activation_offload import PinnedBufferPool
+    from hopperlab.memory.pinned import PinnedBufferPool
     from hopperlab.cuda.link import pinned_copy_gbps
 
     pool = PinnedBufferPool(pin=True)
@@ -233,7 +233,7 @@ def part_perf(results: dict, args) -> None:
         variant("save_on_cpu", lambda _s: save_on_cpu_reference)
     with contextlib.suppress(Exception):
         torch._C._host_emptyCache()
-    del model
+    model = None   # dropped (not del: the closures above name it)
     gc.collect()
     torch.cuda.empty_cache()
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from hopperlab.memory.layers import decoder_layers
 from hopperlab.workloads.finetune import FinetuneParams
 from hopperlab.workloads.finetune import model as model_mod
 from hopperlab.workloads.finetune.loop import forward_backward, to_device
@@ -51,7 +52,7 @@ def loss_and_grads(model_dir, batch, params, knobs=Knobs(), steps=2, host_layers
     else:
         model, _ = model_mod.load_base_model(model_dir, params, device)
     model = model_mod.make_trainable(model, params)
-    tech.prepare_model(model, model_mod.decoder_layers(model))
+    tech.prepare_model(model, decoder_layers(model))
     for _ in range(steps):
         model.zero_grad(set_to_none=True)
         loss = forward_backward(model, to_device(batch, device), tech.forward_context)
@@ -119,6 +120,6 @@ def test_save_on_cpu_does_not_combine_with_parameter_offload(model_dir, batch):
 
 def test_cut_model_has_the_asked_layers(model_dir):
     model, tags = model_mod.load_base_model(model_dir, replace(PARAMS, num_layers=2), "cpu")
-    assert len(model_mod.decoder_layers(model)) == 2 and tags["model.layers"] == "2"
+    assert len(decoder_layers(model)) == 2 and tags["model.layers"] == "2"
     with pytest.raises(ValueError, match="num_layers"):
         model_mod.load_base_model(model_dir, replace(PARAMS, num_layers=9), "cpu")

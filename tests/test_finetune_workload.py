@@ -207,13 +207,13 @@ def test_nemo_backend_without_image_is_skipped(assets, tmp_path, monkeypatch):
 
 
 def test_a_peer_can_take_the_frozen_weights_and_still_train(assets, tmp_path):
-    """``run_torch(adapt_model=...)``, the hook the benchmark's peers use: here accelerate's
-    cpu_offload on every frozen linear module of the layers (the parameter offload's public
-    peer), with checkpointing; the adapters keep training."""
+    """``prepare``, ``TorchRun.adapt``, ``train``: the seam the benchmark's peers use; here
+    accelerate's cpu_offload on every frozen linear module of the layers (the parameter
+    offload's public peer), with checkpointing; the adapters keep training."""
     import torch
     from accelerate import cpu_offload
 
-    from hopperlab.workloads.finetune.workload import run_torch
+    from hopperlab.workloads.finetune.workload import prepare, train
 
     taken = []
 
@@ -227,7 +227,9 @@ def test_a_peer_can_take_the_frozen_weights_and_still_train(assets, tmp_path):
     peer.__name__ = "accelerate.cpu_offload(frozen linears)"
     params = replace(SMOKE, checkpointing=True)
     rec = Recorder(tmp_path / "run")
-    final = run_torch(spec(assets, params, tmp_path / "run"), params, rec, adapt_model=peer)
+    job = prepare(spec(assets, params, tmp_path / "run"), params, rec)
+    job.adapt(peer)
+    final = train(job)
     rec.finish("ok")
     assert taken and all(m.weight.device.type == "meta" for m in taken)
     assert rec.tags["finetune.adapt_model"] == "accelerate.cpu_offload(frozen linears)"

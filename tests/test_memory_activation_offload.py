@@ -11,7 +11,8 @@ pytest.importorskip("peft")
 
 from hopperlab.memory.layers import decoder_layers  # noqa: E402
 from hopperlab.memory.activation_offload import (  # noqa: E402
-    ActivationOffload, PinnedBufferPool, _dense, _Kept, save_on_cpu_reference)
+    ActivationOffload, _dense, _Kept, save_on_cpu_reference)
+from hopperlab.memory.pinned import PinnedBufferPool  # noqa: E402
 from hopperlab.memory.checkpointing import checkpoint_layers  # noqa: E402
 
 from .memory_helpers import (  # noqa: E402
@@ -278,7 +279,7 @@ def test_plan_offloads_the_excess_over_budget_and_reserve():
 
 
 def test_reserve_is_the_window_peak_over_forward_end_and_only_grows(monkeypatch):
-    from hopperlab.memory import activation_offload as ao
+    from hopperlab.memory import offload_budget as ao
 
     off = ActivationOffload("cpu", budget_bytes=1 << 30)
     window = {"peak": 350}
@@ -297,7 +298,7 @@ def test_reserve_is_the_window_peak_over_forward_end_and_only_grows(monkeypatch)
 def test_first_step_reserve_serves_until_a_planned_step_has_measured(monkeypatch):
     """The first step offloads everything (its need is another picture); its reserve is used
     by the second step, then only what planned steps measured."""
-    from hopperlab.memory import activation_offload as ao
+    from hopperlab.memory import offload_budget as ao
 
     off = ActivationOffload("cpu", budget_bytes=1 << 30, reserve_bytes=7)
     window = {"peak": 900}
@@ -383,7 +384,7 @@ def test_reserve_window_spans_the_last_layers_backward(lora_model, monkeypatch):
     """The budget's reserve window (CUDA) stays open through the loss's and the last layer's
     backward and closes at the first unpack below the last layer; simulated here by opening it
     by hand after forward."""
-    from hopperlab.memory import activation_offload as ao
+    from hopperlab.memory import offload_budget as ao
 
     model = twin(lora_model)
     off = _offload(model, budget_bytes=1 << 40)

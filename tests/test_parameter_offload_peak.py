@@ -25,6 +25,7 @@ from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
+from hopperlab.memory.layers import decoder_layers  # noqa: E402
 from hopperlab.memory.parameter_offload import ParameterOffload  # noqa: E402
 from hopperlab.workloads.finetune import FinetuneParams  # noqa: E402
 from hopperlab.workloads.finetune import model as model_mod  # noqa: E402
@@ -61,7 +62,7 @@ def prepared(model_dir, params: FinetuneParams, device: str = "cpu") -> tuple[An
     tech = Techniques(Knobs(offload="both"), params, torch.device(device), cuda=False)
     model, _ = model_mod.build_host_layers_model(model_dir, params, "cpu")
     model = model_mod.make_trainable(model, params)
-    tech.prepare_model(model, model_mod.decoder_layers(model))
+    tech.prepare_model(model, decoder_layers(model))
     return model, tech
 
 
@@ -159,7 +160,7 @@ def test_close_leaves_host_weights_on_the_host(model_dir, batch):
     po.device = torch.device("meta")
     tech.close()
     host = {h.untyped_storage().data_ptr() for layer in po._host for h in layer.values()}
-    for layer, ref in zip(model_mod.decoder_layers(model), model_mod.decoder_layers(reference)):
+    for layer, ref in zip(decoder_layers(model), decoder_layers(reference)):
         frozen = {n: p for n, p in layer.named_parameters() if not p.requires_grad}
         ref_frozen = dict(ref.named_parameters())
         assert frozen

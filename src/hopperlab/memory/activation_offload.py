@@ -1,74 +1,15 @@
-"""Asynchronous activation offload: saved activations go to pinned host memory during forward
-and come back, ahead of use, during backward.
+"""Asynchronous activation offload, the mechanism: saved activations go to pinned host memory
+during forward and come back, ahead of use, during backward.
 
-How it works (``ActivationOffload``):
+``ActivationOffload`` installs saved-tensor hooks (``_pack`` / ``_unpack``), copies on two side
+streams (one each way, so reloads do not queue behind offloads), groups saved tensors by decoder
+layer (``wrap_layers``) to prefetch them in the order backward needs them, and keeps host buffers
+in a ``PinnedBufferPool``. What to offload and which reloads may start under a GPU-memory budget
+is the policy's, ``offload_budget.OffloadBudget``, this class's base.
 
-* ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd saves for backward passes
-  through ``_pack``. Tensors below ``min_bytes``, parameters and views of parameters (the frozen
-  weights are already resident; copying them would only cost bandwidth), and tensors that are not
-  densely laid out stay where they are. The rest is copied into a pinned host buffer on a side
-  CUDA stream that first waits (an event, not the host) for the stream that produced it.
-* The device tensor must not be freed and reused while the copy reads it. We hold a reference
-  until the copy's event has completed (polled with ``Event.query()`` on later hook calls, never
-  waited on by the host) or until the compute stream has waited on a later event of the side
-  stream. This works with any CUDA allocator, also the managed one, which ignores
-  ``record_stream``.
-  When copies lag more than ``max_inflight_bytes`` behind forward (under a budget: when memory
-  passes the budget), the compute stream waits (on the device) for the oldest: otherwise a link
-  slower than forward would keep every activation alive until its copy is over, and the peak
-  would be the baseline's.
-* Tensors are grouped by decoder layer (``wrap_layers``: forward hooks that set the current
-  group). When backward unpacks the first tensor of a group, the host->device copies of that
-  group and of the next ``prefetch_groups`` groups to come (lower layers) are started on a second
-  side stream (so reloads do not queue behind offloads still running: the link carries both
-  directions at once); the compute stream waits on their event only when it unpacks them.
-  Saved tensors kept on the device (the last layers', or the budget's) start the same prefetch
-  when backward unpacks them. One exception: the loss's backward, which allocates the logits'
-  float32 gradient, is the step's memory peak, so the first unpack in the head's group (what is
-  saved after the last layer: the loss's log-probabilities) starts no prefetch beyond that
-  group; the next unpack there (the final norm's, after the loss's temporaries are freed) does.
-* Host buffers come from ``PinnedBufferPool``, keyed by byte size: training repeats its shapes,
-  so from the second step on no pinned memory is allocated. Buffers are page-locked with
-  ``cudaHostRegister`` on plain host memory: exactly the size asked for (PyTorch's pinned
-  allocator rounds every block up to a power of two, up to twice the host memory).
-
-The budget policy (``budget_bytes``): offload only as much as needed to keep the step's peak GPU
-memory under the budget. ``reserve`` is the memory backward needs on top of what forward left
-allocated, at the start of backward (the loss's float32 temporaries, the head's and the last
-layers' gradients): measured on CUDA as the peak between the end of forward and the end of the
-last layer's backward (``hopperlab.cuda.peaks``: a window, the run's own peak is kept; with a
-chunked loss the last layer's backward, not the loss, is the larger need), minus the memory
-allocated at the end of forward; forward's own peak above its end counts the same way (the
-loss's float32 logits, copies still in flight); the largest seen so far, plus
-``reserve_bytes``. No layer below the last is reloaded while the window is open, so what the
-policy prefetches in backward (up to the budget) does not inflate the next step's reserve.
-Further down, a reload starts only if it leaves room for the larger of the reserve and the most
-a layer's backward rose above the memory at its start (its gradients and temporaries come
-before it frees what it had saved; measured per layer, a window each).
-First step (no figures yet): every eligible tensor is offloaded, so the budget holds from the
-start (nothing is known of backward's need yet; a capped allocator would fail the step); the
-reserve it measures (its last layer reloaded in the window: an over-estimate) serves the second
-step only, then the reserves of planned steps. From the second step, a plan in bytes: forward
-would end with ``allocated at forward end + bytes offloaded - bytes still being copied`` had
-nothing been offloaded; the excess over ``0.98 x budget - reserve`` is offloaded, tensor by
-tensor from the *first* saved on (the earliest layers: their copies overlap the rest of forward
-and backward needs them last; their reloads are prefetched as soon as they
-fit under the budget). Past the plan, a tensor is still offloaded if memory passes the budget.
-The first step is slow (a warm-up step). ``budget_bytes=None`` offloads everything eligible.
-
-The same tensor saved by several consumers (the input of the q/k/v adapters, say) is copied
-once; its host copy serves every consumer.
-
-``staging="device"`` is a diagnostic: the copies go to buffers in GPU memory instead of pinned
-host memory, every hook, event and stream as usual. It takes the host link out of the picture
-and leaves the technique's own cost (hooks, events, the copies' share of HBM): on a machine
-whose link is fast enough to hide the copies (Grace Hopper's NVLink-C2C), a step could come no
-closer to the baseline's than this. Its buffers take GPU memory, so it saves none and is not
-allowed with a budget.
-
-Without CUDA the same code runs its bookkeeping on the host (host->host copies, no streams or
-events, a memory probe that counts the saved bytes kept): CI tests the logic and the exactness of
-the gradients.
+Without CUDA the same bookkeeping runs on the host (host->host copies, no streams or events), so
+CI tests the logic and the exactness of the gradients. How it works, and the measurements behind
+each rule: docs/memory.md ("Activation offload: how and the policy").
 """
 
 from __future__ import annotations
@@ -76,23 +17,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
 from torch import nn
 
-from hopperlab.cuda import peaks
 from hopperlab.cuda.nvtx import OFFLOAD_COPY, OFFLOAD_PREFETCH, nvtx_range
-
-if TYPE_CHECKING:
-    from hopperlab.memory.parameter_offload import ParameterOffload
+from hopperlab.memory.offload_budget import OffloadBudget
+from hopperlab.memory.pinned import PinnedBufferPool
 
 #: below this, a saved tensor stays on the device (copy latency dominates, the gain is nil)
 DEFAULT_MIN_BYTES = 1 << 20
-#: the budget plan aims this fraction of the budget below it (the allocator's rounding, what
-#: the reserve's window did not see)
-PLAN_MARGIN = 0.02
-#: where offloaded copies live: pinned host memory, or GPU memory (a diagnostic, see above)
+#: where offloaded copies live: pinned host memory, or GPU memory (a diagnostic: docs/memory.md)
 STAGINGS = ("host", "device")
 
 
@@ -103,72 +39,6 @@ class SavedTensorDelegate(Protocol):
     def try_pack(self, tensor: torch.Tensor) -> Any | None: ...
 
     def unpack(self, packed: Any) -> torch.Tensor: ...
-
-
-# ----------------------------------------------------------------------------- pinned pool
-class PinnedBufferPool:
-    """Reusable host buffers (uint8), keyed by exact byte size.
-
-    ``acquire`` returns a free buffer of that size or allocates one; ``release`` gives it back.
-    With ``pin=True`` the memory is page-locked with ``cudaHostRegister`` (exact size), so
-    device<->host copies from and to it are asynchronous DMA. With ``device`` set the buffers
-    are GPU memory instead (the ``staging="device"`` diagnostic). Counters: ``allocated_bytes``
-    (all buffers ever made and not freed), ``allocations`` (how many were made: a steady-state step
-    must not increase it), ``in_use_bytes``.
-    """
-
-    def __init__(self, pin: bool, device: torch.device | None = None):
-        if pin and device is not None:
-            raise ValueError("PinnedBufferPool: pin is for host buffers; device buffers need none")
-        self.pin = pin
-        self.device = device
-        self._free: dict[int, list[torch.Tensor]] = collections.defaultdict(list)
-        self.allocated_bytes = 0
-        self.allocations = 0
-        self.in_use_bytes = 0
-
-    def acquire(self, nbytes: int) -> torch.Tensor:
-        free = self._free.get(nbytes)
-        if free:
-            buf = free.pop()
-        else:
-            if self.device is not None:
-                buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            elif self.pin:
-                buf = pinned_empty(nbytes)
-            else:
-                buf = torch.empty(nbytes, dtype=torch.uint8)
-            self.allocated_bytes += nbytes
-            self.allocations += 1
-        self.in_use_bytes += nbytes
-        return buf
-
-    def release(self, buf: torch.Tensor) -> None:
-        self.in_use_bytes -= buf.numel()
-        self._free[buf.numel()].append(buf)
-
-    def free_bytes(self) -> int:
-        return sum(k * len(v) for k, v in self._free.items())
-
-    def clear(self) -> None:
-        """Drop the free buffers (those in use stay valid until released, then are kept)."""
-        for size, bufs in self._free.items():
-            self.allocated_bytes -= size * len(bufs)
-        self._free.clear()      # unregistered as they are garbage-collected (pinned_empty)
-
-
-def pinned_empty(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of page-locked host memory (uint8), exactly: plain host memory registered with
-    ``cudaHostRegister``, unregistered when the tensor is garbage-collected."""
-    buf = torch.empty(nbytes, dtype=torch.uint8)
-    if nbytes == 0:
-        return buf
-    cudart = torch.cuda.cudart()
-    err = cudart.cudaHostRegister(buf.data_ptr(), nbytes, 0)
-    if int(err) != 0:
-        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed (error {int(err)})")
-    weakref.finalize(buf, cudart.cudaHostUnregister, buf.data_ptr())
-    return buf
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -228,7 +98,7 @@ class _Offloaded:
 
 
 # ----------------------------------------------------------------------------- the technique
-class ActivationOffload:
+class ActivationOffload(OffloadBudget):
     """Offload saved activations to pinned host memory; use as a context manager around forward.
 
     Args:
@@ -271,7 +141,7 @@ class ActivationOffload:
                  budget_bytes: int | None = None, reserve_bytes: int = 0, prefetch_groups: int = 1,
                  max_inflight_bytes: int = 1 << 30, keep_last_layers: int = 0,
                  keep_head: bool = False,
-                 parameter_offload: "ParameterOffload | SavedTensorDelegate | None" = None,
+                 parameter_offload: SavedTensorDelegate | None = None,
                  staging: str = "host",
                  memory_probe: Callable[[], int] | None = None):
         if min_bytes < 0 or prefetch_groups < 0 or reserve_bytes < 0 or keep_last_layers < 0:
@@ -290,8 +160,6 @@ class ActivationOffload:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.staging = staging
         self.min_bytes = min_bytes
-        self.budget_bytes = budget_bytes
-        self.reserve_bytes = reserve_bytes
         self.prefetch_groups = prefetch_groups
         self.max_inflight_bytes = max_inflight_bytes
         self.keep_last_layers = keep_last_layers
@@ -307,7 +175,6 @@ class ActivationOffload:
         self._buffer_events: dict[int, Any] = {}   # host buffer -> the last copy that read it
         self._inflight_bytes = 0
         self._compute: Any = None
-        self._memory_probe = memory_probe or (self._cuda_allocated if self.cuda else self._kept_bytes)
         self._param_storages: set[int] = set()
         self._hooks: list[Any] = []
         self._saved_hooks: Any = None
@@ -318,26 +185,12 @@ class ActivationOffload:
         self._order: list[int] = []
         self._inflight: collections.deque[tuple[int, Any, torch.Tensor]] = collections.deque()
         self._seq = 0                             # device->host copies issued
-        self._learned_reserve = 0                 # from steps that followed a plan
-        self._warmup_reserve = 0                  # from the first (everything offloaded)
-        self._planned_measured = False            # a planned step has measured its need
-        self._use_planned = False                 # ... and a step has begun since
-        self._layer_window: int | None = None     # the backward group being measured
-        self._layer_window_start = 0
-        self._layer_transient = 0                 # most a layer's backward rose above its start
-        self._alloc_at_forward_end: int | None = None
         self._stats = OffloadStats()
         self._pool_allocations_at_start = 0
-        self._deciding_bytes = 0
         self._by_key: dict[tuple, Any] = {}
-        self._eligible_bytes = 0                    # offloadable bytes saved this step
-        self._last_eligible_bytes = 0               # and in the last step
-        self._last_offloaded = 0
-        self._plan_bytes: int | None = None
-        self._inflight_at_forward_end = 0
         self._head_group: int | None = None       # the first group after the last layer
         self._head_unpacked = False
-        self._window_open = False
+        self._init_budget(budget_bytes, reserve_bytes, memory_probe)
 
     # -------------------------------------------------------------- setup
     def wrap_layers(self, layers: Iterable[nn.Module]) -> "ActivationOffload":
@@ -402,17 +255,9 @@ class ActivationOffload:
     def __enter__(self) -> "ActivationOffload":
         if self._active:
             raise RuntimeError("ActivationOffload is already active")
-        self._close_window()
-        # the lowest layer's window ran on into the optimizer's step: not a layer's need
-        self._layer_window = None
-        self._use_planned = self._planned_measured   # a whole planned step has been measured
-        if self.cuda and self.budget_bytes is not None:
-            peaks.start_window(self.device)       # forward's own peak, for the reserve
+        self._budget_step_begins()
         self._reap(all_done_ok=False)
-        self._plan_bytes = self._make_plan()
-        self._stats = OffloadStats(reserve_bytes=self._reserve(),
-                                   plan_bytes=self._plan_bytes or 0,
-                                   transient_bytes=self._layer_transient)
+        self._stats = OffloadStats(**self._budget_figures())
         self._head_unpacked = False
         self._pool_allocations_at_start = self.pool.allocations
         if self.delegate is not None and hasattr(self.delegate, "reset_stats"):
@@ -421,7 +266,6 @@ class ActivationOffload:
         self._groups = {}
         self._pending_groups = []
         self._by_key = {}
-        self._eligible_bytes = 0
         self._compute = torch.cuda.current_stream(self.device) if self.cuda else None
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
@@ -434,22 +278,7 @@ class ActivationOffload:
         self._saved_hooks = None
         self._pending_groups = sorted(self._groups, reverse=True)
         self._order = list(self._pending_groups)
-        self._last_eligible_bytes = self._eligible_bytes
-        self._last_offloaded = self._stats.bytes_offloaded
-        if self.cuda:
-            self._alloc_at_forward_end = peaks.allocated_now(self.device)
-            # offloaded, yet still allocated (held until their copies are seen to be over):
-            # counted in both figures
-            self._inflight_at_forward_end = self._inflight_bytes
-            if self.budget_bytes is not None:
-                # forward may peak above its end (the loss's logits, copies still in flight)
-                self._learn_reserve(peaks.window_peak_allocated(self.device)
-                                    - self._alloc_at_forward_end)
-                peaks.start_window(self.device)
-                self._window_open = True
-        else:
-            self._deciding_bytes = 0
-            self._alloc_at_forward_end = self._memory_probe()
+        self._budget_forward_ends()
 
     def stats(self) -> OffloadStats:
         """This step's counters (complete once backward has run)."""
@@ -458,62 +287,6 @@ class ActivationOffload:
         s.pool_new_allocations = self.pool.allocations - self._pool_allocations_at_start
         s.groups = len(self._groups)
         return s
-
-    # -------------------------------------------------------------- budget policy
-    def _cuda_allocated(self) -> int:
-        return peaks.allocated_now(self.device)
-
-    def _kept_bytes(self) -> int:
-        # the CPU stand-in for memory_allocated(): what this step kept, plus the tensor being
-        # decided on (on CUDA it is already allocated, so memory_allocated() counts it)
-        return self._stats.bytes_kept + self._deciding_bytes
-
-    def _reserve(self) -> int:
-        learned = self._learned_reserve if self._use_planned else self._warmup_reserve
-        return learned + self.reserve_bytes
-
-    def _learn_reserve(self, need: int) -> None:
-        """Keep the largest need seen; what the first step (everything offloaded, a different
-        memory picture) measured serves only until a planned step has measured its own."""
-        if self._plan_bytes is None:
-            self._warmup_reserve = max(self._warmup_reserve, need)
-        else:
-            self._learned_reserve = max(self._learned_reserve, need)
-            self._planned_measured = True
-
-    def _close_window(self) -> None:
-        """Backward's need at its start, beyond forward's end (CUDA, with a budget): the peak of
-        the window opened at forward's end, closed when backward is done with the last layer
-        (the loss's temporaries, and the last layer's backward: with a chunked loss that is the
-        larger); no layer further down is reloaded while it is open."""
-        if not self._window_open:
-            return
-        self._window_open = False
-        peak = peaks.window_peak_allocated(self.device)
-        if self._alloc_at_forward_end is not None:
-            self._learn_reserve(peak - self._alloc_at_forward_end)
-
-    def _make_plan(self) -> int | None:
-        """How many bytes to offload this step, from the last step's figures: the memory at the
-        end of forward had nothing been offloaded is what was allocated then plus what was
-        offloaded, less what was both (copies still running at forward's end: counting them
-        twice made every step offload more than the last, up to everything); the excess over
-        98% of the budget (with the reserve). ``_pack`` takes them from the first saved tensors
-        on: the earliest layers, whose copies overlap the rest of forward and whose reloads
-        have the whole backward to hide in."""
-        if self.budget_bytes is None or self._alloc_at_forward_end is None:
-            return None
-        if not self._last_eligible_bytes:
-            return None
-        all_kept = self._alloc_at_forward_end + self._last_offloaded - \
-            self._inflight_at_forward_end
-        need = all_kept + self._reserve() - self.budget_bytes * (1 - PLAN_MARGIN)
-        return max(0, int(need))
-
-    def _within_budget(self) -> bool:
-        if self.budget_bytes is None:
-            return False
-        return self._memory_probe() + self._reserve() <= self.budget_bytes
 
     # -------------------------------------------------------------- pack
     def _is_parameter(self, t: torch.Tensor) -> bool:
@@ -560,29 +333,13 @@ class ActivationOffload:
             self._keep(nbytes)
             self._stats.bytes_kept_last_layers += nbytes
             return self._kept(key, t)
-        self._eligible_bytes += nbytes
-        self._deciding_bytes = nbytes
-        if self._keep_for_budget():
+        if self._budget_keeps(nbytes):
             self._keep(nbytes)
             self._stats.bytes_kept_by_budget += nbytes
             return self._kept(key, t)
         handle = self._offload(t, nbytes)
         self._by_key[key] = (weakref.ref(handle), weakref.ref(t))
         return handle
-
-    def _keep_for_budget(self) -> bool:
-        """The budget policy (module docstring): with a plan from the last step, offload until
-        the plan's bytes are reached, then keep unless memory already passes the budget; without
-        one (first step), offload."""
-        if self.budget_bytes is None or self._plan_bytes is None:
-            return False
-        if self._stats.bytes_offloaded < self._plan_bytes:
-            return False
-        if not self._within_budget():
-            # over the budget past the plan: copies that lag hold memory; offloading more
-            # would add to them, waiting for them frees it
-            self._throttle()
-        return self._within_budget()
 
     def _kept(self, key: tuple, t: torch.Tensor) -> "_Kept":
         """A tensor left on the device; saved again by another consumer, it is counted once
@@ -677,14 +434,7 @@ class ActivationOffload:
         ``prefetch_groups`` groups backward will need; with a budget, instead, of the groups that
         fit under it (backward frees memory as it goes). The first unpack in the
         head's group (the loss's backward: the step's peak) starts no copy beyond it."""
-        last_layer = None if self._head_group is None else self._head_group - 1
-        if self._window_open and last_layer is not None and group < last_layer:
-            self._close_window()          # backward is done with the last layer
-        new_layer = self.cuda and self.budget_bytes is not None and not self._window_open \
-            and group != self._layer_window
-        if new_layer:
-            self._close_layer_window()
-            peaks.start_window(self.device)
+        new_layer = self._budget_backward_reaches(group)
         at_head = self._head_group is not None and group >= self._head_group
         in_loss = at_head and not self._head_unpacked
         self._head_unpacked = self._head_unpacked or at_head
@@ -695,36 +445,21 @@ class ActivationOffload:
             g = self._pending_groups[0]
             if g < group and g not in window and (in_loss or not self._fits_prefetch(g)):
                 break
-            if self._window_open and last_layer is not None and g < last_layer:
+            if self._window_holds(g):
                 break                     # not while the reserve's window is open
             self._pending_groups.pop(0)
             handles = [h for h in (ref() for ref in self._groups.get(g, ())) if h is not None]
             self._copy_back([h for h in handles if h.device_tensor is None])
-        if new_layer:     # from here (this call's reloads included) to the next layer's first
-            self._layer_window, self._layer_window_start = group, self._memory_probe()
+        if new_layer:
+            self._budget_layer_starts(group)
 
-    def _close_layer_window(self) -> None:
-        """A layer's backward allocates its gradients and temporaries before it frees what it
-        had saved: the most it rose above its start (reloads started later inside it count:
-        an over-estimate) is the room a prefetch must leave."""
-        if self._layer_window is None:
-            return
-        self._layer_window = None
-        self._layer_transient = max(self._layer_transient, peaks.window_peak_allocated(
-            self.device) - self._layer_window_start)
-
-    def _fits_prefetch(self, g: int) -> bool:
-        if self.budget_bytes is None or not self.cuda:
-            return False
-        size = sum(h.nbytes for h in (ref() for ref in self._groups.get(g, ())) if h is not None)
-        room = max(self._reserve(), self._layer_transient + self.reserve_bytes)
-        return self._memory_probe() + size + room <= self.budget_bytes
+    def _group_bytes(self, group: int) -> int:
+        return sum(h.nbytes for h in (ref() for ref in self._groups.get(group, ())) if h is not None)
 
     def _copy_back(self, handles: list[_Offloaded]) -> None:
         if not handles:
             return
-        if self._window_open and self._head_group is None:
-            self._close_window()          # no layers marked: the window ends at the first reload
+        self._budget_reload_starts()
         with nvtx_range(OFFLOAD_PREFETCH):
             # allocated on the compute stream, which uses them: the side stream first waits for
             # what the compute stream did before (earlier users of that memory)

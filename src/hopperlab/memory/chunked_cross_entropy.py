@@ -1,31 +1,14 @@
 """A causal LM's loss computed in chunks of tokens, with its gradient, in forward: the float32
 logits over the whole vocabulary never exist at once.
 
-Why: transformers computes ``lm_head(hidden)`` for every token, upcasts the logits to float32
-and takes ``cross_entropy``. For Llama-2-7B at 4 x 2048 tokens (vocabulary 32000) that is
-0.5 GiB of bf16 logits, 1 GiB of float32 logits and 1 GiB of log-probabilities saved for
-backward; backward then allocates two more float32 gradients of that size. Those 2-3 GiB are
-the step's memory peak (the loss's backward, before any layer's), and what a GPU-memory budget
-must make room for by offloading other activations.
-
-How (``LinearCrossEntropy``): forward walks the tokens in chunks of ``chunk_tokens``. For each:
-the chunk's logits (the head's product in the compute dtype, then float32), their log-sum-exp,
-the loss of its valid tokens, and at once the gradient the mean loss gives the logits,
-``(softmax - onehot) / n``, turned back into the compute dtype and multiplied by the head's
-weight: the gradient of the chunk's hidden states (and, when the head is trained, its part of
-the weight's gradient). Forward keeps only those gradients (the hidden states' size: 64 MiB for
-the case above); backward scales them by the incoming gradient. No product is recomputed. The
-memory of the loss is one chunk's logits (``chunk_tokens x vocabulary x 6`` bytes) instead of
-the whole batch's several times over.
-
-The math is transformers' ``ForCausalLMLoss``: labels shifted by one, ``-100`` ignored, the mean
-over the valid tokens (or the sum over ``num_items_in_batch`` when the caller passes it). The
-loss and gradients equal the stock path's to float32 rounding (the sums run in another order;
-the CPU tests compare them).
-
-``apply(model, chunk_tokens)`` gives a ``...ForCausalLM`` (also inside a peft model) a forward
-that, when ``labels`` are given and gradients are on, runs the decoder and this loss and returns
-no logits; otherwise (generation, evaluation) its own forward runs.
+Why: transformers' loss upcasts the logits of every token to float32 and saves them; for
+Llama-2-7B at 4 x 2048 tokens those 2-3 GiB are the step's memory peak. ``LinearCrossEntropy``
+walks the tokens in chunks: each chunk's logits, loss and the gradient back through the head, so
+forward keeps only the hidden states' gradient; nothing is recomputed. The math is
+transformers' ``ForCausalLMLoss`` (shifted labels, ``-100`` ignored, mean or
+``num_items_in_batch``), equal to float32 rounding. ``apply(model, chunk_tokens)`` gives a
+``...ForCausalLM`` (also inside peft) that training forward; generation and evaluation keep the
+model's own. In detail: docs/memory.md ("The chunked loss").
 """
 
 from __future__ import annotations

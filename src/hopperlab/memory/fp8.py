@@ -1,32 +1,13 @@
 """FP8 linear layers (torchao.float8, dynamic tensorwise scaling) and per-layer torch.compile.
 
-``convert_to_fp8(model, lora=...)`` swaps the selected ``nn.Linear`` modules for torchao's
-``Float8Linear``: inputs, weights and output gradients are cast to FP8 (e4m3 forward, e5m2 for
-gradients) with one scale per tensor computed on the fly, and the matmuls run through
-``torch._scaled_mm`` on the tensor cores' FP8 path (Hopper: compute capability 9.0; torchao also
-accepts 8.9).
-
-Which linears (``fp8_module_filter``): only those inside the decoder layers (never ``lm_head``:
-its vocabulary-wide output is the most sensitive to FP8 and not a per-layer matmul) whose
-dimensions are multiples of 16 (``_scaled_mm``'s rule).
-
-* full fine-tuning: every such linear.
-* LoRA: the frozen ones: the base projections that peft wraps (``...q_proj.base_layer``) and the
-  frozen MLP projections. The adapters (``lora_A``/``lora_B``, rank r) stay in bf16: they are
-  small and trainable. How torchao treats a frozen weight: ``Float8Linear.from_float`` keeps the
-  same ``Parameter`` (``requires_grad`` stays False), but its autograd function saves the layer
-  input and computes the weight gradient unconditionally; autograd then drops it. For a frozen
-  layer that is one wasted FP8 GEMM of three, two casts, and an activation kept that the bf16
-  baseline does not keep (``F.linear`` with a frozen weight saves no input). So for frozen
-  weights ``convert_to_fp8(..., frozen_kernel=True)`` (the default for LoRA) uses
-  ``FrozenFloat8Linear``: torchao's module and casts (``hp_tensor_to_float8_dynamic``,
-  tensorwise), with an autograd function that saves only the weight and computes only the input
-  gradient. ``frozen_kernel=False`` keeps torchao's function, to compare.
-
-``compile_layers(model)`` compiles each decoder layer on its own (``nn.Module.compile``, in
-place: names, parameters and hooks stay), the bf16 + compile baseline and the FP8 variant's
-compile step; compiling per layer keeps compile time to one layer's graph, reused by all layers
-of the same shape.
+Why: Hopper's tensor cores run FP8 matrix products at twice bf16's rate. ``convert_to_fp8(model,
+lora=...)`` swaps the linears inside the decoder layers whose dimensions are multiples of 16
+(never ``lm_head``) for torchao's ``Float8Linear``: all of them for full fine-tuning, the frozen
+ones for LoRA, where ``FrozenFloat8Linear`` (the default, ``frozen_kernel=True``) saves only the
+weight and computes only the input gradient (torchao's own function wastes a GEMM and keeps an
+activation for a frozen weight). ``compile_layers(model)`` compiles each decoder layer in place:
+the bf16 + compile baseline and the FP8 variant's compile step. ``require_fp8`` raises
+``Fp8Unavailable`` where there is no FP8 GPU or no torchao. In detail: docs/memory.md ("FP8").
 """
 
 from __future__ import annotations

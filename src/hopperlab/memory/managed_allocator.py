@@ -1,24 +1,15 @@
 """Unified memory for PyTorch: every CUDA allocation through ``cudaMallocManaged``.
 
-``install_managed_allocator()`` compiles ``csrc/managed_allocator.cpp`` at first use (g++, into a
-cache folder keyed by the source's hash and the toolchain), and makes it PyTorch's CUDA allocator
-through ``torch.cuda.memory.CUDAPluggableAllocator``. That must happen before CUDA is initialised
-in the process (PyTorch refuses to swap an allocator that has been used): we check
-``torch.cuda.is_initialized()`` first and refuse clearly.
+``install_managed_allocator()`` compiles ``csrc/managed_allocator.cpp`` at first use (cached by
+the source's hash and the toolchain) and makes it PyTorch's allocator through
+``CUDAPluggableAllocator``, before CUDA is initialised (refused clearly after).
 
-The safety rule (ARCHITECTURE.md): managed memory never asks for more than the GPU has free,
-unless the machine is a Grace Hopper (coherent NVLink-C2C: oversubscription is what it is for) or
-the site says ``allow_oversubscription: true``. Asking for more can hang a shared GPU. So the
-cap is computed at install time from ``cudaMemGetInfo``'s free bytes minus a margin
-(``managed_cap_bytes``), and the allocator itself refuses, with ``torch.OutOfMemoryError`` (a run's
-``status: oom``), any allocation that would take the managed bytes it holds past the cap.
-
-Optional: memory advice on each new block (preferred location the GPU, and/or accessed-by the
-GPU) and a prefetch of each new block to the GPU on the allocating stream.
-
-Figures: ``ManagedAllocator.stats()``: peak managed bytes held (``peak_managed_bytes``), peak in
-use, cudaMallocManaged calls, refusals. ``torch.cuda.memory_allocated`` and friends do not work
-with a pluggable allocator: read these instead.
+Why the cap (ARCHITECTURE.md): managed memory never asks for more than the GPU has free unless
+the machine is a Grace Hopper or the site says ``allow_oversubscription: true``; asking for more
+can hang a shared GPU. The cap (``managed_cap_bytes``: free bytes at install minus a margin) is
+enforced by the allocator with ``torch.OutOfMemoryError`` (a run's ``status: oom``). Optional
+advice and prefetch per new block. ``torch.cuda.memory_allocated`` does not work under a
+pluggable allocator: read ``ManagedAllocator.stats()``. In detail: docs/memory.md.
 """
 
 from __future__ import annotations
@@ -35,6 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hopperlab.core.errors import NodeError
+from hopperlab.node.hardware import is_grace_hopper
 
 SOURCE = Path(__file__).with_name("csrc") / "managed_allocator.cpp"
 ALLOC_SYMBOL = "hopperlab_managed_malloc"
@@ -54,8 +46,6 @@ class ManagedAllocatorError(NodeError):
 # ----------------------------------------------------------------------------- pure policy
 def oversubscription_allowed(cpu_arch: str | None, gpu_name: str | None, site_allows: bool) -> bool:
     """Grace Hopper (Arm host + Hopper GPU, or a GH200) or the site's explicit permission."""
-    from hopperlab.node.hardware import is_grace_hopper
-
     return bool(site_allows) or is_grace_hopper(cpu_arch, gpu_name)
 
 

@@ -1,44 +1,15 @@
 """Parameter offload: frozen weights live in pinned host memory and stream to the GPU layer by
 layer, ahead of use, in forward and in backward.
 
-Which weights: every parameter with ``requires_grad=False`` of a decoder layer (LoRA's base
-model). Trainable parameters (the adapters), buffers and everything outside the layers stay on
-the device.
-
-Layout: the last ``resident_layers`` layers are moved to the device once and stay there (they
-run last in forward and first in backward, back to back: keeping them saves two transfers each
-per step). The other layers' frozen weights are packed into one flat pinned host buffer per layer
-and dtype. On the device there are ``prefetch + 1`` slots (flat buffers of the largest layer's
-size), reused in turn: layer ``i`` always lands in slot ``i % slots``, so ``prefetch`` layers can
-be in flight while one computes. A parameter's ``.data`` is a view into its layer's slot while
-the layer is there, and an empty placeholder otherwise.
-
-Ordering, with no host synchronisation: copies run on a side stream. Before a copy overwrites a
-slot, the side stream waits on an event recorded on the compute stream when the layer that
-used the slot was left (everything that layer enqueued is before it). Before a layer computes,
-the compute stream waits on the event that ends its copy. A slot that already holds the layer
-needs no copy: at the turn from forward to backward and from backward to the next forward, the
-slots still hold the layers just used.
-
-When is a layer "entered"? In forward, by a forward pre-hook. In backward, autograd needs the
-weights again for the input gradients: the saved-tensor hooks (``with offload:`` around forward,
-or ``ActivationOffload(parameter_offload=...)``) save a weight view as a reference (layer, offset,
-shape) and bring the layer back when backward unpacks it; with activation checkpointing, the
-recomputed forward runs the same pre-hook (``checkpointing.checkpoint_layers`` calls the layer as a
-module inside the checkpoint). Prefetch follows the visiting order: forward 0..n-1, then backward
-n-1..0, then the next forward.
-
-Device memory of frozen weights (``stats()``): ``device_bytes`` now and ``peak_device_bytes``
-since ``reset_stats()``. The slots and the resident layers are counted from the start; every
-layer entered is checked for weights in other device storage (a copy that a saved tensor would keep
-alive), counted while that storage lives. By design the peak is the slots plus the resident layers.
-
-``remove()`` puts each streamed weight back where it was before the offload: weights that came
-from host memory (``build_host_layers_model``) become views of their host buffers, with no copy and
-no device memory; only weights that came from the device are copied back there.
-
-Without CUDA the same bookkeeping runs with host memory on both sides (host->host copies, no
-streams), which CI uses to check that gradients are exactly the baseline's.
+Why: LoRA's frozen base model is most of a large model's memory, and only a few of its layers
+need to be on the GPU at once. Every ``requires_grad=False`` parameter of a decoder layer is
+streamed, except in the last ``resident_layers`` layers (they stay on the device). Each layer's
+frozen weights are one pinned buffer per dtype, copied on a side stream ordered by events (no host
+synchronisation) into ``prefetch + 1`` device slots reused in turn. Backward brings a layer back
+through the saved-tensor hooks (weight views saved as references) or, with checkpointing,
+through the recomputed forward's pre-hook. ``remove()`` puts every weight back where it came
+from. Without CUDA the same bookkeeping runs on the host (CI checks exact gradients). In
+detail: docs/memory.md ("Parameter offload").
 """
 
 from __future__ import annotations
@@ -50,7 +21,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from hopperlab.memory.activation_offload import pinned_empty
+from hopperlab.memory.pinned import pinned_empty
 from hopperlab.cuda.nvtx import OFFLOAD_PREFETCH, nvtx_range
 
 

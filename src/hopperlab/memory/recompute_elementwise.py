@@ -1,34 +1,14 @@
 """Selective recomputation of the cheap element-wise parts of a Llama decoder layer: fewer
 saved bytes for the price of a few memory-bound kernels in backward.
 
-What a Hugging Face Llama layer saves for backward, per token (Llama-2-7B: d = 4096,
-f = 11008, bf16), and what this changes:
-
-* each RMSNorm upcasts its input to float32 and saves that copy (``4 d`` bytes) for ``pow`` and
-  ``mul``; here the norm saves its bf16 input (``2 d``) and recomputes the float32 math in
-  backward: half the bytes, two norms per layer;
-* the MLP saves ``gate`` (for SiLU), ``silu(gate)`` and ``up`` (for the product), ``3 * 2 f``
-  bytes; here it saves ``gate`` and ``up`` and recomputes ``silu(gate)``: one third less.
-
-That is 314 MB of the 1.35 GB a Llama-2-7B layer saves at 4 x 2048 tokens (23%, counted with
-saved-tensor hooks), for a SiLU recomputed and the norm's upcast redone per layer: on an H200
-(LoRA-7B, 2026-11-22) the step kept 0.98x of its tokens/s for 9.4 GiB less peak. Matrix
-products are never recomputed (that is what activation checkpointing does, at a third more
-FLOPs).
-
-How: two autograd Functions that save through ``ctx.save_for_backward``, so their saved tensors
-pass through saved-tensor hooks like any other (activation offload, and parameter offload for a
-norm's streamed weight, see them; ``torch.utils.checkpoint`` would hold them outside those
-hooks). ``RecomputeInBackward`` runs a function without keeping its intermediates and, in
-backward, runs it again under autograd (same ops, same autocast state) and differentiates it:
-the MLP's product. ``RmsNormSavingInput`` saves the norm's input and inverse RMS and restates
-autograd's backward of the norm op by op (a generic recomputation of the norm's six float32
-kernels cost 5% of a Llama-2-7B LoRA step on an H200). Gradients are those of the stock modules,
-bit for bit in bf16 (the CPU tests check equality).
-
-Only Llama's own ``LlamaRMSNorm`` and ``LlamaMLP`` are changed (the math is restated here, so
-another model's variant of a norm must not be taken for it); ``apply`` refuses a model that has
-neither.
+Why: each RMSNorm saves a float32 copy of its input and the MLP saves ``gate``, ``silu(gate)``
+and ``up``; saving the norm's bf16 input and recomputing ``silu(gate)`` takes 23% off what a
+Llama-2-7B layer saves, and no matrix product is recomputed (checkpointing recomputes them all).
+Two autograd Functions save through ``ctx.save_for_backward``, so the offloads' saved-tensor
+hooks see what they save: ``RecomputeInBackward`` (the MLP's product) and ``RmsNormSavingInput``
+(autograd's backward of the norm restated op by op: gradients bit for bit the stock modules' in
+bf16). Only Llama's own ``LlamaRMSNorm`` and ``LlamaMLP`` are changed; ``apply`` refuses a model
+with neither. Measurements: docs/memory.md ("Recomputing the element-wise parts").
 """
 
 from __future__ import annotations

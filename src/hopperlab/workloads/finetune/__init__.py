@@ -1,20 +1,12 @@
 """finetune: LoRA and full fine-tuning of Llama models on Dolly, under the memory techniques.
 
-The study of the source talk (LoRA of Llama-2-7B on Dolly-15k, num_workers 0 vs 4, activation
+The study of the source talk (LoRA of Llama-2-7B on Dolly-15k: data-loader workers, activation
 offload, unified memory, FP8) and the slides' single-GPU 70B LoRA, as one training loop whose
-knobs dispatch to ``hopperlab.memory`` (one module per technique):
-
-* ``num_workers``: data-loader worker processes (with ``data: tokenize`` they tokenize).
-* ``offload``: ``activations`` (saved tensors to pinned host memory on a side stream, or the
-  ``activation_offload: save_on_cpu`` reference), ``parameters`` (frozen weights streamed from
-  pinned host memory layer by layer), ``both``.
-* ``memory``: ``managed`` routes every PyTorch allocation through cudaMallocManaged.
-* ``precision``: ``fp8`` swaps linear layers for torchao float8 ones and compiles each layer;
-  its baseline is ``bf16`` with ``compile: true``.
-
-Two backends: ``torch`` (transformers + peft, this package) and ``nemo`` (builds and runs the
-NeMo fine-tuning command in the site's ``nemo`` container, parses its log into the same
-metrics; see ``nemo.py``). ``workload.py`` says what runs on a node without CUDA.
+knobs dispatch to ``hopperlab.memory`` (``techniques.py``). Two backends: ``torch``
+(transformers + peft, this package) and ``nemo`` (NeMo in the site's ``nemo`` container,
+``nemo.py``). The family declares its knobs' values here (``FAMILY.supported_knobs``; the
+``offload`` knob with what each value offloads, ``OFFLOADS``). What each knob does:
+docs/benchmarks/finetune.md ("The family in one page").
 
 This module is imported by the spec layer: it stays cheap (no torch).
 """
@@ -33,6 +25,10 @@ ACTIVATION_OFFLOADS = ("async", "save_on_cpu")
 DTYPES = ("bfloat16", "float32")
 MANAGED_ADVICE = ("none", "preferred_device", "accessed_by", "both")
 OFFLOAD_STAGINGS = ("host", "device")
+#: the ``offload`` knob, the family's one declaration of it: each value and what it offloads
+OFFLOADS: dict[str, frozenset[str]] = {
+    "none": frozenset(), "activations": frozenset({"activations"}),
+    "parameters": frozenset({"parameters"}), "both": frozenset({"activations", "parameters"})}
 
 #: The figures the report charts for every finetune run.
 HEADLINE_METRICS: tuple[str, ...] = (
@@ -193,7 +189,7 @@ FAMILY = FamilyInfo(
     entry="hopperlab.workloads.finetune.workload:run",
     supported_knobs={
         "num_workers": frozenset(range(0, 65)),
-        "offload": frozenset({"none", "activations", "parameters", "both"}),
+        "offload": frozenset(OFFLOADS),
         "memory": frozenset({"device", "managed"}),
         "precision": frozenset({"bf16", "fp8"}),
         "profiler": PROFILERS,

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from hopperlab.assets.dolly import DollyDataset, PreparedDolly
+from hopperlab.core.errors import AssetMissing
 from hopperlab.cuda.nvtx import DATA_WAIT, nvtx_range
 from hopperlab.workloads.finetune import FinetuneParams
 
@@ -54,8 +56,6 @@ class DataSource:
 
 def _asset(spec: Any, role: str) -> Any:
     """``spec.asset_path(role)``, or None when the asset is missing (AssetMissing)."""
-    from hopperlab.core.errors import AssetMissing
-
     try:
         return spec.asset_path(role)
     except AssetMissing:
@@ -64,8 +64,6 @@ def _asset(spec: Any, role: str) -> Any:
 
 def open_source(spec: Any, params: FinetuneParams, vocab_size: int) -> DataSource:
     """The dataset the run's params name, or synthetic tokens when allowed and needed."""
-    from hopperlab.assets.dolly import DollyDataset, PreparedDolly
-
     missing = None
     if params.data == "prepared":
         folder = _asset(spec, "data") if params.synthetic_if_missing else spec.asset_path("data")

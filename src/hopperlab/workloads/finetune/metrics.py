@@ -22,7 +22,7 @@ import resource
 import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 from hopperlab.workloads.finetune.model import ModelCounts
 
@@ -141,12 +141,3 @@ def link_floors(final: dict[str, float], h2d_gbps: float, d2h_gbps: float, *,
         if out.get(name, 0.0) > 0 and step > 0:
             out["step_over_" + name[:-2]] = step / out[name]
     return out
-
-
-def gpu_memory(torch: Any, device: Any) -> dict[str, float]:
-    """Peak allocated / reserved GiB since the last reset, from the caching allocator (across
-    the windows a technique measured: ``hopperlab.cuda.peaks``)."""
-    from hopperlab.cuda import peaks
-
-    allocated, reserved = peaks.overall(device)
-    return {"peak_gpu_allocated_gib": allocated / GIB, "peak_gpu_reserved_gib": reserved / GIB}

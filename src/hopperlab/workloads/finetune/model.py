@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hopperlab.assets.random_weights import (architecture_config, model_weights,
+                                             read_architecture, weights_tags)
 from hopperlab.workloads.finetune import FinetuneParams
 
 
@@ -29,14 +31,10 @@ class ModelCounts:
 
 
 def architecture(model_dir: Path) -> dict[str, Any]:
-    from hopperlab.assets.random_weights import read_architecture
-
     return read_architecture(model_dir)
 
 
 def _config(model_dir: Path, num_layers: int | None) -> Any:
-    from hopperlab.assets.random_weights import architecture_config
-
     config = architecture_config(model_dir)
     if num_layers is not None:
         if num_layers > config.num_hidden_layers:
@@ -54,8 +52,6 @@ def load_base_model(model_dir: Path, params: FinetuneParams, device: Any) -> tup
     """
     import torch
     from transformers import AutoModelForCausalLM
-
-    from hopperlab.assets.random_weights import model_weights, weights_tags
 
     dtype = getattr(torch, params.dtype)
     tags = weights_tags(model_dir)
@@ -96,17 +92,6 @@ def make_trainable(model: Any, params: FinetuneParams) -> Any:
                         lora_dropout=params.lora_dropout, target_modules=list(params.lora_targets),
                         bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, config)
-
-
-def decoder_layers(model: Any) -> Any:
-    """The ModuleList of decoder layers of a (peft-wrapped) Llama-style model."""
-    inner = model
-    for attr in ("base_model", "model"):  # PeftModel -> LoraModel -> LlamaForCausalLM
-        if hasattr(inner, "get_decoder"):
-            break
-        inner = getattr(inner, attr, inner)
-    decoder = inner.get_decoder() if hasattr(inner, "get_decoder") else inner.model
-    return decoder.layers
 
 
 def counts(model: Any) -> ModelCounts:
@@ -175,8 +160,6 @@ def build_host_layers_model(model_dir: Path, params: FinetuneParams,
     import sys
 
     from transformers import AutoModelForCausalLM
-
-    from hopperlab.assets.random_weights import weights_tags
 
     dtype = getattr(torch, params.dtype)
     config = _config(model_dir, params.num_layers)

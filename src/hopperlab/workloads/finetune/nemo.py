@@ -2,25 +2,12 @@
 
 ``nemo_command`` builds the NeMo-Run CLI call of a LoRA fine-tuning of Llama-2-7B on Dolly
 (``nemo llm finetune --factory llama2_7b`` with ``data=dolly``), the run's knobs mapped onto
-NeMo's own settings:
-
-==========================  ==================================================================
-``num_workers``             ``data.num_workers``
-``offload: activations``    Megatron's ``model.config.cpu_offloading*`` (activations, all
-                            layers but the last: Megatron requires fewer than num_layers)
-``offload: parameters``     ``cpu_offloading_weights=True`` as well (``both``: both)
-``checkpointing`` (param)   ``recompute_granularity=full``, ``recompute_method=uniform``
-``precision: fp8``          ``trainer.plugins=bf16_with_fp8_mixed`` (Transformer Engine's
-                            delayed-scaling FP8 recipe; NeMo's own, not torchao's)
-``memory: managed``         no NeMo setting: the run is skipped and says so
-==========================  ==================================================================
-
-``run_nemo`` runs it (directly when the job already runs in the ``nemo`` image, else through
-the site's container runtime and ``containers/nemo.sif``), keeps the log as an artifact, and
-``parse_log`` turns its per-step lines (``global_step: N | reduced_train_loss: L |
-train_step_timing in s: T``, or the progress-bar form ``train_step_timing in s=T``) into the
-same metrics as the torch backend. NeMo does not log data-loader waits: that metric is absent.
-It cannot run on a machine without the image; tests check the command and the parser.
+NeMo's own settings (the table: docs/benchmarks/finetune.md, "The NeMo backend"); ``memory:
+managed`` has no NeMo setting and is skipped. ``run_nemo`` runs it (in the image, or through the
+site's container runtime and ``containers/nemo.sif``), keeps the log, and ``parse_log`` turns its
+per-step lines into the torch backend's metrics (NeMo logs no data-loader waits). It cannot run
+on a machine without the image; tests check the command and the parser. Cheap to import (no
+torch): the nemo tests run without it.
 """
 
 from __future__ import annotations
@@ -33,7 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from hopperlab.core.rundir import SkipRun
+from hopperlab.node.containers import exec_prefix, find_runtime, image_path, job_binds
 from hopperlab.workloads.finetune import FinetuneParams
+from hopperlab.workloads.finetune.metrics import percentile
 
 NEMO_IMAGE = "nemo"
 #: Megatron needs cpu_offloading_num_layers < num_layers; Llama-2-7B has 32
@@ -129,8 +119,6 @@ def parse_log(lines: Iterable[str]) -> list[NemoStep]:
 def summarize_log(steps: Sequence[NemoStep], *, warmup_steps: int,
                   tokens_per_step: int) -> dict[str, float]:
     """The torch backend's figures from NeMo's steps (the first ``warmup_steps`` excluded)."""
-    from hopperlab.workloads.finetune.metrics import percentile
-
     measured = list(steps[warmup_steps:])
     if not measured:
         raise ValueError(f"the NeMo log has {len(steps)} step line(s), none after the "
@@ -151,8 +139,6 @@ def container_prefix(spec: Any) -> list[str] | None:
     prefix for ``containers/nemo.sif`` otherwise, None when neither is possible."""
     if os.environ.get("HOPPERLAB_IMAGE") == NEMO_IMAGE:
         return []
-    from hopperlab.node.containers import exec_prefix, find_runtime, image_path, job_binds
-
     container = spec.site.container
     images_dir = Path(container.image_file).parent if container.image_file else Path("containers")
     image = image_path(NEMO_IMAGE, images_dir)
@@ -164,8 +150,6 @@ def container_prefix(spec: Any) -> list[str] | None:
 
 
 def run_nemo(spec: Any, params: FinetuneParams, recorder: Any) -> None:
-    from hopperlab.core.rundir import SkipRun
-
     try:
         model_dir = spec.asset_path("model")
     except Exception:  # noqa: BLE001 - NeMo can fetch the model itself

@@ -17,29 +17,22 @@ copies, no streams), so CI tests the logic; the run is tagged ``finetune.gpu_mea
 
 from __future__ import annotations
 
-import importlib
+import platform
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ContextManager
 
-from hopperlab.workloads.finetune import FinetuneParams
+from hopperlab.memory import (chunked_cross_entropy, checkpointing, fp8, managed_allocator,
+                              recompute_elementwise)
+from hopperlab.memory.activation_offload import ActivationOffload, save_on_cpu_reference
+from hopperlab.memory.parameter_offload import ParameterOffload
+from hopperlab.workloads.finetune import OFFLOADS, FinetuneParams
 
 
 GIB = 1 << 30
 #: the caching allocator's counters a step reports the change of (torch.cuda.memory_stats)
 ALLOCATOR_COUNTERS = {"device_mallocs": "num_device_alloc", "device_frees": "num_device_free",
                       "retries": "num_alloc_retries", "sync_all_streams": "num_sync_all_streams"}
-
-
-def _memory(module: str) -> Any:
-    """``hopperlab.memory.<module>``, with a clear message when it is not there."""
-    try:
-        return importlib.import_module(f"hopperlab.memory.{module}")
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("hopperlab.memory"):
-            raise RuntimeError(f"this variant needs hopperlab.memory.{module}, which is not "
-                               f"installed in this checkout") from None
-        raise
 
 
 def _allocator_settings(settings: str) -> None:
@@ -71,11 +64,11 @@ class Techniques:
     # -- which techniques ----------------------------------------------------------------
     @property
     def offloads_activations(self) -> bool:
-        return self.knobs.offload in ("activations", "both")
+        return "activations" in OFFLOADS[self.knobs.offload]
 
     @property
     def offloads_parameters(self) -> bool:
-        return self.knobs.offload in ("parameters", "both")
+        return "parameters" in OFFLOADS[self.knobs.offload]
 
     @property
     def uses_host_link(self) -> bool:
@@ -130,16 +123,13 @@ class Techniques:
             self._expandable = True
         if self.knobs.memory != "managed":
             return
-        managed = _memory("managed_allocator")
         if not self.cuda:
-            import platform
-
-            over = managed.oversubscription_allowed(platform.machine(), None,
-                                                    self.allow_oversubscription)
+            over = managed_allocator.oversubscription_allowed(platform.machine(), None,
+                                                              self.allow_oversubscription)
             self.tags["finetune.managed"] = ("not installed: no CUDA device; oversubscription "
                                              f"{'allowed' if over else 'refused'} on this host")
             return
-        self._managed = managed.install_managed_allocator(
+        self._managed = managed_allocator.install_managed_allocator(
             self.device.index or 0, allow_oversubscription=self.allow_oversubscription,
             advise=self.params.managed_advise, prefetch=self.params.managed_prefetch)
         cap = self._managed.cap_bytes
@@ -165,15 +155,14 @@ class Techniques:
             if self.compiles:
                 raise ValueError("recompute_elementwise: not with precision fp8 or compile "
                                  "(torch.compile's partitioner chooses what to recompute)")
-            handle = _memory("recompute_elementwise").apply(model)
+            handle = recompute_elementwise.apply(model)
             self.tags["finetune.recomputed_modules"] = handle.describe()
         if p.loss_chunk_tokens is not None:
-            handle = _memory("chunked_cross_entropy").apply(model, p.loss_chunk_tokens)
+            handle = chunked_cross_entropy.apply(model, p.loss_chunk_tokens)
             self.tags["finetune.chunked_loss"] = handle.describe()
         if p.checkpointing:
-            _memory("checkpointing").checkpoint_layers(layers)
+            checkpointing.checkpoint_layers(layers)
         if self.knobs.precision == "fp8":
-            fp8 = _memory("fp8")
             if self.cuda:
                 fp8.require_fp8(self.device)  # Fp8Unavailable: the workload skips the run
             converted = fp8.convert_to_fp8(model, lora=p.method == "lora")
@@ -182,17 +171,15 @@ class Techniques:
             # CPU (smoke): dynamo's tracing and guards with the eager backend; the inductor
             # kernels are a GPU matter and would cost minutes of C++ compilation here
             kwargs = {} if self.cuda else {"backend": "eager"}
-            n = _memory("fp8").compile_layers(model, **kwargs)
+            n = fp8.compile_layers(model, **kwargs)
             self.tags["finetune.compiled_layers"] = f"{n} ({kwargs.get('backend', 'inductor')})"
         if self.offloads_parameters:
-            po = _memory("parameter_offload")
-            self._param_offload = po.ParameterOffload(
+            self._param_offload = ParameterOffload(
                 layers, self.device, resident_layers=p.resident_layers,
                 prefetch=p.prefetch_layers)
         if self.offloads_activations and p.activation_offload == "async":
-            ao = _memory("activation_offload")
             budget = None if p.offload_budget_gib is None else int(p.offload_budget_gib * GIB)
-            self._offload = ao.ActivationOffload(
+            self._offload = ActivationOffload(
                 self.device, min_bytes=p.offload_min_bytes, budget_bytes=budget,
                 keep_last_layers=p.offload_keep_last_layers, keep_head=p.offload_keep_head,
                 max_inflight_bytes=p.offload_max_inflight_mib << 20,
@@ -223,7 +210,7 @@ class Techniques:
         if self._offload is not None:
             return self._offload
         if self.offloads_activations:  # the save_on_cpu reference
-            return _memory("activation_offload").save_on_cpu_reference(pin_memory=self.cuda)
+            return save_on_cpu_reference(pin_memory=self.cuda)
         if self._param_offload is not None:
             return self._param_offload
         return nullcontext()

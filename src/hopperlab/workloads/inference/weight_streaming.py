@@ -26,20 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopperlab.cuda.nvtx import OFFLOAD_PREFETCH, nvtx_range
+from hopperlab.memory.layers import decoder_layers  # the one helper (the family imports it here)
 from hopperlab.workloads.inference.host_memory import HostArena
 from hopperlab.workloads.inference.runtime import Runtime
 
 ALIGN = 512
-
-
-def decoder_layers(model: Any) -> Any:
-    """The model's list of decoder layers (``model.model.layers`` for Llama-style models)."""
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__}: no model.layers (not a decoder-only "
-                         f"Llama-style model)")
-    return layers
 
 
 def resident_layer_count(n_layers: int, fraction: float) -> int:
