@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from hopperlab.cli.main import main as hopperlab
 from hopperlab.assets import (
     MANIFEST,
     AssetKind,
     AssetSpec,
     asset_dir,
-    main,
     materialize,
     read_info,
     register_kind,
@@ -202,15 +202,15 @@ def test_interrupted_rebuild_keeps_the_old_complete_version(tmp_path, count_kind
 def test_cli_fetch_verify_list(tmp_path, capsys):
     root = _root(tmp_path)
     args = ["--root", str(root), "--assets-dir", "assets"]
-    assert main(["fetch", "--scale", "smoke", *args]) == 0
+    assert hopperlab(["assets", "fetch", "--scale", "smoke", *args]) == 0
     assert capsys.readouterr().out.strip() == str(root / "assets" / "events-csv")
-    assert main(["verify", *args]) == 0
+    assert hopperlab(["assets", "verify", *args]) == 0
     assert "events-csv: ok" in capsys.readouterr().out
     (root / "assets" / "events-csv" / "table.csv").write_text("x")
-    assert main(["verify", "events-csv", *args]) == 1
+    assert hopperlab(["assets", "verify", "events-csv", *args]) == 1
     assert "table.csv" in capsys.readouterr().out
-    assert main(["list", *args]) == 0
+    assert hopperlab(["assets", "list", *args]) == 0
     out = capsys.readouterr().out
     assert "events-csv" in out and "events-parquet" in out and "absent" in out
-    assert main(["fetch", "nope", *args]) == 2
+    assert hopperlab(["assets", "fetch", "nope", *args]) == 2
     assert "config error" in capsys.readouterr().err

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from hopperlab.core import rundir as record
-from hopperlab.results.report import build_report, collect_runs
+from hopperlab.results.report import build_report
+from hopperlab.results.report.collect import collect_runs
 
 HOST_A = {
     "hostname": "gh-node01", "cpu_model": "NVIDIA Grace", "cpu_arch": "aarch64",

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from hopperlab.config.spec import find_root, load_config, parse_overrides
 from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import compare, descriptions, predict, references, runs
-from hopperlab.results.report import collect_runs
+from hopperlab.results.report.collect import collect_runs
 
 EXIT_REGRESSION = 1
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from hopperlab.core.rundir import utc_now, write_text_atomic
 from hopperlab.core.errors import SpecError
+from hopperlab.core.rundir import utc_now, write_text_atomic
 from hopperlab.results.machines import cost as costs
 from hopperlab.results.machines.descriptions import MachineDescription
 from hopperlab.results.machines.predict import Prediction, predict
@@ -162,8 +162,8 @@ def _f(value: float | None, digits: int = 4) -> str:
 def _chart(experiment_lines: Sequence[Line], machines: Sequence[str]) -> str | None:
     """A grouped bar chart: variants on the axis, one bar per machine, first metric of each
     variant, as the ratio to the reference machine (units differ across variants)."""
-    from matplotlib.figure import Figure
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     firsts: dict[str, Line] = {}
     for line in experiment_lines:

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from hopperlab.core.errors import SpecError
 from hopperlab.results import tracking
 from hopperlab.results.machines.runs import MachineRuns
-from hopperlab.results.report import RunRow
+from hopperlab.results.report.collect import RunRow
 
 
 def unflatten(params: Mapping[str, str]) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping
 
 from hopperlab.results.machines.descriptions import MachineDescription
 from hopperlab.results.machines.runs import MachineRuns
-from hopperlab.results.report import RunRow
+from hopperlab.results.report.collect import RunRow
 
 PREDICTION = "prediction"
 

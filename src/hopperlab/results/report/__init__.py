@@ -1,0 +1,36 @@
+"""``summary.csv`` and ``report.html`` made from the run directories under a results folder.
+
+``collect`` reads the run directories into rows, ``summary`` writes the CSV, ``charts`` draws, and
+``html`` lays out the self-contained page; ``build_report`` (here) does all of it for a folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hopperlab.results.machines.references import judge_rows
+from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.report.html import REPORT_FILE, write_html
+from hopperlab.results.report.summary import SUMMARY_FILE, write_summary
+
+
+def _references_dir(results_dir: Path) -> Path | None:
+    """configs/references of the project the results folder is in (None: none found)."""
+    for folder in (results_dir.resolve(), *results_dir.resolve().parents):
+        if (folder / "configs" / "references").is_dir():
+            return folder / "configs" / "references"
+    return None
+
+
+def build_report(results_dir: Path, references_dir: Path | None = None) -> tuple[Path, Path]:
+    """Write ``summary.csv`` and ``report.html`` into ``results_dir``; return their paths.
+    Each run is judged against its machine's references (``references_dir``, default the
+    project's configs/references/)."""
+    results_dir = Path(results_dir)
+    runs = collect_runs(results_dir)
+    refs = references_dir or _references_dir(results_dir)
+    if refs is not None:
+        judge_rows(runs, refs)
+    summary = write_summary(runs, results_dir / SUMMARY_FILE)
+    report = write_html(runs, results_dir / REPORT_FILE, source=str(results_dir))
+    return summary, report

@@ -1,0 +1,209 @@
+"""The report's rows: one ``RunRow`` per run directory under a results folder, and which
+run each row is compared with (the experiment's baseline, or the variant's ``compare_to``).
+
+The report reads the run directories themselves (docs/run-directory.md), never MLflow: it works
+offline, on a half-finished matrix, and after MLflow is gone. Archived attempts
+(``attempts/{n}/``) and folders without a record are not runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from hopperlab.core import rundir as rec
+from hopperlab.node.naming import machine_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunRow:
+    """One run directory, as the report sees it."""
+
+    family: str
+    experiment: str
+    variant: str
+    status: str
+    reason: str | None
+    attempt: int | None
+    scale: str | None
+    hostname: str | None
+    cpu_model: str | None
+    cpu_arch: str | None
+    gpu_model: str | None
+    host_link: str | None
+    duration_s: float | None
+    metrics: dict[str, float]
+    run_dir: Path
+    #: the experiment's baseline variant (from spec.json), None when not declared
+    baseline: str | None = None
+    #: the variant this run's ratios are taken against (spec.json ``compare_to``); None: baseline
+    compare_to: str | None = None
+    headline_metrics: tuple[str, ...] = ()
+    knobs: dict[str, Any] = field(default_factory=dict)
+    #: the record's full hardware dict (hardware.json when the record has none)
+    hardware: dict[str, Any] = field(default_factory=dict)
+    #: the machine the run ran on (the record's, else named from its fingerprint)
+    machine: str | None = None
+    #: the run's tags (the record's), e.g. cost.currency
+    tags: dict[str, str] = field(default_factory=dict)
+    #: pass | regression | improvement | no-reference (configs/references/<machine>.yaml)
+    reference_check: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.family}/{self.experiment}/{self.variant}"
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.baseline is not None and self.variant == self.baseline
+
+
+def _str_or_none(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    return str(value)
+
+
+def _float_or_none(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _clean_metrics(metrics: Any) -> dict[str, float]:
+    if not isinstance(metrics, Mapping):
+        return {}
+    out = {}
+    for name, value in metrics.items():
+        number = _float_or_none(value)
+        if number is not None and math.isfinite(number):
+            out[str(name)] = number
+    return out
+
+
+def _read_json_or_none(path: Path) -> Any:
+    try:
+        return rec.read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read %s: %s", path, exc)
+        return None
+
+
+def _run_row(run_dir: Path, results_dir: Path) -> RunRow | None:
+    try:
+        record = rec.load_record(run_dir)
+    except (OSError, ValueError) as exc:
+        # A record that exists but cannot be read is a result too: show it, do not drop it.
+        record = {"status": "failed", "reason": f"unreadable record: {exc}"}
+    if record is None:
+        return None
+    spec = _read_json_or_none(run_dir / rec.SPEC_FILE)
+    if not isinstance(spec, Mapping):
+        spec = {}
+    family, experiment, variant = run_dir.relative_to(results_dir).parts
+    hardware = record.get("hardware")
+    if not isinstance(hardware, Mapping) or not hardware:
+        hardware = _read_json_or_none(run_dir / rec.HARDWARE_FILE)
+    hardware = dict(hardware) if isinstance(hardware, Mapping) else {}
+    headline = spec.get("headline_metrics") or ()
+    knobs = spec.get("knobs")
+    attempt = record.get("attempt")
+    return RunRow(
+        family=str(record.get("family") or spec.get("family") or family),
+        experiment=str(record.get("experiment") or spec.get("experiment") or experiment),
+        variant=str(record.get("variant") or spec.get("variant") or variant),
+        status=str(record.get("status") or "failed"),
+        reason=_str_or_none(record.get("reason")),
+        attempt=attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
+        scale=_str_or_none(spec.get("scale")),
+        hostname=_str_or_none(hardware.get("hostname")),
+        cpu_model=_str_or_none(hardware.get("cpu_model")),
+        cpu_arch=_str_or_none(hardware.get("cpu_arch")),
+        gpu_model=_str_or_none(hardware.get("gpu_model")),
+        host_link=_str_or_none(hardware.get("host_link")),
+        duration_s=_float_or_none(record.get("duration_s")),
+        metrics=_clean_metrics(record.get("metrics")),
+        run_dir=run_dir,
+        baseline=_str_or_none(spec.get("baseline")),
+        compare_to=_str_or_none(spec.get("compare_to")),
+        headline_metrics=tuple(str(m) for m in headline) if isinstance(headline, (list, tuple)) else (),
+        knobs=dict(knobs) if isinstance(knobs, Mapping) else {},
+        hardware=hardware,
+        machine=_str_or_none(record.get("machine"))
+        or (machine_name(hardware) if hardware else None),
+        tags={str(k): str(v) for k, v in (record.get("tags") or {}).items()}
+        if isinstance(record.get("tags"), Mapping) else {},
+    )
+
+
+def sort_key(run: RunRow) -> tuple[str, str, str]:
+    return (run.family, run.experiment, run.variant)
+
+
+def collect_runs(results_dir: Path) -> list[RunRow]:
+    """Every run directory ``{family}/{experiment}/{variant}/`` under ``results_dir`` that holds
+    a record, sorted by family, experiment, variant. ``attempts/`` folders are not runs."""
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        return []
+    runs = []
+    for run_dir in results_dir.glob("*/*/*"):
+        parts = run_dir.relative_to(results_dir).parts
+        if any(p.startswith(".") or p == "attempts" for p in parts) or not run_dir.is_dir():
+            continue
+        row = _run_row(run_dir, results_dir)
+        if row is not None:
+            runs.append(row)
+    runs.sort(key=sort_key)
+    return runs
+
+
+def group_by_experiment(runs: Iterable[RunRow]) -> dict[tuple[str, str], list[RunRow]]:
+    groups: dict[tuple[str, str], list[RunRow]] = {}
+    for run in sorted(runs, key=sort_key):
+        groups.setdefault((run.family, run.experiment), []).append(run)
+    return groups
+
+
+def baseline_name(runs: Sequence[RunRow]) -> str | None:
+    return next((r.baseline for r in runs if r.baseline), None)
+
+
+def baseline_run(runs: Sequence[RunRow]) -> RunRow | None:
+    name = baseline_name(runs)
+    return next((r for r in runs if r.variant == name), None) if name else None
+
+
+def reference_name(run: RunRow, runs: Sequence[RunRow]) -> str | None:
+    """The variant ``run`` is compared with: the one it names (``compare_to``), else the
+    experiment's baseline (e.g. fp8 against bf16 compiled alike, not against eager bf16)."""
+    return run.compare_to or baseline_name(runs)
+
+
+def reference_run(run: RunRow, runs: Sequence[RunRow]) -> RunRow | None:
+    """The run of ``run``'s reference variant; None when it has no run (then no ratio: never
+    a silent fallback to another variant)."""
+    name = reference_name(run, runs)
+    return next((r for r in runs if r.variant == name), None) if name else None
+
+
+def ratio_to(value: float | None, base: RunRow | None, metric: str) -> float | None:
+    """``value`` over the baseline's value of ``metric``; None when either is missing, the
+    baseline is not ok, or its value is 0."""
+    if value is None or base is None or base.status != "ok":
+        return None
+    base_value = base.metrics.get(metric)
+    if base_value is None or base_value == 0:
+        return None
+    return value / base_value
+
+
+def metric_names(runs: Iterable[RunRow]) -> list[str]:
+    return sorted({m for r in runs for m in r.metrics})

@@ -1,0 +1,289 @@
+"""``report.html``: one self-contained file (inline CSS, charts as inline PNG, no scripts, no
+external URLs), so that it can be mailed, archived or opened on an air-gapped login node."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from hopperlab.core import rundir as rec
+from hopperlab.results.report.charts import (
+    DASH,
+    STATUS_COLOURS,
+    Plotter,
+    chart_metrics,
+    fmt,
+    ordered,
+    profile_breakdown,
+)
+from hopperlab.results.report.collect import (
+    RunRow,
+    baseline_name,
+    group_by_experiment,
+    ratio_to,
+    reference_run,
+    sort_key,
+)
+
+REPORT_FILE = "report.html"
+
+
+PROGRESS_MIN_RUNS = 50
+
+
+
+
+_HARDWARE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("hostname", "host"), ("cpu_model", "CPU model"), ("cpu_arch", "arch"),
+    ("cpu_cores", "cores"), ("mem_total_gb", "memory"), ("gpu_model", "GPU model"),
+    ("gpu_count", "GPUs"), ("gpu_memory_gb", "GPU memory"), ("driver", "driver"),
+    ("host_link", "host link"),
+)
+
+
+#: the page's style sheet, inlined: report.html stays one self-contained file
+_CSS = (Path(__file__).with_name("report.css")).read_text()
+
+
+def _e(value: Any) -> str:
+    return html.escape(fmt(value) if not isinstance(value, str) else value, quote=True)
+
+
+def _anchor(*parts: str) -> str:
+    return "x-" + re.sub(r"[^A-Za-z0-9_-]+", "-", "--".join(parts))
+
+
+def _badge(status: str) -> str:
+    colour = STATUS_COLOURS.get(status, "#424242")
+    return f'<span class="st" style="background:{colour}">{_e(status)}</span>'
+
+
+def _counts(runs: Sequence[RunRow]) -> str:
+    counts = Counter(r.status for r in runs)
+    order = [s for s in rec.STATUSES if s in counts] + sorted(set(counts) - set(rec.STATUSES))
+    return " ".join(f"{_badge(s)}&nbsp;{counts[s]}" for s in order)
+
+
+def _hardware_value(key: str, value: Any) -> str:
+    if value is None or value == "":
+        return DASH
+    if key in ("mem_total_gb", "gpu_memory_gb") and isinstance(value, (int, float)):
+        return f"{fmt(float(value))} GB"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return fmt(value)
+
+
+def _hardware_table(runs: Sequence[RunRow]) -> str:
+    hosts: dict[tuple[str, ...], int] = {}
+    for r in runs:
+        if not r.hardware:
+            continue
+        row = (_hardware_value("machine", r.machine),
+               *(_hardware_value(k, r.hardware.get(k)) for k, _ in _HARDWARE_COLUMNS))
+        hosts[row] = hosts.get(row, 0) + 1
+    if not hosts:
+        return '<p class="note">No run recorded its hardware.</p>'
+    head = "<th>machine</th>" + "".join(f"<th>{_e(label)}</th>" for _, label in _HARDWARE_COLUMNS)
+    head += "<th>runs</th>"
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + f'<td class="num">{n}</td></tr>'
+        for row, n in sorted(hosts.items())
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _knobs(knobs: Mapping[str, Any]) -> str:
+    """The knobs a variant turns away from their defaults (the rest would only be noise)."""
+    from hopperlab.workloads.base import KNOB_DEFAULTS
+
+    changed = [f"{k}={v}" for k, v in knobs.items() if KNOB_DEFAULTS.get(k) != v]
+    return ", ".join(changed) or "defaults"
+
+
+def _compared_note(run: RunRow, runs: Sequence[RunRow]) -> str:
+    """``(baseline)``, or ``(vs X)`` for a variant compared with another variant than it."""
+    if run.is_baseline:
+        return ' <span class="note">(baseline)</span>'
+    if run.compare_to and run.compare_to != baseline_name(runs):
+        return f' <span class="note">(vs {_e(run.compare_to)})</span>'
+    return ""
+
+
+def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
+    show_knobs = any(r.knobs for r in runs)
+    head = ["variant", "status", "attempt", "scale", "host", "duration s"]
+    head += ["knobs"] if show_knobs else []
+    others = any(r.compare_to and r.compare_to != baseline_name(runs) for r in runs)
+    show_check = any(r.reference_check not in (None, "no-reference") for r in runs)
+    show_cost = any("cost_run" in r.metrics for r in runs)
+    head += ["reference check"] if show_check else []
+    head += ["cost of the run"] if show_cost else []
+    for m in metrics:
+        head += [m, "\u00d7 reference" if others else "\u00d7 baseline"]
+    head.append("reason")
+    out = ['<div class="scroll"><table><thead><tr>', *(f"<th>{_e(h)}</th>" for h in head),
+           "</tr></thead><tbody>"]
+    for r in runs:
+        variant = _e(r.variant) + _compared_note(r, runs)
+        base = reference_run(r, runs)
+        cells = [
+            f'<td class="{"base" if r.is_baseline else ""}">{variant}</td>',
+            f"<td>{_badge(r.status)}</td>",
+            f'<td class="num">{_e(r.attempt)}</td>',
+            f"<td>{_e(r.scale)}</td>",
+            f"<td>{_e(r.hostname)}</td>",
+            f'<td class="num">{_e(r.duration_s)}</td>',
+        ]
+        if show_knobs:
+            cells.append(f'<td class="wrap"><code>{_e(_knobs(r.knobs))}</code></td>')
+        if show_check:
+            cells.append(f"<td>{_e(r.reference_check or DASH)}</td>")
+        if show_cost:
+            cost = r.metrics.get("cost_run")
+            cells.append(f'<td class="num">{_e(cost)} {_e(r.tags.get("cost.currency", ""))}'
+                         "</td>" if cost is not None else f"<td>{DASH}</td>")
+        for m in metrics:
+            value = r.metrics.get(m)
+            ratio = ratio_to(value, base, m)
+            cells.append(f'<td class="num">{_e(value)}</td>')
+            cells.append(f'<td class="num">{_e(None if ratio is None else round(ratio, 3))}</td>')
+        cells.append(f'<td class="reason">{_e(r.reason or "")}</td>')
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "".join(out)
+
+
+def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
+    family, experiment = runs[0].family, runs[0].experiment
+    runs = ordered(runs)
+    metrics, declared = chart_metrics(runs)
+    base = baseline_name(runs)
+    out = [f'<h3 id="{_anchor(family, experiment)}">{_e(experiment)} '
+           f'<span class="meta">{_counts(runs)}</span></h3>']
+    out.append(f'<p class="meta">baseline: <b>{_e(base) if base else DASH}</b>'
+               + ("" if not base or any(r.variant == base for r in runs)
+                  else " <span class=\"note\">(no run)</span>") + "</p>")
+    out.append(_status_table(runs, metrics))
+    charts = []
+    for m in metrics:
+        if plotter is None or not any(r.status == "ok" and m in r.metrics for r in runs):
+            charts.append(f'<p class="note">No ok variant has a value for {_e(m)}.</p>')
+            continue
+        png = plotter.bar_chart(runs, m)
+        charts.append(f'<figure><img alt="{_e(m)} per variant" src="data:image/png;base64,'
+                      f'{png}"><figcaption>{_e(m)}'
+                      + (f" \u2014 hatched bar, bold label and dashed line: baseline {_e(base)}"
+                         if base else "")
+                      + "</figcaption></figure>")
+    if plotter is not None and any(r.status == "ok" and profile_breakdown(r.metrics)
+                                   for r in runs):
+        out.append('<figure class="profile"><img alt="profile breakdown per variant" '
+                   f'src="data:image/png;base64,{plotter.profile_chart(runs)}"><figcaption>'
+                   "profile (prof_ metrics): the capture of each profiled variant, split into "
+                   "GPU idle time and busy time, the busy part in proportion to each kind of "
+                   "GPU operation's share of GPU operation time</figcaption></figure>")
+    charts.extend(_family_charts(family, runs) if plotter is not None else [])
+    if not metrics:
+        out.append('<p class="note">No metrics to chart (no headline metrics declared and '
+                   "no metric common to the ok variants).</p>")
+    else:
+        if not declared:
+            out.append('<p class="note">No headline metrics declared; charting the first '
+                       "metrics common to the ok variants.</p>")
+        out.append('<div class="charts">' + "".join(charts) + "</div>")
+    return "\n".join(out)
+
+
+def _family_charts(family: str, runs: Sequence[RunRow]) -> list[str]:
+    """The family's own charts (FamilyInfo.charts), as figures; a chart that fails to draw is
+    named in a note instead of breaking the report."""
+    try:
+        from hopperlab.workloads import family_info
+
+        draw = family_info(family).load_charts()
+    except (KeyError, ImportError, AttributeError):
+        return []
+    if draw is None:
+        return []
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        out = []
+        for chart in draw([r for r in runs if r.status == "ok"]):
+            FigureCanvasAgg(chart.figure)
+            buf = io.BytesIO()
+            chart.figure.savefig(buf, format="png")
+            png = base64.b64encode(buf.getvalue()).decode("ascii")
+            out.append(f'<figure><img alt="{_e(chart.title)}" src="data:image/png;base64,{png}">'
+                       f"<figcaption>{_e(chart.caption)}</figcaption></figure>")
+        return out
+    except Exception as exc:  # noqa: BLE001 - a chart never takes the report down
+        return [f'<p class="note">{_e(family)} charts failed: {_e(type(exc).__name__)}: '
+                f"{_e(str(exc)[:200])}</p>"]
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def _progress(items: list, total_runs: int, description: str) -> Iterable:
+    if total_runs <= PROGRESS_MIN_RUNS:
+        return items
+    from rich.progress import track
+
+    return track(items, description=description, transient=True)
+
+
+def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
+                source: str | None = None) -> str:
+    """The report as one self-contained HTML string."""
+    runs = sorted(runs, key=sort_key)
+    made = rec.utc_now()
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="meta">made {_e(made)}'
+        + (f" from <code>{_e(source)}</code>" if source else "") + "</p>",
+    ]
+    if not runs:
+        out.append('<p class="note">There are no runs: no run directory with a record was '
+                   "found.</p></body></html>")
+        return "\n".join(out)
+    groups = group_by_experiment(runs)
+    families: dict[str, list[tuple[str, str]]] = {}
+    for fam, exp in groups:
+        families.setdefault(fam, []).append((fam, exp))
+    out.append(f"<p>{_plural(len(runs), 'run')} in {_plural(len(groups), 'experiment')} of "
+               f"{_plural(len(families), 'family', 'families')}: {_counts(runs)}</p>")
+    toc = "".join(
+        f'<li><a href="#{_anchor(*key)}">{_e(key[0])} / {_e(key[1])}</a> {_counts(groups[key])}</li>'
+        for key in groups
+    )
+    out.append(f'<ul class="toc">{toc}</ul>')
+    out.append("<h2>Hardware</h2>")
+    out.append(_hardware_table(runs))
+    needs_plots = any(r.status == "ok" and r.metrics for r in runs)
+    plotter = Plotter() if needs_plots else None
+    sections: dict[tuple[str, str], str] = {}
+    for key in _progress(list(groups), len(runs), "report charts"):
+        sections[key] = _experiment_section(groups[key], plotter)
+    for fam, keys in families.items():
+        out.append(f'<h2 id="{_anchor(fam)}">{_e(fam)}</h2>')
+        out.extend(sections[key] for key in keys)
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def write_html(runs: Sequence[RunRow], path: Path, source: str | None = None) -> Path:
+    """Write ``report.html`` (atomically)."""
+    rec.write_text_atomic(Path(path), render_html(runs, source=source))
+    return Path(path)

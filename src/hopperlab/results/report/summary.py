@@ -1,0 +1,66 @@
+"""``summary.csv``: one row per run, its identity, status, hardware, metrics and ratios."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any, Sequence
+
+from hopperlab.core import rundir as rec
+from hopperlab.results.report.collect import (
+    RunRow,
+    group_by_experiment,
+    metric_names,
+    ratio_to,
+    reference_name,
+    reference_run,
+)
+
+SUMMARY_FILE = "summary.csv"
+
+
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "family", "experiment", "variant", "attempt", "status", "reason", "scale",
+    "hostname", "gpu_model", "cpu_arch", "host_link", "duration_s", "compared_to", "machine", "reference_check",
+)
+
+
+RATIO_SUFFIX = "_vs_baseline"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def summary_rows(runs: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of ``summary.csv`` (cells as strings, empty for missing)."""
+    metrics = metric_names(runs)
+    header = [*SUMMARY_COLUMNS, *metrics, *(m + RATIO_SUFFIX for m in metrics)]
+    rows = []
+    for group in group_by_experiment(runs).values():
+        for r in group:
+            base = reference_run(r, group)
+            fixed = [r.family, r.experiment, r.variant, r.attempt, r.status, r.reason, r.scale,
+                     r.hostname, r.gpu_model, r.cpu_arch, r.host_link, r.duration_s,
+                     reference_name(r, group), r.machine, r.reference_check]
+            values = [r.metrics.get(m) for m in metrics]
+            ratios = [ratio_to(r.metrics.get(m), base, m) for m in metrics]
+            rows.append([_cell(v) for v in (*fixed, *values, *ratios)])
+    return header, rows
+
+
+def write_summary(runs: Sequence[RunRow], path: Path) -> Path:
+    """Write ``summary.csv`` (atomically): one row per run, metrics and ``<metric>_vs_baseline``
+    (against the variant in ``compared_to``: the baseline unless the variant names another)."""
+    header, rows = summary_rows(runs)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    rec.write_text_atomic(Path(path), buf.getvalue())
+    return Path(path)
