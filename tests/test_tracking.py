@@ -559,7 +559,7 @@ def _sync_in_a_new_process(results: Path, uri: str) -> dict:
     import subprocess
     import sys
 
-    code = ("import json, sys; from pathlib import Path; from hopperlab import tracking; "
+    code = ("import json, sys; from pathlib import Path; from hopperlab.results import tracking; "
             "r = tracking.sync(Path(sys.argv[1]), sys.argv[2]); print(json.dumps(r.counts))")
     out = subprocess.run([sys.executable, "-c", code, str(results), uri], capture_output=True,
                          text=True, timeout=300)

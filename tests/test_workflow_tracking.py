@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from hopperlab.spec import load_matrix
-from hopperlab.submission import submit
+from hopperlab.config.spec import load_matrix
+from hopperlab.run.submit import submit
 from tests.helpers import copy_project, edit_yaml, hopperlab, snakemake
 from tests.infra.mlflow_fixture import free_port
 from tests.test_tracking import make_run
@@ -98,7 +98,7 @@ def test_sync_says_in_one_line_what_is_wrong_with_mlflow(tmp_path):
     port = free_port()
     add_site(project, "down", f"http://alice:s3cret@127.0.0.1:{port}")
     down = hopperlab(["sync", "--config", "site=down"], project)
-    _one_line_error(down, f"http://127.0.0.1:{port}", "hopperlab sync")
+    _one_line_error(down, f"http://127.0.0.1:{port}", "unreachable")
     assert "s3cret" not in down.stdout + down.stderr
 
     store = project / "results" / "mlflow.db"
