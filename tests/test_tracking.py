@@ -28,7 +28,8 @@ def uid() -> str:
 def make_run(results: Path, family: str, experiment: str, variant: str, *, attempt: int = 1,
              status: str = "ok", reason: str | None = None, steps: int = 5,
              step_metrics: tuple[str, ...] = ("bw_gbps",), final: dict | None = None,
-             traceback: str | None = None, spec_extra: dict | None = None) -> Path:
+             traceback: str | None = None, spec_extra: dict | None = None,
+             run_uid: str | None = None) -> Path:
     run_dir = results / family / experiment / variant
     spec = {
         "family": family, "experiment": experiment, "variant": variant, "scale": "small",
@@ -42,9 +43,11 @@ def make_run(results: Path, family: str, experiment: str, variant: str, *, attem
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "logs" / "job.out").write_text(f"stdout of {variant}\n")
     (run_dir / "logs" / "job.err").write_text("")
-    rec = Recorder(run_dir, identity={"key": f"{family}/{experiment}/{variant}", "family": family,
-                                      "experiment": experiment, "variant": variant},
-                   attempt=attempt)
+    identity = {"key": f"{family}/{experiment}/{variant}", "family": family,
+                "experiment": experiment, "variant": variant}
+    if run_uid:  # as `hopperlab submit` makes one per attempt
+        identity["run_uid"] = run_uid
+    rec = Recorder(run_dir, identity=identity, attempt=attempt)
     rec.hardware = {"hostname": "gpu-node-07", "cpu_model": "Xeon", "cpu_arch": "x86_64",
                     "gpu_model": "NVIDIA H100 80GB HBM3"}
     write_json_atomic(run_dir / "hardware.json", rec.hardware)
@@ -144,7 +147,7 @@ def test_upload_contents(mlflow_uri, tmp_path):
     # mlflow.json
     info = json.loads((run_dir / MLFLOW_FILE).read_text())
     assert info == {"attempt": 1, "run_id": run_id, "experiment_id": experiment.experiment_id,
-                    "tracking_uri": mlflow_uri}
+                    "tracking_uri": mlflow_uri, "run_uid": t["hopperlab.run_uid"]}
 
 
 def test_final_metric_is_the_latest_value_of_its_step_metric(mlflow_uri, tmp_path):
@@ -206,13 +209,15 @@ def test_upload_twice_creates_one_run(mlflow_uri, tmp_path):
 
 def test_half_upload_is_redone(mlflow_uri, tmp_path):
     fam = f"membench-{uid()}"
-    run_dir = make_run(tmp_path, fam, "copy", "h2d")
+    run_uid = uuid.uuid4().hex
+    run_dir = make_run(tmp_path, fam, "copy", "h2d", run_uid=run_uid)
     tracking.prepare(mlflow_uri, [(fam, "copy")])
     client = mlflow.MlflowClient(mlflow_uri)
     exp_id = client.get_experiment_by_name(fam).experiment_id
-    # An upload that died after create_run: the key tag, no "uploaded" tag.
+    # An upload that died after create_run: the key and uid tags, no "uploaded" tag.
     dead = client.create_run(exp_id, run_name="h2d",
-                             tags={"hopperlab.run_key": f"{fam}/copy/h2d#1"}).info.run_id
+                             tags={"hopperlab.run_key": f"{fam}/copy/h2d#1",
+                                   "hopperlab.run_uid": run_uid}).info.run_id
     run_id = tracking.upload_run(run_dir, mlflow_uri)
     assert run_id != dead
     assert client.get_run(dead).info.lifecycle_stage == "deleted"
@@ -476,6 +481,144 @@ def test_credentials_never_written(mlflow_uri, tmp_path, capsys, caplog):
     assert "s3cret" not in str(err.value)
     out = capsys.readouterr()
     assert "s3cret" not in out.out + out.err + caplog.text
+
+
+def test_credentials_of_an_old_spec_json_never_reach_mlflow(mlflow_uri, tmp_path):
+    """A spec.json written with a password in the site's URI (issue 16, item 14): neither the
+    params nor the spec.json artifact carry it."""
+    site = {"name": "cluster", "tracking_uri": "http://alice:s3cret@mlflow.example.org:5055"}
+    run_dir = make_run(tmp_path, f"membench-{uid()}", "copy", "h2d", spec_extra={"site": site})
+    run_id = tracking.upload_run(run_dir, mlflow_uri)
+    client = mlflow.MlflowClient(mlflow_uri)
+    params = client.get_run(run_id).data.params
+    assert params["site.tracking_uri"] == "http://mlflow.example.org:5055"
+    assert not [k for k, v in params.items() if "s3cret" in v]
+    spec_copy = Path(client.download_artifacts(run_id, "spec.json", str(tmp_path / "dl")))
+    assert "s3cret" not in spec_copy.read_text()
+    assert "mlflow.example.org:5055" in spec_copy.read_text()
+
+
+# -- identity: the run uid, never the run key (issue 16, items 2 and 7) -------------------------
+def sqlite_uri(folder: Path) -> str:
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def test_two_results_folders_never_share_an_mlflow_run(tmp_path):
+    uri = sqlite_uri(tmp_path / "store")
+    a = make_run(tmp_path / "results-a", "fam", "copy", "h2d", run_uid=uuid.uuid4().hex)
+    b = make_run(tmp_path / "results-b", "fam", "copy", "h2d", run_uid=uuid.uuid4().hex,
+                 status="failed", reason="boom", final={})
+    run_a = tracking.upload_run(a, uri)
+    run_b = tracking.upload_run(b, uri)
+    assert run_a != run_b
+    client = mlflow.MlflowClient(uri)
+    exp_id = client.get_experiment_by_name("fam").experiment_id
+    kids = child_runs(client, exp_id, **{"hopperlab.run_key": "fam/copy/h2d#1"})
+    assert {r.info.run_id: r.info.status for r in kids} == {run_a: "FINISHED", run_b: "FAILED"}
+    for run_dir, run_id in ((a, run_a), (b, run_b)):
+        rec = json.loads((run_dir / "record.json").read_text())
+        assert client.get_run(run_id).data.tags["hopperlab.run_uid"] == rec["run_uid"]
+        assert json.loads((run_dir / MLFLOW_FILE).read_text())["run_id"] == run_id
+    # both folders are complete: a sync of either uploads nothing more
+    for folder in ("results-a", "results-b"):
+        assert tracking.sync(tmp_path / folder, uri).counts == \
+            {"uploaded": 0, "already": 0, "failed": 0}
+    assert len(child_runs(client, exp_id, **{"hopperlab.run_key": "fam/copy/h2d#1"})) == 2
+
+
+def test_a_store_copied_from_another_folder_never_takes_this_folders_runs(tmp_path):
+    """Folder A's store, copied for folder B: B's ok run must not be mapped onto A's failed one
+    (nor B's failed one onto A's ok one)."""
+    store_a, store_b = tmp_path / "a", tmp_path / "b"
+    failed_a = make_run(tmp_path / "results-a", "fam", "copy", "h2d", status="failed",
+                        reason="boom", final={}, run_uid=uuid.uuid4().hex)
+    ok_a = make_run(tmp_path / "results-a", "fam", "copy", "d2h", run_uid=uuid.uuid4().hex)
+    assert tracking.sync(tmp_path / "results-a", sqlite_uri(store_a)).counts["uploaded"] == 2
+    shutil.copytree(store_a, store_b)
+    ok_b = make_run(tmp_path / "results-b", "fam", "copy", "h2d", run_uid=uuid.uuid4().hex)
+    failed_b = make_run(tmp_path / "results-b", "fam", "copy", "d2h", status="failed",
+                        reason="boom", final={}, run_uid=uuid.uuid4().hex)
+
+    report = tracking.sync(tmp_path / "results-b", sqlite_uri(store_b))
+    assert sorted(report.uploaded) == ["fam/copy/d2h#1", "fam/copy/h2d#1"]
+    assert report.already == []
+    client = mlflow.MlflowClient(sqlite_uri(store_b))
+    for run_dir, status in ((ok_b, "FINISHED"), (failed_b, "FAILED")):
+        run = client.get_run(json.loads((run_dir / MLFLOW_FILE).read_text())["run_id"])
+        assert run.info.status == status
+        assert run.data.tags["hopperlab.run_uid"] == \
+            json.loads((run_dir / "record.json").read_text())["run_uid"]
+    a_ids = {json.loads((d / MLFLOW_FILE).read_text())["run_id"] for d in (failed_a, ok_a)}
+    b_ids = {json.loads((d / MLFLOW_FILE).read_text())["run_id"] for d in (ok_b, failed_b)}
+    assert not a_ids & b_ids
+
+
+def _sync_in_a_new_process(results: Path, uri: str) -> dict:
+    """`tracking.sync` in a fresh interpreter, as `hopperlab sync` runs (MLflow caches open
+    stores per process)."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from pathlib import Path; from hopperlab.results import tracking; "
+            "r = tracking.sync(Path(sys.argv[1]), sys.argv[2]); print(json.dumps(r.counts))")
+    out = subprocess.run([sys.executable, "-c", code, str(results), uri], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_sync_asks_the_store_not_mlflow_json(tmp_path):
+    """`truncate -s 0` of the SQLite store (issue 16, item 7): every run is uploaded again."""
+    results, store = tmp_path / "results", tmp_path / "store"
+    uri = sqlite_uri(store)
+    variants = ("one", "two", "three")
+    for v in variants:
+        make_run(results, "fam", "copy", v, run_uid=uuid.uuid4().hex)
+    # each sync in its own process, as `hopperlab sync` does: the test process opens the store
+    # only afterwards (MLflow keeps a process's store open)
+    assert _sync_in_a_new_process(results, uri) == {"uploaded": 3, "already": 0, "failed": 0}
+    (store / "mlflow.db").write_bytes(b"")  # truncate -s 0
+
+    assert _sync_in_a_new_process(results, uri) == {"uploaded": 3, "already": 0, "failed": 0}
+    client = mlflow.MlflowClient(uri)
+    exp_id = client.get_experiment_by_name("fam").experiment_id
+    kids = child_runs(client, exp_id, **{"hopperlab.uploaded": "true"})
+    assert sorted(r.data.tags["hopperlab.variant"] for r in kids) == sorted(variants)
+    for run in kids:
+        run_dir = results / "fam" / "copy" / run.data.tags["hopperlab.variant"]
+        assert json.loads((run_dir / MLFLOW_FILE).read_text())["run_id"] == run.info.run_id
+
+
+def test_sync_adopts_an_upload_made_before_run_uids(tmp_path):
+    """A record without a run uid, uploaded by an older hopperlab (no uid tag, mlflow.json
+    without one): sync keeps that MLflow run instead of uploading it twice."""
+    results, uri = tmp_path / "results", sqlite_uri(tmp_path / "store")
+    run_dir = make_run(results, "fam", "copy", "old")
+    run_id = tracking.upload_run(run_dir, uri)
+    client = mlflow.MlflowClient(uri)
+    client.delete_tag(run_id, "hopperlab.run_uid")  # as the old upload left it
+    info = json.loads((run_dir / MLFLOW_FILE).read_text())
+    info.pop("run_uid")
+    write_json_atomic(run_dir / MLFLOW_FILE, info)
+
+    assert tracking.sync(results, uri).counts == {"uploaded": 0, "already": 1, "failed": 0}
+    assert "hopperlab.run_uid" in client.get_run(run_id).data.tags
+    assert tracking.sync(results, uri).counts == {"uploaded": 0, "already": 0, "failed": 0}
+    exp_id = client.get_experiment_by_name("fam").experiment_id
+    assert [r.info.run_id for r in child_runs(client, exp_id, **{"hopperlab.variant": "old"})] \
+        == [run_id]
+
+
+def test_unusable_store_folder_is_unavailable_not_an_oserror(tmp_path):
+    """A store whose folder cannot be written (issue 16, item 6): TrackingUnavailable, so that
+    the run waits for `hopperlab sync` instead of failing."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    run_dir = make_run(tmp_path / "results", "fam", "copy", "h2d")
+    with pytest.raises(TrackingUnavailable) as err:
+        tracking.upload_run(run_dir, f"sqlite:///{blocker / 'mlflow.db'}")
+    assert str(blocker) in str(err.value)
+    assert not (run_dir / MLFLOW_FILE).exists()
 
 
 # -- small pure helpers ----------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from hopperlab.cli.workflow import (
     run_key,
     run_output_paths,
     spec_fingerprint,
-    tracking_marker,
 )
 
 try:
@@ -31,7 +30,6 @@ ASSETS_DIR = assets_dir_for_rules(MATRIX)
 ASSET_TARGETS = matrix_asset_manifests(MATRIX, ASSET_SPECS, ASSETS_DIR)
 HOPPERLAB = f"{shlex.quote(sys.executable)} -m hopperlab.cli"
 CONFIG_ARGS = config_args(MATRIX.config)
-TRACKING_MARKER = tracking_marker(MATRIX)
 RUN_OUTPUTS = run_output_paths(MATRIX)
 # the image every job runs in, when the site names one (built by containers.smk)
 CONTAINER_IMAGE = (

@@ -1,17 +1,11 @@
 # One rule runs every run of the matrix: `hopperlab submit` submits it through submitit to the
 # site's executor (Slurm or a local subprocess), waits, settles its record and uploads it.
-
-
-rule prepare_tracking:
-    output:
-        TRACKING_MARKER,
-    shell:
-        "{HOPPERLAB} prepare-tracking --config {CONFIG_ARGS} --touch {output}"
+# The upload creates the MLflow experiment and parent run itself, under a lock: no rule runs
+# before it, so that neither the selection nor an unreachable MLflow touches finished runs.
 
 
 rule run:
     input:
-        TRACKING_MARKER,
         CONTAINER_IMAGE,
         # the assets the run names (experiments/<family>.yaml: assets), built before it
         lambda wc: run_asset_manifests(MATRIX, wc, ASSETS_DIR),

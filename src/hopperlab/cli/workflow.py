@@ -83,14 +83,6 @@ def spec_fingerprint(matrix: Matrix, wildcards: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def tracking_marker(matrix: Matrix) -> str:
-    """Marker of `prepare-tracking`, one per tracking URI and set of experiments: a new server or
-    a new family is prepared before its runs, so that no two jobs race to create it."""
-    what = json.dumps([matrix.site.tracking_uri, sorted(matrix.experiments())])
-    digest = hashlib.sha256(what.encode()).hexdigest()[:12]
-    return f"{matrix.config['results_dir']}/.hopperlab/tracking-{digest}.json"
-
-
 def assets_dir_for_rules(matrix: Matrix) -> str:
     """The site's assets folder as Snakemake should name it: relative to the project root when
     inside it (so targets read ``assets/NAME/MANIFEST.sha256``), else absolute."""

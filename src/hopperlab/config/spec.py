@@ -11,6 +11,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit, urlunsplit
 
 
 from hopperlab.config.cost import CostSpec, cost_from_mapping
@@ -33,6 +34,20 @@ from hopperlab.workloads.base import KNOB_DEFAULTS, FamilyInfo, Knobs
 
 SCALES = ("smoke", "full")
 DEFAULT_RESOURCES = {"gpus": 0, "cpus": 1, "mem_gb": 4.0, "time_min": 10}
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` without ``user:password@`` (and without a trailing slash): what may be written."""
+    uri = str(uri).strip()
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return uri
+    if parts.scheme in ("http", "https") and ("@" in parts.netloc):
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        parts = parts._replace(netloc=netloc)
+        uri = urlunsplit(parts)
+    return uri.rstrip("/") if parts.scheme in ("http", "https") else uri
 
 
 # --------------------------------------------------------------------------- typed specs
@@ -135,7 +150,10 @@ class RunSpec:
         return folder
 
     def to_dict(self) -> dict[str, Any]:
+        """The spec as written to spec.json (and so to MLflow): the tracking URI without its
+        ``user:password@``, which the submitting side keeps in memory only."""
         data = asdict(self)
+        data["site"]["tracking_uri"] = redact_uri(self.site.tracking_uri)
         data["key"] = self.key
         if data["compare_to"] is None:  # absent: specs of runs that name none stay as they were
             del data["compare_to"]

@@ -12,6 +12,7 @@ import math
 import os
 import tempfile
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -33,6 +34,14 @@ HARDWARE_FILE = "hardware.json"
 TRACEBACK_FILE = "traceback.txt"
 HISTORY_FILE = "history.jsonl"
 MLFLOW_FILE = "mlflow.json"
+#: key of the attempt's unique id in spec.json and the record: its identity in MLflow, so that
+#: runs of the same key in two results folders are never taken for one another
+RUN_UID = "run_uid"
+
+
+def new_run_uid() -> str:
+    """A fresh id for one attempt of one run directory."""
+    return uuid.uuid4().hex
 
 
 def utc_now() -> str:

@@ -12,10 +12,12 @@ Layout in MLflow::
         child run  <variant>  (or "<variant> #2" for attempt 2, ...)
                                                tags mlflow.parentRunId, hopperlab.run_key, ...
 
-Every upload is idempotent: a child run is found again through its ``hopperlab.run_key`` tag
-("{family}/{experiment}/{variant}#{attempt}"), and counts as complete only once its
-``hopperlab.uploaded=true`` tag (set last) is there. ``mlflow.json`` in the run directory says
-which attempt went to which tracking URI.
+Every upload is idempotent: a child run is found again through its ``hopperlab.run_uid`` tag
+(the id ``hopperlab submit`` made with the attempt, kept in the record), and counts as complete
+only once its ``hopperlab.uploaded=true`` tag (set last) is there. The uid, not the run key
+``{family}/{experiment}/{variant}#{attempt}``, is the identity: two results folders, or a store
+copied from another folder, never share an MLflow run. ``mlflow.json`` in the run directory says
+which attempt went where; ``sync`` asks the store, not ``mlflow.json``.
 
 Credentials (``MLFLOW_TRACKING_USERNAME``/``PASSWORD``/``TOKEN``) are read by MLflow from the
 environment; this module never logs them, and strips any ``user:password@`` from the tracking
@@ -41,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote
 
 from hopperlab.core.rundir import (
     FAILING_STATUSES,
@@ -49,6 +51,7 @@ from hopperlab.core.rundir import (
     HARDWARE_FILE,
     METRICS_FILE,
     MLFLOW_FILE,
+    RUN_UID,
     SPEC_FILE,
     TRACEBACK_FILE,
     load_record,
@@ -57,6 +60,7 @@ from hopperlab.core.rundir import (
     write_json_atomic,
 )
 
+from hopperlab.config.spec import redact_uri  # the one credential stripper (tracking.redact_uri)
 from hopperlab.core.errors import ResultsError
 
 log = logging.getLogger(__name__)
@@ -79,6 +83,7 @@ TAG_ATTEMPT = "hopperlab.attempt"
 TAG_STATUS = "hopperlab.status"
 TAG_REASON = "hopperlab.reason"
 TAG_RUN_KEY = "hopperlab.run_key"
+TAG_RUN_UID = "hopperlab.run_uid"
 TAG_UPLOADED = "hopperlab.uploaded"
 TAG_PARENT = "mlflow.parentRunId"
 
@@ -118,20 +123,6 @@ class TrackingUnavailable(TrackingError):
 
 
 # -- small helpers ------------------------------------------------------------------------------
-def redact_uri(uri: str) -> str:
-    """``uri`` without ``user:password@`` (and without a trailing slash)."""
-    uri = str(uri).strip()
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return uri
-    if parts.scheme in ("http", "https") and ("@" in parts.netloc):
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        parts = parts._replace(netloc=netloc)
-        uri = urlunsplit(parts)
-    return uri.rstrip("/") if parts.scheme in ("http", "https") else uri
-
-
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 
 
@@ -310,10 +301,29 @@ def _translate(tracking_uri: str) -> Iterator[None]:
                                           f"{str(exc)[:300]}") from exc
             from mlflow.exceptions import MlflowException
 
+            if _sqlite_path(tracking_uri) is not None and _is_database_error(exc):
+                raise TrackingError(f"the MLflow store {redact_uri(tracking_uri)} cannot be "
+                                    f"used: {_first_line(exc)}") from exc
             if isinstance(exc, MlflowException):
                 raise TrackingError(f"MLflow at {redact_uri(tracking_uri)} refused: "
                                     f"{_scrub(str(exc))[:1000]}") from exc
             raise
+
+
+def _is_database_error(exc: BaseException) -> bool:
+    """A damaged or unusable database file (not valid SQLite, read-only, wrong schema...)."""
+    import sqlite3
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    return any(isinstance(e, (sqlite3.Error, SQLAlchemyError)) for e in _causes(exc))
+
+
+def _first_line(exc: BaseException) -> str:
+    """The innermost cause's first line: "file is not a database", not SQLAlchemy's SQL."""
+    inner = list(_causes(exc))[-1]
+    text = (str(inner).strip().splitlines() or [""])[0]
+    return _scrub(f"{type(inner).__name__}: {text}"[:300])
 
 
 def _retry(fn: Callable[..., T], *args: Any, attempts: int = 8, **kw: Any) -> T:
@@ -341,12 +351,18 @@ def _store_lock(tracking_uri: str) -> Iterator[None]:
     """
     db = _sqlite_path(tracking_uri)
     if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a folder that cannot be made: the lock says so
+            db.parent.mkdir(parents=True, exist_ok=True)
         lock_path = db.with_name(db.name + ".hopperlab.lock")
     else:
         digest = hashlib.sha256(redact_uri(tracking_uri).encode()).hexdigest()[:16]
         lock_path = Path(tempfile.gettempdir()) / f"hopperlab-mlflow-{digest}.lock"
-    with open(lock_path, "a") as fh:
+    try:
+        fh = open(lock_path, "a")
+    except OSError as exc:  # a read-only store folder: the upload waits for `hopperlab sync`
+        raise TrackingUnavailable(tracking_uri, f"cannot open the lock file {lock_path}: "
+                                  f"{exc.strerror or exc}") from exc
+    with fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -470,10 +486,27 @@ class _Run:
     experiment: str
     variant: str
     attempt: int
+    #: the attempt's identity in MLflow (see run_uid)
+    uid: str
 
     @property
     def key(self) -> str:
         return run_key(self.family, self.experiment, self.variant, self.attempt)
+
+
+def run_uid(record: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
+    """The identity of one attempt: the id made with it (record, else its own spec.json).
+
+    Records from before that id existed get a hash of the record itself: stable for the same
+    files, different for another folder's run (another start time, status, metrics...).
+    """
+    attempt = int(record.get("attempt") or 1)
+    uid = record.get(RUN_UID) or (spec.get(RUN_UID)
+                                  if int(spec.get("attempt") or 1) == attempt else None)
+    if uid:
+        return str(uid)
+    text = json.dumps(record, sort_keys=True, default=str)
+    return "record-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _find_spec(run_dir: Path) -> dict[str, Any]:
@@ -500,7 +533,7 @@ def _read_run(run_dir: Path) -> _Run:
         ident[name] = str(value)
     attempt = int(record.get("attempt") or 1)
     return _Run(run_dir, record, spec, ident["family"], ident["experiment"], ident["variant"],
-                attempt)
+                attempt, run_uid(record, spec))
 
 
 def _hardware(run: _Run) -> dict[str, Any]:
@@ -523,6 +556,7 @@ def _tags(run: _Run, parent_id: str) -> dict[str, str]:
         TAG_ATTEMPT: run.attempt,
         TAG_STATUS: rec.get("status"),
         TAG_RUN_KEY: run.key,
+        TAG_RUN_UID: run.uid,
         "hostname": hw.get("hostname"),
         "gpu_model": hw.get("gpu_model") or ("none" if hw else None),
         "cpu_arch": hw.get("cpu_arch"),
@@ -531,7 +565,7 @@ def _tags(run: _Run, parent_id: str) -> dict[str, str]:
     })
     if rec.get("reason"):
         tags[TAG_REASON] = rec["reason"]
-    out = {safe_key(k): str(v)[:MAX_TAG_VALUE] for k, v in tags.items() if v is not None}
+    out = {safe_key(k): _scrub(str(v))[:MAX_TAG_VALUE] for k, v in tags.items() if v is not None}
     out[TAG_PARENT] = parent_id
     return out
 
@@ -574,7 +608,9 @@ def _params(run: _Run) -> list:
 
     params: dict[str, str] = {}
     for key, value in flatten(run.spec).items():
-        params.setdefault(safe_key(key), value[:MAX_PARAM_VALUE])  # no duplicate keys in a batch
+        # no duplicate keys in a batch; no credentials (a spec.json written before they were
+        # stripped at the source)
+        params.setdefault(safe_key(key), _scrub(value)[:MAX_PARAM_VALUE])
     return [Param(k, v) for k, v in params.items()]
 
 
@@ -586,17 +622,51 @@ def _log_artifacts(client, run_id: str, run_dir: Path) -> None:
     for name in (TRACEBACK_FILE, SPEC_FILE, RECORD_FILE, HARDWARE_FILE):
         path = run_dir / name
         if path.is_file():
-            client.log_artifact(run_id, str(path))
+            _log_scrubbed(client, run_id, path)
 
 
-def _existing(client, experiment_id: str, key: str) -> list:
-    flt = f"tags.`{TAG_RUN_KEY}` = {_quote(key)}"
+def _log_scrubbed(client, run_id: str, path: Path) -> None:
+    """Log ``path`` as an artifact, through a copy without credentials when it holds a URI's."""
+    text = path.read_text(errors="replace")
+    clean = _scrub(text)
+    if clean == text:
+        client.log_artifact(run_id, str(path))
+        return
+    with tempfile.TemporaryDirectory(prefix="hopperlab-artifact-") as tmp:
+        copy = Path(tmp) / path.name
+        copy.write_text(clean)
+        client.log_artifact(run_id, str(copy))
+
+
+def _existing(client, experiment_id: str, uid: str) -> list:
+    flt = f"tags.`{TAG_RUN_UID}` = {_quote(uid)}"
     return _retry(client.search_runs, [experiment_id], filter_string=flt, max_results=100)
+
+
+def _legacy_upload(client, run: _Run, experiment_id: str) -> str | None:
+    """The run id of this attempt's upload from before run uids, if this run directory's
+    ``mlflow.json`` names one (complete, same key, no uid yet): it is tagged with the uid and
+    kept, so that upgrading does not upload every old run twice."""
+    try:
+        info = read_json(run.run_dir / MLFLOW_FILE)
+        if int(info.get("attempt", -1)) != run.attempt or info.get(RUN_UID):
+            return None
+        old = _retry(client.get_run, str(info["run_id"]))
+    except Exception:  # noqa: BLE001 - no usable mlflow.json or no such run: upload anew
+        return None
+    tags = old.data.tags
+    if (old.info.experiment_id != experiment_id or old.info.lifecycle_stage != "active"
+            or tags.get(TAG_RUN_KEY) != run.key or tags.get(TAG_UPLOADED) != "true"
+            or TAG_RUN_UID in tags):
+        return None
+    _retry(client.set_tag, old.info.run_id, TAG_RUN_UID, run.uid, synchronous=True)
+    return old.info.run_id
 
 
 def _write_mlflow_json(run: _Run, run_id: str, experiment_id: str, tracking_uri: str) -> None:
     write_json_atomic(run.run_dir / MLFLOW_FILE, {
         "attempt": run.attempt,
+        RUN_UID: run.uid,
         "run_id": run_id,
         "experiment_id": experiment_id,
         "tracking_uri": redact_uri(tracking_uri),
@@ -606,9 +676,10 @@ def _write_mlflow_json(run: _Run, run_id: str, experiment_id: str, tracking_uri:
 def upload_run(run_dir: Path, tracking_uri: str) -> str:
     """Upload one finished run directory (or archived attempt) as a child run; its MLflow id.
 
-    Creates the family experiment and the parent run when missing. Idempotent: a complete
-    earlier upload of the same (family, experiment, variant, attempt) is reused, a half-done
-    one is deleted and done again. Writes ``mlflow.json`` on success.
+    Creates the family experiment and the parent run when missing (under a lock: no marker
+    or earlier step is needed). Idempotent: a complete earlier upload of the same attempt
+    (the same run uid) is reused, a half-done one is deleted and done again; a run of the same
+    key from another folder is never reused. Writes ``mlflow.json`` on success.
     Raises TrackingUnavailable when the server cannot be reached (the run dir is untouched).
     """
     run_id, _ = _upload_run(_read_run(Path(run_dir)), tracking_uri)
@@ -632,17 +703,20 @@ def _upload_run(run: _Run, tracking_uri: str) -> tuple[str, bool]:
 
 
 def _upload(client, run: _Run, experiment_id: str, parent_id: str) -> tuple[str, bool]:
-    for old in _existing(client, experiment_id, run.key):
+    for old in _existing(client, experiment_id, run.uid):
         if old.data.tags.get(TAG_UPLOADED) == "true":
             log.debug("%s already in MLflow as %s", run.key, old.info.run_id)
             return old.info.run_id, False
         log.info("%s: deleting half-uploaded MLflow run %s", run.key, old.info.run_id)
         _retry(client.delete_run, old.info.run_id)
+    legacy = _legacy_upload(client, run, experiment_id)
+    if legacy is not None:
+        return legacy, False
 
     tags = _tags(run, parent_id)
     created = _retry(client.create_run, experiment_id,
                      start_time=_ms(run.record.get("started_at")),
-                     tags={TAG_PARENT: parent_id, TAG_RUN_KEY: run.key},
+                     tags={TAG_PARENT: parent_id, TAG_RUN_KEY: run.key, TAG_RUN_UID: run.uid},
                      run_name=run_name(run.variant, run.attempt))
     run_id = created.info.run_id
 
@@ -682,8 +756,8 @@ def experiment_compare_url(tracking_uri: str, family: str, experiment: str,
     ``ui_uri`` is where a person opens the UI (``mlflow ui`` on a SQLite store serves
     http://127.0.0.1:5000); it defaults to the tracking URI when that is a server.
     """
-    client = _client(tracking_uri)
     with _translate(tracking_uri):
+        client = _client(tracking_uri)
         exp = _retry(client.get_experiment_by_name, family)
         if exp is None:
             raise TrackingError(f"no MLflow experiment {family!r} at {redact_uri(tracking_uri)}")
@@ -741,8 +815,10 @@ def find_run_dirs(results_dir: Path) -> list[Path]:
     return sorted(found)
 
 
-def is_synced(run_dir: Path, tracking_uri: str, record: Mapping[str, Any] | None = None) -> bool:
-    """Whether ``mlflow.json`` says this attempt went to this tracking URI."""
+def is_synced(run_dir: Path, tracking_uri: str, record: Mapping[str, Any] | None = None,
+              run_id: str | None = None) -> bool:
+    """Whether ``mlflow.json`` says this attempt (its run uid) went to this tracking URI (as
+    ``run_id``, when given). Only what the run directory says: ``sync`` asks the store."""
     path = Path(run_dir) / MLFLOW_FILE
     if not path.exists():
         return False
@@ -751,30 +827,72 @@ def is_synced(run_dir: Path, tracking_uri: str, record: Mapping[str, Any] | None
         info = read_json(path)
     except (OSError, ValueError):
         return False
-    return (record is not None
-            and int(info.get("attempt", -1)) == int(record.get("attempt") or 1)
+    if record is None:
+        return False
+    uid = run_uid(record, _find_spec(Path(run_dir)))
+    return (int(info.get("attempt", -1)) == int(record.get("attempt") or 1)
+            and info.get(RUN_UID) == uid
             and info.get("tracking_uri") == redact_uri(tracking_uri)
-            and bool(info.get("run_id")))
+            and bool(info.get("run_id")) and info.get("run_id") == (run_id or info["run_id"]))
+
+
+def stored_uploads(tracking_uri: str, families: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """run uid -> (MLflow run id, experiment id) of every complete upload of these families in
+    the store: what ``sync`` compares the run directories with."""
+    out: dict[str, tuple[str, str]] = {}
+    flt = f"tags.`{TAG_UPLOADED}` = 'true'"
+    with _translate(tracking_uri):
+        _require_reachable(tracking_uri)
+        sqlite = _sqlite_path(tracking_uri) is not None
+        with _store_lock(tracking_uri) if sqlite else contextlib.nullcontext():
+            client = _client(tracking_uri)
+            for family in sorted(set(families)):
+                exp = _retry(client.get_experiment_by_name, family)
+                if exp is None or exp.lifecycle_stage == "deleted":
+                    continue
+                token = None
+                while True:
+                    page = _retry(client.search_runs, [exp.experiment_id], filter_string=flt,
+                                  max_results=1000, page_token=token)
+                    for r in page:
+                        uid = r.data.tags.get(TAG_RUN_UID)
+                        if uid:
+                            out[uid] = (r.info.run_id, exp.experiment_id)
+                    token = page.token
+                    if not token:
+                        break
+    return out
 
 
 def sync(results_dir: Path, tracking_uri: str, *, progress: bool | None = None) -> SyncReport:
-    """Upload every run directory under ``results_dir`` not yet uploaded to ``tracking_uri``.
+    """Upload every run directory under ``results_dir`` that the store at ``tracking_uri``
+    lacks, once each.
 
-    "Not yet" means no ``mlflow.json`` for the record's attempt and this URI. Raises
-    TrackingUnavailable if the server cannot be reached at the start; if it goes away part-way
-    the report says so and lists what failed.
+    The store is asked for each run's uid (``mlflow.json`` may be stale: an emptied, replaced or
+    copied store). A run the store has but ``mlflow.json`` does not say so is counted as
+    ``already`` and its ``mlflow.json`` rewritten. Raises TrackingUnavailable if the store
+    cannot be reached at the start, TrackingError if it cannot be read; if it goes away
+    part-way the report says so and lists what failed.
     """
     report = SyncReport()
-    todo: list[_Run] = []
+    runs: list[_Run] = []
     for run_dir in find_run_dirs(results_dir):
         try:
-            run = _read_run(run_dir)
+            runs.append(_read_run(run_dir))
         except Exception as exc:  # a broken record must not stop the others
             report.failed.append((str(run_dir), str(exc)))
+    if not runs:
+        return report
+    stored = stored_uploads(tracking_uri, {r.family for r in runs})
+    todo: list[_Run] = []
+    for run in runs:
+        if run.uid not in stored:
+            todo.append(run)
             continue
-        if is_synced(run_dir, tracking_uri, run.record):
-            continue
-        todo.append(run)
+        run_id, experiment_id = stored[run.uid]
+        if not is_synced(run.run_dir, tracking_uri, run.record, run_id):
+            _write_mlflow_json(run, run_id, experiment_id, tracking_uri)
+            report.already.append(run.key)
     if not todo:
         return report
 

@@ -41,6 +41,8 @@ def execute(spec_path: str) -> dict[str, Any]:
     spec_data = read_json(Path(spec_path))
     run_dir = Path(spec_path).parent
     identity = {k: spec_data[k] for k in ("key", "family", "experiment", "variant")}
+    if record.RUN_UID in spec_data:  # the attempt's identity in MLflow, made by submit
+        identity[record.RUN_UID] = spec_data[record.RUN_UID]
     rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)))
     rec.slurm = slurm_identity()
     try:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hopperlab.core import rundir as record
-from hopperlab.core.rundir import (FAILING_STATUSES, load_record, read_json, utc_now,
-                              write_json_atomic, write_record)
+from hopperlab.core.rundir import (FAILING_STATUSES, RUN_UID, load_record, new_run_uid,
+                                   read_json, utc_now, write_json_atomic, write_record)
 from hopperlab.config.spec import Matrix, RunSpec
 from hopperlab.run.annotate import annotate_record
 
@@ -149,8 +149,10 @@ def _last_error_line(outcome: Any) -> str:
     return (errors or lines or [""])[-1][-1500:]
 
 
-def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any) -> dict[str, Any]:
-    """The job's own record, or one made here for a job that died before it could write it.
+def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
+                   uid: str | None = None) -> dict[str, Any]:
+    """The job's own record, or one made here for a job that died before it could write it;
+    with the attempt's uid (its identity in MLflow).
 
     A time limit wins over what the job said while it was being stopped (a local job sees its
     end as KeyboardInterrupt). Nothing is written here: ``_write_settled`` does that.
@@ -171,6 +173,8 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any) -> 
         }
     elif outcome.timed_out and rec.get("status") == "failed":
         rec = {**rec, "status": "timeout", "reason": _timeout_reason(outcome, rec.get("reason"))}
+    if uid:
+        rec[RUN_UID] = uid
     if outcome.job_id:
         rec["slurm"] = {**(rec.get("slurm") or {}), "job_id": outcome.job_id,
                         "state": outcome.state}
@@ -236,6 +240,7 @@ def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | Non
     attempt = archive_previous(run_dir)
     spec_data = spec.to_dict()
     spec_data["attempt"] = attempt
+    spec_data[RUN_UID] = new_run_uid()
     spec_file = run_dir / record.SPEC_FILE
     write_json_atomic(spec_file, spec_data)
     if spec.knobs.profiler == "nsys":
@@ -251,7 +256,7 @@ def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | Non
         spec, run_dir, runner.execute, str(spec_file.resolve()),
         on_submitted=lambda job_id: log(f"[hopperlab] {key}: job {job_id} submitted"), log=log)
     disk_full = _copy_logs(run_dir, outcome)
-    rec = _settle_record(run_dir, spec, attempt, outcome)
+    rec = _settle_record(run_dir, spec, attempt, outcome, spec_data[RUN_UID])
     rec, written = _write_settled(run_dir, rec, disk_full, log)
     end = {"attempt": attempt, "event": "end", "time": utc_now(), "status": rec["status"],
            "job_id": outcome.job_id, "state": outcome.state}
@@ -273,9 +278,10 @@ def upload_quietly(run_dir: Path, tracking_uri: str, log=print) -> bool:
         tracking.upload_run(run_dir, tracking_uri)
         return True
     except tracking.TrackingUnavailable as exc:
-        log(f"[hopperlab] MLflow unreachable ({exc}); the run is on disk in {run_dir}; "
-            f"run `hopperlab sync` once the server is back")
+        log(f"[hopperlab] {exc}; the run is on disk in {run_dir}; "
+            f"run `hopperlab sync` once MLflow is back")
     except Exception as exc:  # noqa: BLE001 - tracking trouble never loses the run
-        log(f"[hopperlab] upload of {run_dir} failed: {type(exc).__name__}: {exc}; "
-            f"`hopperlab sync` retries it")
+        text = " ".join(str(exc).split())[:500]  # one line, without a URI's credentials
+        log(f"[hopperlab] upload of {run_dir} failed: {type(exc).__name__}: "
+            f"{tracking._scrub(text)}; `hopperlab sync` retries it")
     return False
