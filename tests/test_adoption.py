@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hopperlab.core import rundir as record
-from hopperlab.config.spec import load_matrix
-from hopperlab.run.submit import FORCED_ENV, adoptable_record, forced_by_workflow
 from hopperlab.cli.workflow import forced_run_keys
+from hopperlab.config.spec import load_matrix
+from hopperlab.core import rundir as record
+from hopperlab.run.submit import FORCED_ENV, adoptable_record, forced_by_workflow
 from tests.helpers import copy_project, edit_yaml
 
 CONFIG = {"families": ["selftest"], "only": ["selftest/faults/ok", "selftest/assets/table"]}

@@ -10,8 +10,12 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from hopperlab.config.spec import (Matrix, SpecError, spec_data_fingerprint,
-                                   unknown_target_message)
+from hopperlab.config.spec import (
+    Matrix,
+    SpecError,
+    spec_data_fingerprint,
+    unknown_target_message,
+)
 from hopperlab.core import locks
 from hopperlab.core.errors import shown
 from hopperlab.core.rundir import METRICS_FILE, RECORD_FILE

@@ -16,8 +16,9 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hopperlab.core.errors import HopperlabError
 

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from hopperlab.config.spec import Matrix, RunSpec, spec_data_fingerprint
 from hopperlab.core import locks
 from hopperlab.core import rundir as record
 from hopperlab.core.rundir import (FAILING_STATUSES, STATUSES, load_record, read_json, utc_now,
-                              write_json_atomic, write_record)
-from hopperlab.config.spec import Matrix, RunSpec, spec_data_fingerprint
+                                   write_json_atomic, write_record)
 from hopperlab.run.annotate import annotate_record
 
 ATTEMPTS_DIR = "attempts"
