@@ -38,6 +38,9 @@ include: "workflow/rules/report.smk"
 rule all:
     input:
         REPORT_FILES,
+        # every run: a failed or newly selected run is scheduled even when the report (which
+        # onerror refreshes after a failure) is newer than every record
+        RUN_OUTPUTS,
         # every asset the matrix uses: a deleted one is rebuilt and its runs rerun
         ASSET_TARGETS,
     default_target: True

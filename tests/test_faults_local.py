@@ -105,7 +105,7 @@ def test_full_disk_after_the_job_ends_failed_naming_the_device(tmp_path, tiny_di
     assert rec["status"] == "failed", rec
     assert rec["reason"].startswith("no space left on "), rec["reason"]
     assert str(tiny_disk.mountpoint) in rec["reason"], rec["reason"]
-    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "failed"
+    assert not (run_dir / "metrics.json").exists()  # a failed run leaves no Snakemake output
     end = _history(run_dir)[-1]
     assert end["event"] == "end" and end["status"] == "failed"
     assert any("no space left" in line for line in said), said

@@ -11,14 +11,30 @@ rule report:
         "{HOPPERLAB} report --config {CONFIG_ARGS}"
 
 
-# A rerun of one target, or a run that failed under --keep-going, still refreshes the report.
-onsuccess:
-    from hopperlab.cli.workflow import refresh_report_if_stale
+# Once there are jobs to run: one workflow at a time writes into a results folder, and the jobs
+# learn which runs the user forced (`hopperlab submit` adopts the other finished runs of the same
+# spec that Snakemake reruns after an interrupt, rather than redoing them).
+onstart:
+    from hopperlab.core.locks import LockHeld
+    from hopperlab.cli.workflow import export_forced_runs, hold_results
 
-    refresh_report_if_stale(MATRIX)
+    try:
+        hold_results(MATRIX)
+    except LockHeld as exc:
+        raise WorkflowError(f"hopperlab: {exc}") from None
+    export_forced_runs(MATRIX, workflow.dag_settings)
+
+
+# A rerun of one target, or a run that failed under --keep-going, still refreshes the report.
+# (The report made here does not hide failed runs: every run's metrics.json is a target of
+# `rule all`, so a missing one is scheduled again whatever the report's age.)
+onsuccess:
+    from hopperlab.cli.workflow import finish_workflow
+
+    finish_workflow(MATRIX)
 
 
 onerror:
-    from hopperlab.cli.workflow import refresh_report_if_stale
+    from hopperlab.cli.workflow import finish_workflow
 
-    refresh_report_if_stale(MATRIX)
+    finish_workflow(MATRIX)

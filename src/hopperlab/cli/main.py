@@ -25,7 +25,7 @@ from hopperlab.config.spec import Matrix, find_root, load_matrix, parse_override
 from hopperlab.core.errors import HopperlabError, SpecError
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
-from hopperlab.run.submit import submit
+from hopperlab.run.submit import forced_by_workflow, submit
 from hopperlab.workloads.base import KNOB_DEFAULTS
 
 #: exit status of an expected error (a config mistake, a missing asset, a node that cannot...)
@@ -68,7 +68,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    return submit(_matrix(args), args.key, upload=not args.no_upload)
+    # a finished run of the same spec is adopted unless the workflow was told to redo it
+    return submit(_matrix(args), args.key, upload=not args.no_upload,
+                  adopt=not forced_by_workflow(args.key))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

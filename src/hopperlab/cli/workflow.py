@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import os
 import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from hopperlab.config.spec import Matrix, SpecError, unknown_target_message
+from hopperlab.config.spec import (
+    Matrix,
+    SpecError,
+    spec_data_fingerprint,
+    unknown_target_message,
+)
+from hopperlab.core import locks
 from hopperlab.core.errors import shown
 from hopperlab.core.rundir import METRICS_FILE, RECORD_FILE
 from hopperlab.core.schema import (
@@ -17,6 +25,7 @@ from hopperlab.core.schema import (
     validate_against_schema,
     value_children,
 )
+from hopperlab.run.submit import FORCED_ENV
 
 #: config keys forwarded to `hopperlab` on each rule's command line
 FORWARDED_KEYS = ("site", "scale", "results_dir", "families", "only", "profiler",
@@ -78,9 +87,7 @@ def run_key(matrix: Matrix, wildcards: Any) -> str:
 
 def spec_fingerprint(matrix: Matrix, wildcards: Any) -> str:
     """A hash of the resolved spec (without the git commit), so that a changed spec reruns."""
-    data = matrix.get(run_key(matrix, wildcards)).to_dict()
-    data.pop("git_commit", None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return spec_data_fingerprint(matrix.get(run_key(matrix, wildcards)).to_dict())
 
 
 def assets_dir_for_rules(matrix: Matrix) -> str:
@@ -168,3 +175,48 @@ def refresh_report_if_stale(matrix: Matrix) -> bool:
 
     build_report(results)
     return True
+
+
+def forced_run_keys(matrix: Matrix, dag_settings: Any) -> list[str]:
+    """The runs the user told Snakemake to redo (``*`` for all), from its DAG settings.
+
+    ``hopperlab submit`` adopts a finished run of the same spec instead of redoing it (after an
+    interrupt Snakemake reruns jobs whose runs had finished); a run named by ``--forcerun``
+    (its ``metrics.json`` or the rule ``run``), ``--force`` on its target or ``--forceall`` is
+    redone all the same. Reruns because an input changed are told apart by the submit itself.
+    """
+    if dag_settings is None:
+        return []
+    if getattr(dag_settings, "forceall", False):
+        return ["*"]
+    asked = set(getattr(dag_settings, "forcerun", ()) or ())
+    if getattr(dag_settings, "forcetargets", False):
+        asked |= set(getattr(dag_settings, "targets", ()) or ())
+    if "run" in asked:
+        return ["*"]
+    by_output = {os.path.realpath(matrix.root / spec.run_dir / METRICS_FILE): key
+                 for key, spec in matrix.runs.items()}
+    return sorted({by_output[p] for p in map(os.path.realpath, asked) if p in by_output})
+
+
+def export_forced_runs(matrix: Matrix, dag_settings: Any) -> None:
+    """Tell the jobs (``hopperlab submit``, through the environment) which runs are forced."""
+    os.environ[FORCED_ENV] = " ".join(forced_run_keys(matrix, dag_settings))
+
+
+def hold_results(matrix: Matrix) -> None:
+    """Take the results folder for this workflow (onstart): a second workflow writing into it,
+    from this checkout or another, is refused with the holder's host and pid. Its own jobs
+    learn the holder through the environment; the lock goes when the workflow ends."""
+    path = locks.results_lock_path(matrix.results_dir)
+    locks.acquire(path, f"results folder {matrix.results_dir}")
+    os.environ[locks.HOLDER_ENV] = locks.holder_id(locks.this_process())
+    atexit.register(locks.release, path)  # also when Snakemake stops on an exception
+
+
+def finish_workflow(matrix: Matrix) -> None:
+    """onsuccess/onerror: refresh the report if a run is newer, then give the folder back."""
+    try:
+        refresh_report_if_stale(matrix)
+    finally:
+        locks.release(locks.results_lock_path(matrix.results_dir))

@@ -502,3 +502,19 @@ def find_root(start: Path | None = None) -> Path:
             return folder
     raise SpecError(f"{here}: not inside a hopperlab project (no configs/config.yaml + Snakefile "
                     f"found upward); pass --root")
+
+
+#: keys of a spec's data that say when and from which commit a run ran, not what it runs
+VOLATILE_SPEC_KEYS = ("git_commit", "attempt")
+
+
+def spec_data_fingerprint(data: Mapping[str, Any]) -> str:
+    """A hash of a run's spec data (``RunSpec.to_dict()`` or its ``spec.json``) without its
+    volatile keys: equal exactly when the run would run the same thing. Snakemake reruns a run
+    whose fingerprint changed; ``hopperlab submit`` adopts a finished run whose did not."""
+    import hashlib
+    import json
+
+    kept = {k: v for k, v in data.items() if k not in VOLATILE_SPEC_KEYS}
+    text = json.dumps(kept, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

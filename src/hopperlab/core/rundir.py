@@ -145,7 +145,7 @@ class Recorder:
         }
 
     def finish(self, status: Status, reason: str | None = None) -> dict[str, Any]:
-        """Write ``record.json`` and ``metrics.json``; return the record."""
+        """Write ``record.json`` and (for a result) ``metrics.json``; return the record."""
         self._steps.close()
         rec = self.record(status, reason)
         write_record(self.run_dir, rec)
@@ -153,10 +153,18 @@ class Recorder:
 
 
 def write_record(run_dir: Path, record: Mapping[str, Any]) -> None:
-    """Write the record twice: ``record.json`` (kept) and ``metrics.json`` (Snakemake's output)."""
+    """Write the record twice: ``record.json`` (kept) and ``metrics.json`` (Snakemake's output).
+
+    A failing status writes no ``metrics.json`` (and removes an older one): Snakemake must never
+    take a failed run for a done one, however its job ended (killed, ``--keep-incomplete``), so
+    that the next plain call retries it.
+    """
     run_dir = Path(run_dir)
     write_json_atomic(run_dir / RECORD_FILE, record)
-    write_json_atomic(run_dir / METRICS_FILE, record)
+    if record.get("status") in FAILING_STATUSES:
+        (run_dir / METRICS_FILE).unlink(missing_ok=True)
+    else:
+        write_json_atomic(run_dir / METRICS_FILE, record)
 
 
 def load_record(run_dir: Path) -> dict[str, Any] | None:

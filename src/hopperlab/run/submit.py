@@ -18,18 +18,23 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from hopperlab.config.spec import Matrix, RunSpec, spec_data_fingerprint
+from hopperlab.core import locks
 from hopperlab.core import rundir as record
-from hopperlab.core.rundir import (FAILING_STATUSES, RUN_UID, load_record, new_run_uid,
+from hopperlab.core.rundir import (FAILING_STATUSES, RUN_UID, STATUSES, load_record, new_run_uid,
                                    read_json, utc_now, write_json_atomic, write_record)
 from hopperlab.config.spec import Matrix, RunSpec
 from hopperlab.run.annotate import annotate_record
 
 ATTEMPTS_DIR = "attempts"
-KEPT_ACROSS_ATTEMPTS = {ATTEMPTS_DIR, record.HISTORY_FILE}
+KEPT_ACROSS_ATTEMPTS = {ATTEMPTS_DIR, record.HISTORY_FILE, locks.RUN_LOCK}
 #: How long the submitting side waits for space to write a run's record on a full disk, and how
 #: often it tries again.
 DISK_FULL_WAIT_S = 3600.0
 DISK_FULL_RETRY_S = 1.0
+#: run keys the workflow was asked to redo (``--forcerun``, ``--force``, ``--forceall``; ``*``
+#: for all), set by the Snakefile: those are rerun even when their record is complete
+FORCED_ENV = "HOPPERLAB_FORCED_RUNS"
 
 
 def previous_attempt(run_dir: Path) -> int:
@@ -61,6 +66,88 @@ def archive_previous(run_dir: Path) -> int:
         for path in leftovers:
             shutil.move(str(path), dest / path.name)
     return prev + 1
+
+
+def forced_by_workflow(key: str) -> bool:
+    """Whether the workflow that started this process was asked to redo ``key``."""
+    forced = os.environ.get(FORCED_ENV, "").split()
+    return "*" in forced or key in forced
+
+
+def _history_ended(run_dir: Path, attempt: int) -> bool:
+    """Whether ``history.jsonl`` says that ``attempt`` ended (its record was settled)."""
+    path = run_dir / record.HISTORY_FILE
+    if not path.exists():
+        return False
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line of a killed writer
+        if entry.get("attempt") == attempt and entry.get("event") == "end":
+            return True
+    return False
+
+
+def run_input_files(matrix: Matrix, spec: RunSpec) -> list[Path]:
+    """What a run's result depends on besides its spec: its assets' manifests and its image."""
+    assets = matrix.root / spec.site.assets_dir
+    files = [assets / name / "MANIFEST.sha256" for name in sorted(set(spec.assets.values()))]
+    if spec.site.container.image:
+        files.append(matrix.root / str(spec.site.container.image_file))
+    return files
+
+
+def adoptable_record(matrix: Matrix, spec: RunSpec, run_dir: Path) -> dict[str, Any] | None:
+    """The record of a finished attempt that can stand for a rerun of ``spec``, else None.
+
+    An interrupted workflow (SIGINT, or SIGKILL then ``--rerun-incomplete``) leaves jobs marked
+    incomplete whose runs had in fact finished, been recorded and uploaded. Such a run is
+    adopted when its last attempt ended as a result (not failed or timed out), for the same
+    spec fingerprint, after its inputs (assets, image) were last rebuilt. Whether the rerun
+    was asked for (``--forcerun``) is the caller's to decide: a forced run never adopts.
+    """
+    spec_file = run_dir / record.SPEC_FILE
+    rec_file = run_dir / record.RECORD_FILE
+    if not (spec_file.exists() and rec_file.exists()):
+        return None
+    try:
+        stored, rec = read_json(spec_file), read_json(rec_file)
+    except (OSError, ValueError):
+        return None
+    attempt = stored.get("attempt")
+    if (rec.get("attempt") != attempt or rec.get("status") not in STATUSES
+            or rec.get("status") in FAILING_STATUSES or not _history_ended(run_dir, attempt)):
+        return None
+    current = json.loads(json.dumps(spec.to_dict(), default=str))
+    stored_same_keys = {k: stored.get(k) for k in current}
+    if spec_data_fingerprint(stored_same_keys) != spec_data_fingerprint(current):
+        return None
+    done = rec_file.stat().st_mtime
+    if any(p.exists() and p.stat().st_mtime > done for p in run_input_files(matrix, spec)):
+        return None
+    return rec
+
+
+def _uploaded(run_dir: Path, rec: dict[str, Any]) -> bool:
+    """Whether ``mlflow.json`` says this attempt was uploaded (else the upload is due)."""
+    try:
+        return read_json(run_dir / record.MLFLOW_FILE).get("attempt") == rec.get("attempt")
+    except (OSError, ValueError):
+        return False
+
+
+def _adopt(run_dir: Path, spec: RunSpec, rec: dict[str, Any], upload: bool, log) -> int:
+    """Take a finished attempt as this submission's result: its record back as Snakemake's
+    output (which Snakemake deleted as incomplete), a history line, the upload if missing."""
+    write_record(run_dir, rec)
+    _append_history(run_dir, {"attempt": rec["attempt"], "event": "adopted", "time": utc_now(),
+                              "status": rec["status"]})
+    log(f"[hopperlab] {spec.key}: attempt {rec['attempt']} had finished ({rec['status']}) with "
+        f"this spec; adopted, not rerun (`--forcerun` reruns it)")
+    if upload and not _uploaded(run_dir, rec):
+        upload_quietly(run_dir, spec.site.tracking_uri, log)  # interrupted before its upload
+    return 0
 
 
 def _append_history(run_dir: Path, entry: dict[str, Any]) -> None:
@@ -224,11 +311,13 @@ def _write_settled(run_dir: Path, rec: dict[str, Any], disk_full: str | None,
 
 
 def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | None = None,
-           log=print) -> int:
-    """Run ``key`` through the site's executor; return the exit code for the Snakemake rule."""
-    from hopperlab.run import launch
-    from hopperlab.run import runner
+           adopt: bool = False, log=print) -> int:
+    """Run ``key`` through the site's executor; return the exit code for the Snakemake rule.
 
+    With ``adopt``, a finished attempt of the same spec is taken instead (``adoptable_record``).
+    The run directory is locked against a second writer, and a results folder held by another
+    workflow than the one that started this process is refused (``hopperlab.core.locks``).
+    """
     spec = matrix.get(key)
     if executor:
         from dataclasses import replace
@@ -237,6 +326,21 @@ def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | Non
     from hopperlab.profiling import check_profiler
 
     check_profiler(spec)  # e.g. profiler=nsys where no nsys is: refused before anything runs
+    locks.check_free(locks.results_lock_path(matrix.results_dir),
+                     f"results folder {matrix.results_dir}", allowed=locks.workflow_holders())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with locks.holding(run_dir / locks.RUN_LOCK, f"run directory {run_dir}"):
+        rec = adoptable_record(matrix, spec, run_dir) if adopt else None
+        if rec is not None:
+            return _adopt(run_dir, spec, rec, upload, log)
+        return _submit_locked(spec, run_dir, upload, log)
+
+
+def _submit_locked(spec: RunSpec, run_dir: Path, upload: bool, log) -> int:
+    from hopperlab.run import launch
+    from hopperlab.run import runner
+
+    key = spec.key
     attempt = archive_previous(run_dir)
     spec_data = spec.to_dict()
     spec_data["attempt"] = attempt

@@ -1,0 +1,111 @@
+"""Which finished runs ``hopperlab submit`` adopts instead of redoing, and which runs the
+workflow was told to redo (no jobs run here: the run directories are written by hand)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hopperlab.cli.workflow import forced_run_keys
+from hopperlab.config.spec import load_matrix
+from hopperlab.core import rundir as record
+from hopperlab.run.submit import FORCED_ENV, adoptable_record, forced_by_workflow
+from tests.helpers import copy_project, edit_yaml
+
+CONFIG = {"families": ["selftest"], "only": ["selftest/faults/ok", "selftest/assets/table"]}
+
+
+@pytest.fixture
+def project(tmp_path):
+    return copy_project(tmp_path / "project")
+
+
+def _finished(matrix, key: str, status: str = "ok", ended: bool = True) -> Path:
+    """A run directory as `hopperlab submit` leaves it after attempt 1."""
+    spec = matrix.get(key)
+    run_dir = matrix.root / spec.run_dir
+    record.write_json_atomic(run_dir / record.SPEC_FILE, {**spec.to_dict(), "attempt": 1})
+    record.write_record(run_dir, {"key": key, "attempt": 1, "status": status, "reason": None,
+                                  "metrics": {}})
+    lines = [{"attempt": 1, "event": "start"}] + ([{"attempt": 1, "event": "end"}] if ended
+                                                  else [])
+    (run_dir / record.HISTORY_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return run_dir
+
+
+def test_a_complete_record_of_the_same_spec_is_adopted(project):
+    matrix = load_matrix(project, CONFIG)
+    run_dir = _finished(matrix, "selftest/faults/ok")
+    rec = adoptable_record(matrix, matrix.get("selftest/faults/ok"), run_dir)
+    assert rec is not None and rec["status"] == "ok"
+
+
+@pytest.mark.parametrize("status", ["failed", "timeout"])
+def test_a_failed_run_is_never_adopted_and_leaves_no_snakemake_output(project, status):
+    matrix = load_matrix(project, CONFIG)
+    run_dir = _finished(matrix, "selftest/faults/ok", status=status)
+    assert not (run_dir / record.METRICS_FILE).exists()  # Snakemake can never take it as done
+    assert adoptable_record(matrix, matrix.get("selftest/faults/ok"), run_dir) is None
+
+
+def test_an_attempt_that_never_ended_is_not_adopted(project):
+    matrix = load_matrix(project, CONFIG)
+    run_dir = _finished(matrix, "selftest/faults/ok", ended=False)
+    assert adoptable_record(matrix, matrix.get("selftest/faults/ok"), run_dir) is None
+
+
+def test_a_changed_spec_is_not_adopted(project):
+    matrix = load_matrix(project, CONFIG)
+    run_dir = _finished(matrix, "selftest/faults/ok")
+    edit_yaml(project / "experiments/selftest.yaml", lambda d: d["experiments"]["faults"][
+        "variants"]["ok"]["params"].update(steps=7))
+    changed = load_matrix(project, CONFIG)
+    assert adoptable_record(changed, changed.get("selftest/faults/ok"), run_dir) is None
+
+
+def test_a_run_older_than_its_rebuilt_asset_is_not_adopted(project):
+    matrix = load_matrix(project, CONFIG)
+    spec = matrix.get("selftest/assets/table")
+    run_dir = _finished(matrix, spec.key)
+    manifest = Path(spec.site.assets_dir) / spec.assets["table"] / "MANIFEST.sha256"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text("")
+    done = (run_dir / record.RECORD_FILE).stat().st_mtime
+    os.utime(manifest, (done - 60, done - 60))
+    assert adoptable_record(matrix, spec, run_dir) is not None
+    os.utime(manifest, (done + 60, done + 60))  # rebuilt after the run
+    assert adoptable_record(matrix, spec, run_dir) is None
+
+
+def test_forced_runs_follow_forcerun_force_and_forceall(project, monkeypatch):
+    monkeypatch.chdir(project)
+    matrix = load_matrix(project, CONFIG)
+    target = "results/selftest/faults/ok/metrics.json"
+
+    def settings(**kw):
+        return SimpleNamespace(**{"forceall": False, "forcerun": frozenset(),
+                                  "forcetargets": False, "targets": frozenset(), **kw})
+
+    assert forced_run_keys(matrix, None) == []
+    assert forced_run_keys(matrix, settings()) == []
+    assert forced_run_keys(matrix, settings(forcerun={target})) == ["selftest/faults/ok"]
+    assert forced_run_keys(matrix, settings(forcerun={str(project / target)})) == [
+        "selftest/faults/ok"]
+    assert forced_run_keys(matrix, settings(targets={target})) == []  # a target, not forced
+    assert forced_run_keys(matrix, settings(targets={target}, forcetargets=True)) == [
+        "selftest/faults/ok"]
+    assert forced_run_keys(matrix, settings(forcerun={"run"})) == ["*"]
+    assert forced_run_keys(matrix, settings(forcerun={"report"})) == []
+    assert forced_run_keys(matrix, settings(forceall=True)) == ["*"]
+
+    monkeypatch.setenv(FORCED_ENV, "selftest/faults/ok")
+    assert forced_by_workflow("selftest/faults/ok")
+    assert not forced_by_workflow("selftest/assets/table")
+    monkeypatch.setenv(FORCED_ENV, "*")
+    assert forced_by_workflow("selftest/assets/table")
+    monkeypatch.delenv(FORCED_ENV)
+    assert not forced_by_workflow("selftest/faults/ok")
