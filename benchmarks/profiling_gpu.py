@@ -68,7 +68,7 @@ def membench_runs(root: Path, nsys: str, site_file: Path) -> list[Path]:
     for key in runs:
         t0 = time.time()
         try:
-            rc = submit(matrix, key, upload=False)
+            rc = submit(matrix, key)
         except Exception as exc:  # noqa: BLE001 - report and go on with the next run
             rc = f"{type(exc).__name__}: {exc}"
         print(f"  {key}: {rc} in {time.time() - t0:.1f} s", flush=True)

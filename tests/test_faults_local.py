@@ -97,7 +97,7 @@ def test_full_disk_after_the_job_ends_failed_naming_the_device(tmp_path, tiny_di
         if "no space left" in line:
             tiny_disk.free()  # someone cleans up, as a user would
 
-    rc = submission.submit(matrix, "selftest/faults/ok", upload=False, executor="local",
+    rc = submission.submit(matrix, "selftest/faults/ok", executor="local",
                            log=log)
     assert rc == 1, said
     run_dir = results / "selftest/faults/ok"

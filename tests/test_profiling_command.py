@@ -181,5 +181,5 @@ def test_check_is_called_before_submission(tmp_path, monkeypatch):
     matrix = Matrix(runs={spec.key: spec}, config={"results_dir": "results"}, site=spec.site,
                     root=tmp_path)
     with pytest.raises(SpecError, match="nsys_path"):
-        submission.submit(matrix, spec.key, upload=False, log=lambda *_: None)
+        submission.submit(matrix, spec.key, log=lambda *_: None)
     assert not (tmp_path / "results").exists()

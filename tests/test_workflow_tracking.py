@@ -12,6 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from hopperlab.config.spec import load_matrix
+from hopperlab.results import tracking
 from hopperlab.run.submit import submit
 from tests.helpers import copy_project, edit_yaml, hopperlab, snakemake
 from tests.infra.mlflow_fixture import free_port
@@ -113,7 +114,8 @@ def test_a_password_in_the_tracking_uri_is_written_nowhere(mlflow_uri, tmp_path,
     add_site(project, "creds", mlflow_uri.replace("http://", "http://alice:s3cret@"))
     matrix = load_matrix(project, {"site": "creds", "families": "selftest", "only": TRIVIAL})
     lines: list[str] = []
-    assert submit(matrix, TRIVIAL, executor="debug", log=lines.append) == 0
+    assert submit(matrix, TRIVIAL, executor="debug", log=lines.append,
+                  upload=tracking.upload_quietly) == 0
     run_dir = project / "results" / TRIVIAL
     written = {p: p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file()}
     assert [p for p, text in written.items() if "s3cret" in text] == []

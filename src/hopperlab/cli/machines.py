@@ -13,7 +13,14 @@ from typing import Any, Callable
 
 from hopperlab.config.spec import find_root, load_config, parse_overrides
 from hopperlab.core.errors import SpecError
-from hopperlab.results.machines import compare, descriptions, predict, references, runs
+from hopperlab.results.machines import (
+    compare,
+    descriptions,
+    mlflow_source,
+    predict,
+    references,
+    runs,
+)
 from hopperlab.results.report.collect import collect_runs
 
 EXIT_REGRESSION = 1
@@ -30,8 +37,6 @@ def _default_results(root: Path, args: argparse.Namespace) -> Path:
 def cmd_machines(args: argparse.Namespace) -> int:
     root = _root(args)
     if args.mlflow:
-        from hopperlab.results.machines import mlflow_source
-
         groups = mlflow_source.load(args.mlflow, args.results_dirs)
     else:
         if not args.results_dirs:

@@ -67,9 +67,17 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _uploader(args: argparse.Namespace):
+    """What uploads a settled run (None with --no-upload: `hopperlab sync` does it later)."""
+    if args.no_upload:
+        return None
+    tracking.warm_up_in_background()
+    return tracking.upload_quietly
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     # a finished run of the same spec is adopted unless the workflow was told to redo it
-    return submit(_matrix(args), args.key, upload=not args.no_upload,
+    return submit(_matrix(args), args.key, upload=_uploader(args),
                   adopt=not forced_by_workflow(args.key))
 
 
@@ -78,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = matrix.get(args.key)
     for name in sorted(set(spec.assets.values())):  # what Snakemake would have built first
         _fetch(matrix, name)
-    return submit(matrix, args.key, upload=not args.no_upload, executor="debug")
+    return submit(matrix, args.key, upload=_uploader(args), executor="debug")
 
 
 def _fetch(matrix: Matrix, name: str) -> Path:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import hashlib
-import json
 import os
 import shlex
 from pathlib import Path
@@ -25,6 +23,7 @@ from hopperlab.core.schema import (
     validate_against_schema,
     value_children,
 )
+from hopperlab.results.report import build_report
 from hopperlab.run.submit import FORCED_ENV
 
 #: config keys forwarded to `hopperlab` on each rule's command line
@@ -171,8 +170,6 @@ def refresh_report_if_stale(matrix: Matrix) -> bool:
                 newest = max(newest, path.stat().st_mtime)
     if newest == 0.0 or (summary.exists() and summary.stat().st_mtime >= newest):
         return False
-    from hopperlab.results.report import build_report
-
     build_report(results)
     return True
 

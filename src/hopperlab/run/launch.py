@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from hopperlab.config.spec import RunSpec
 from hopperlab.node.containers import exec_prefix, job_binds
 from hopperlab.profiling import profiler_prefix
-from hopperlab.config.spec import RunSpec
 
 #: Slurm states that mean "ran out of its time limit" (submitit reports them as uncompleted).
 TIMEOUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})

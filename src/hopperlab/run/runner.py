@@ -12,8 +12,17 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from hopperlab.config.spec import RunSpec
 from hopperlab.core import rundir as record
-from hopperlab.core.rundir import Recorder, SkipRun, read_json, write_json_atomic, write_text_atomic
+from hopperlab.core.rundir import (
+    Recorder,
+    SkipRun,
+    read_json,
+    write_json_atomic,
+    write_text_atomic,
+)
+from hopperlab.node import hardware
+from hopperlab.workloads import family_info
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -46,10 +55,6 @@ def execute(spec_path: str) -> dict[str, Any]:
     rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)))
     rec.slurm = slurm_identity()
     try:
-        from hopperlab.node import hardware
-        from hopperlab.config.spec import RunSpec
-        from hopperlab.workloads import family_info
-
         rec.hardware = hardware.fingerprint()
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
         spec = RunSpec.from_dict(spec_data)

@@ -8,22 +8,31 @@ run directory ends with a record, and an unreachable MLflow only delays the uplo
 from __future__ import annotations
 
 import errno
-import importlib
 import json
 import os
 import re
-import threading
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from hopperlab.config.spec import Matrix, RunSpec, spec_data_fingerprint
 from hopperlab.core import locks
 from hopperlab.core import rundir as record
-from hopperlab.core.rundir import (FAILING_STATUSES, RUN_UID, STATUSES, load_record, new_run_uid,
-                                   read_json, utc_now, write_json_atomic, write_record)
-from hopperlab.config.spec import Matrix, RunSpec
+from hopperlab.core.rundir import (
+    FAILING_STATUSES,
+    RUN_UID,
+    STATUSES,
+    load_record,
+    new_run_uid,
+    read_json,
+    utc_now,
+    write_json_atomic,
+    write_record,
+)
+from hopperlab.profiling import check_profiler
+from hopperlab.run import launch, runner
 from hopperlab.run.annotate import annotate_record
 
 ATTEMPTS_DIR = "attempts"
@@ -137,7 +146,8 @@ def _uploaded(run_dir: Path, rec: dict[str, Any]) -> bool:
         return False
 
 
-def _adopt(run_dir: Path, spec: RunSpec, rec: dict[str, Any], upload: bool, log) -> int:
+def _adopt(run_dir: Path, spec: RunSpec, rec: dict[str, Any], upload: Uploader | None,
+           log) -> int:
     """Take a finished attempt as this submission's result: its record back as Snakemake's
     output (which Snakemake deleted as incomplete), a history line, the upload if missing."""
     write_record(run_dir, rec)
@@ -146,7 +156,7 @@ def _adopt(run_dir: Path, spec: RunSpec, rec: dict[str, Any], upload: bool, log)
     log(f"[hopperlab] {spec.key}: attempt {rec['attempt']} had finished ({rec['status']}) with "
         f"this spec; adopted, not rerun (`--forcerun` reruns it)")
     if upload and not _uploaded(run_dir, rec):
-        upload_quietly(run_dir, spec.site.tracking_uri, log)  # interrupted before its upload
+        upload(run_dir, spec.site.tracking_uri, log)  # interrupted before its upload
     return 0
 
 
@@ -310,9 +320,17 @@ def _write_settled(run_dir: Path, rec: dict[str, Any], disk_full: str | None,
     return rec, _when_space(lambda: write_record(run_dir, rec), run_dir / record.RECORD_FILE, log)
 
 
-def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | None = None,
-           adopt: bool = False, log=print) -> int:
+#: uploads a settled run directory to a tracking URI, saying what went wrong instead of raising
+#: (``hopperlab.results.tracking.upload_quietly``; the command line passes it in, so that this
+#: layer never imports the results layer)
+Uploader = Callable[[Path, str, Callable[[str], None]], bool]
+
+
+def submit(matrix: Matrix, key: str, *, upload: Uploader | None = None,
+           executor: str | None = None, adopt: bool = False, log=print) -> int:
     """Run ``key`` through the site's executor; return the exit code for the Snakemake rule.
+
+    ``upload`` (None: leave MLflow for ``hopperlab sync``) takes the settled run directory.
 
     With ``adopt``, a finished attempt of the same spec is taken instead (``adoptable_record``).
     The run directory is locked against a second writer, and a results folder held by another
@@ -320,11 +338,8 @@ def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | Non
     """
     spec = matrix.get(key)
     if executor:
-        from dataclasses import replace
         spec = replace(spec, site=replace(spec.site, executor=executor))
     run_dir = matrix.root / spec.run_dir
-    from hopperlab.profiling import check_profiler
-
     check_profiler(spec)  # e.g. profiler=nsys where no nsys is: refused before anything runs
     locks.check_free(locks.results_lock_path(matrix.results_dir),
                      f"results folder {matrix.results_dir}", allowed=locks.workflow_holders())
@@ -336,10 +351,7 @@ def submit(matrix: Matrix, key: str, *, upload: bool = True, executor: str | Non
         return _submit_locked(spec, run_dir, upload, log)
 
 
-def _submit_locked(spec: RunSpec, run_dir: Path, upload: bool, log) -> int:
-    from hopperlab.run import launch
-    from hopperlab.run import runner
-
+def _submit_locked(spec: RunSpec, run_dir: Path, upload: Uploader | None, log) -> int:
     key = spec.key
     attempt = archive_previous(run_dir)
     spec_data = spec.to_dict()
@@ -352,10 +364,6 @@ def _submit_locked(spec: RunSpec, run_dir: Path, upload: bool, log) -> int:
     _append_history(run_dir, {"attempt": attempt, "event": "start", "time": utc_now(),
                               "executor": spec.site.executor})
     log(f"[hopperlab] {key}: attempt {attempt} via {spec.site.executor}")
-    if upload:
-        # importing MLflow takes ~2 s of CPU: do it while the job runs, not after it
-        threading.Thread(target=importlib.import_module, args=("mlflow",),
-                         daemon=True).start()
     outcome = launch.run_job(
         spec, run_dir, runner.execute, str(spec_file.resolve()),
         on_submitted=lambda job_id: log(f"[hopperlab] {key}: job {job_id} submitted"), log=log)
@@ -370,22 +378,5 @@ def _submit_locked(spec: RunSpec, run_dir: Path, upload: bool, log) -> int:
     if not written:
         return 1
     if upload:
-        upload_quietly(run_dir, spec.site.tracking_uri, log)
+        upload(run_dir, spec.site.tracking_uri, log)
     return 1 if rec["status"] in FAILING_STATUSES else 0
-
-
-def upload_quietly(run_dir: Path, tracking_uri: str, log=print) -> bool:
-    """Upload a run; on any tracking trouble say so and keep going (``hopperlab sync`` later)."""
-    from hopperlab.results import tracking
-
-    try:
-        tracking.upload_run(run_dir, tracking_uri)
-        return True
-    except tracking.TrackingUnavailable as exc:
-        log(f"[hopperlab] {exc}; the run is on disk in {run_dir}; "
-            f"run `hopperlab sync` once MLflow is back")
-    except Exception as exc:  # noqa: BLE001 - tracking trouble never loses the run
-        text = " ".join(str(exc).split())[:500]  # one line, without a URI's credentials
-        log(f"[hopperlab] upload of {run_dir} failed: {type(exc).__name__}: "
-            f"{tracking._scrub(text)}; `hopperlab sync` retries it")
-    return False

@@ -29,6 +29,7 @@ from hopperlab.results.report.collect import (
     reference_run,
     sort_key,
 )
+from hopperlab.workloads import family_info
 
 REPORT_FILE = "report.html"
 
@@ -204,8 +205,6 @@ def _family_charts(family: str, runs: Sequence[RunRow]) -> list[str]:
     """The family's own charts (FamilyInfo.charts), as figures; a chart that fails to draw is
     named in a note instead of breaking the report."""
     try:
-        from hopperlab.workloads import family_info
-
         draw = family_info(family).load_charts()
     except (KeyError, ImportError, AttributeError):
         return []

@@ -25,36 +25,19 @@ URIs it writes or prints.
 """
 
 from hopperlab.config.spec import redact_uri
-from hopperlab.results.tracking.client import (
-                                               TrackingError,
-                                               TrackingUnavailable,
-                                               is_reachable,
-                                               scrub,
-)
-from hopperlab.results.tracking.layout import (
-                                               TAG_ATTEMPT,
-                                               TAG_EXPERIMENT,
-                                               TAG_FAMILY,
-                                               TAG_REASON,
-                                               TAG_ROLE,
-                                               TAG_RUN_KEY,
-                                               TAG_RUN_UID,
-                                               TAG_STATUS,
-                                               TAG_UPLOADED,
-                                               TAG_VARIANT,
-                                               compare_url,
-                                               experiment_compare_url,
-                                               flatten,
-                                               prepare,
-                                               safe_key,
-)
+from hopperlab.results.tracking.client import (TrackingError, TrackingUnavailable, is_reachable,
+                                               scrub, warm_up_in_background)
+from hopperlab.results.tracking.layout import (TAG_ATTEMPT, TAG_EXPERIMENT, TAG_FAMILY, TAG_REASON,
+                                               TAG_ROLE, TAG_RUN_KEY, TAG_RUN_UID, TAG_STATUS,
+                                               TAG_UPLOADED, TAG_VARIANT, compare_url,
+                                               experiment_compare_url, flatten, prepare, safe_key)
 from hopperlab.results.tracking.sync import SyncReport, find_run_dirs, is_synced, sync
-from hopperlab.results.tracking.upload import run_uid, upload_run
+from hopperlab.results.tracking.upload import run_uid, upload_quietly, upload_run
 
 __all__ = [
     "TAG_ATTEMPT", "TAG_EXPERIMENT", "TAG_FAMILY", "TAG_REASON", "TAG_ROLE", "TAG_RUN_KEY",
     "TAG_RUN_UID", "TAG_STATUS", "TAG_UPLOADED", "TAG_VARIANT", "SyncReport", "TrackingError",
     "TrackingUnavailable", "compare_url", "experiment_compare_url", "find_run_dirs", "flatten",
     "is_reachable", "is_synced", "prepare", "redact_uri", "run_uid", "safe_key", "scrub", "sync",
-    "upload_run",
+    "upload_quietly", "upload_run", "warm_up_in_background",
 ]

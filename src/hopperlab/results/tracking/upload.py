@@ -32,6 +32,7 @@ from hopperlab.core.rundir import (
 )
 from hopperlab.results.tracking.client import (
     TrackingError,
+    TrackingUnavailable,
     mlflow_client,
     require_reachable,
     retry,
@@ -328,3 +329,18 @@ def _upload(client, run: RunFiles, experiment_id: str, parent_id: str) -> tuple[
     retry(client.set_terminated, run_id, status, end_time=end_ms(run.record))
     retry(client.set_tag, run_id, TAG_UPLOADED, "true", synchronous=True)
     return run_id, True
+
+
+def upload_quietly(run_dir: Path, tracking_uri: str, log=print) -> bool:
+    """Upload a run; on any tracking trouble say so and keep going (``hopperlab sync`` later)."""
+    try:
+        upload_run(run_dir, tracking_uri)
+        return True
+    except TrackingUnavailable as exc:
+        log(f"[hopperlab] {exc}; the run is on disk in {run_dir}; "
+            f"run `hopperlab sync` once MLflow is back")
+    except Exception as exc:  # noqa: BLE001 - tracking trouble never loses the run
+        text = " ".join(str(exc).split())[:500]  # one line, without a URI's credentials
+        log(f"[hopperlab] upload of {run_dir} failed: {type(exc).__name__}: "
+            f"{scrub(text)}; `hopperlab sync` retries it")
+    return False
