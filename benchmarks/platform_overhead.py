@@ -78,9 +78,9 @@ def dry_run(project: Path, size: int) -> dict:
 
 
 def upload(project: Path, n_metrics: int, tracking_uri: str) -> dict:
-    from hopperlab.results import tracking
+    from hopperlab.config.matrix import load_matrix
     from hopperlab.core.rundir import Recorder, write_json_atomic
-    from hopperlab.config.spec import load_matrix
+    from hopperlab.results import tracking
 
     spec = load_matrix(project, {"families": "selftest"}).runs["selftest/bench0/v0"]
     run_dir = project / "bench-upload" / str(time.time_ns())

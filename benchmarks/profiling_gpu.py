@@ -27,9 +27,13 @@ import sys
 import time
 from pathlib import Path
 
-from hopperlab.profiling.command import ProfilingSettings, nsys_profile_args, wrapper_args
-from hopperlab.profiling.finish import TRIMMED_SQLITE
 from hopperlab.core.rundir import load_record
+from hopperlab.profiling.command import (
+    ProfilingSettings,
+    nsys_profile_args,
+    wrapper_args,
+)
+from hopperlab.profiling.finish import TRIMMED_SQLITE
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOWN = ("prof_capture_s", "prof_gpu_busy_frac", "prof_top_kernel_share", "prof_memops_share",
@@ -39,9 +43,16 @@ SHOWN = ("prof_capture_s", "prof_gpu_busy_frac", "prof_top_kernel_share", "prof_
 
 
 def membench_runs(root: Path, nsys: str, site_file: Path) -> list[Path]:
-    from hopperlab.config.spec import (ContainerSettings, Knobs, Matrix, Resources, RunSpec, SiteSpec,
-                                SlurmSettings)
+    from hopperlab.config.spec import (
+        ContainerSettings,
+        Matrix,
+        Resources,
+        RunSpec,
+        SiteSpec,
+        SlurmSettings,
+    )
     from hopperlab.run.submit import submit
+    from hopperlab.workloads.base import Knobs
     from hopperlab.workloads.membench import MembenchParams
 
     site = SiteSpec(name="gpu", executor="local", poll_interval_s=0.2, slurm=SlurmSettings(),

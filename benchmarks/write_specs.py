@@ -11,9 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from hopperlab.config.spec import parse_overrides
+from hopperlab.config.matrix import find_root, load_matrix, parse_overrides
 from hopperlab.core.rundir import write_json_atomic
-from hopperlab.config.spec import find_root, load_matrix
 
 
 def main() -> int:

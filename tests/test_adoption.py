@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from hopperlab.cli.workflow import forced_run_keys
-from hopperlab.config.spec import load_matrix
+from hopperlab.config.matrix import load_matrix
 from hopperlab.core import rundir as record
 from hopperlab.run.submit import FORCED_ENV, adoptable_record, forced_by_workflow
 from tests.helpers import copy_project, edit_yaml

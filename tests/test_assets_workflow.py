@@ -9,8 +9,8 @@ import re
 
 import pytest
 
+from hopperlab.config.matrix import load_matrix
 from hopperlab.core.errors import AssetMissing, SpecError
-from hopperlab.config.spec import load_matrix
 from tests.helpers import copy_project, edit_yaml, snakemake
 
 pytestmark = pytest.mark.timeout(600)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hopperlab.cli.main import main as hopperlab
-from hopperlab.node import containers
+from hopperlab.core.errors import SpecError
 from hopperlab.node.containers import (
     ContainerError,
     build,
@@ -30,7 +30,6 @@ from hopperlab.node.containers import (
     job_binds,
     resolve_site_runtime,
 )
-from hopperlab.config.spec import SpecError
 
 REPO = Path(__file__).resolve().parents[1]
 CONTAINERS = REPO / "containers"

@@ -24,9 +24,13 @@ from hypothesis import strategies as st  # noqa: E402
 from hopperlab.assets.tpch import generate  # noqa: E402
 from hopperlab.core.rundir import Recorder, SkipRun  # noqa: E402
 from hopperlab.workloads import family_info  # noqa: E402
-from hopperlab.workloads.database import FAMILY, QUERIES, DatabaseParams  # noqa: E402
+from hopperlab.workloads.database import (  # noqa: E402
+    FAMILY,
+    QUERIES,
+    DatabaseParams,
+    workload,  # noqa: E402
+)
 from hopperlab.workloads.database import plans as plans_module  # noqa: E402
-from hopperlab.workloads.database import workload  # noqa: E402
 from hopperlab.workloads.database.columns import load_tables  # noqa: E402
 from hopperlab.workloads.database.operators import group_sums, safe_rows, top_k  # noqa: E402
 from hopperlab.workloads.database.oracle import AnswerMismatch, DuckPeer, compare  # noqa: E402
@@ -73,7 +77,7 @@ def test_params_are_validated(bad, needle):
 
 
 def test_experiments_file_resolves():
-    from hopperlab.config.spec import load_matrix
+    from hopperlab.config.matrix import load_matrix
 
     matrix = load_matrix(".", {"families": ["database"]})
     runs = {k: r for k, r in matrix.runs.items() if k.startswith("database/")}

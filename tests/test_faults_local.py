@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hopperlab.config.spec import load_matrix
+from hopperlab.config.matrix import load_matrix
 from hopperlab.run import launch
 from hopperlab.run import submit as submission
 from tests.helpers import copy_project, hopperlab

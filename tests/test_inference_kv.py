@@ -17,8 +17,12 @@ from hopperlab.core.rundir import Recorder  # noqa: E402
 from hopperlab.workloads.inference import InferenceParams  # noqa: E402
 from hopperlab.workloads.inference.generation import decode, prefill  # noqa: E402
 from hopperlab.workloads.inference.host_memory import HostArena  # noqa: E402
-from hopperlab.workloads.inference.kv_cache import (caches_equal, layer_tensors,  # noqa: E402
-                                                     make_layerwise_ready_cache, new_cache)
+from hopperlab.workloads.inference.kv_cache import (  # noqa: E402
+    caches_equal,
+    layer_tensors,
+    make_layerwise_ready_cache,
+    new_cache,
+)
 from hopperlab.workloads.inference.kv_policies import KvCachePolicy  # noqa: E402
 from hopperlab.workloads.inference.layered_reload import PinnedHostStore  # noqa: E402
 from hopperlab.workloads.inference.managed_kv import ManagedStore  # noqa: E402
@@ -293,7 +297,7 @@ def test_managed_knob_only_with_offload(assets, tmp_path):
 
 
 def test_matrix_resolves_the_smoke_runs():
-    from hopperlab.config.spec import load_matrix
+    from hopperlab.config.matrix import load_matrix
 
     matrix = load_matrix(ROOT, {"families": "inference", "scale": "smoke"})
     keys = sorted(matrix.runs)

@@ -14,7 +14,7 @@ import yaml
 
 from hopperlab.cli.main import main
 from hopperlab.config.cost import CostSpec, price
-from hopperlab.config.spec import load_matrix
+from hopperlab.config.matrix import load_matrix
 from hopperlab.core.errors import SpecError
 from hopperlab.node.naming import machine_name
 from hopperlab.results.machines import compare, descriptions, predict, references, runs

@@ -13,12 +13,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hopperlab.run import launch
+from hopperlab.config.spec import (
+    ContainerSettings,
+    Resources,
+    RunSpec,
+    SiteSpec,
+    SlurmSettings,
+)
 from hopperlab.core.errors import SpecError
+from hopperlab.core.schema import validate_against_schema
 from hopperlab.profiling import command
-from hopperlab.profiling.command import ProfilingSettings, check_profiler, profiler_prefix
-from hopperlab.config.spec import (ContainerSettings, Knobs, Resources, RunSpec, SiteSpec, SlurmSettings,
-                            validate_against_schema)
+from hopperlab.profiling.command import (
+    ProfilingSettings,
+    check_profiler,
+    profiler_prefix,
+)
+from hopperlab.run import launch
+from hopperlab.workloads.base import Knobs
 from hopperlab.workloads.membench import MembenchParams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,7 +138,12 @@ def test_bad_profiling_blocks_name_the_site_file(tmp_path, block, message):
     assert str(tmp_path / "site.yaml") in str(err.value)
 
 
-def test_job_python_puts_wrapper_and_nsys_inside_the_container(tmp_path):
+def test_job_python_puts_wrapper_and_nsys_inside_the_container(tmp_path, monkeypatch):
+    runtime = tmp_path / "bin" / "apptainer"  # the site's runtime, found on PATH at submission
+    runtime.parent.mkdir()
+    runtime.write_text("#!/bin/sh\nexit 0\n")
+    runtime.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{runtime.parent}:/usr/bin:/bin")
     spec = make_spec(tmp_path, image="pytorch", executor="slurm")
     line = shlex.split(launch.job_python(spec, Path(spec.run_dir)))
     exec_at = line.index("exec")
@@ -172,8 +188,8 @@ def test_check_accepts_what_can_find_nsys(tmp_path, monkeypatch):
 
 def test_check_is_called_before_submission(tmp_path, monkeypatch):
     """hopperlab submit refuses before it writes anything into the run directory."""
-    from hopperlab.run import submit as submission
     from hopperlab.config.spec import Matrix
+    from hopperlab.run import submit as submission
 
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     spec = make_spec(tmp_path)

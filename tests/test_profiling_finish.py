@@ -17,8 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from hopperlab.profiling.finish import SUMMARY_FILE, TRIMMED_SQLITE, amend_record, finish_profile
 from hopperlab.core.rundir import Recorder, load_record, write_json_atomic
+from hopperlab.profiling.finish import (
+    SUMMARY_FILE,
+    TRIMMED_SQLITE,
+    amend_record,
+    finish_profile,
+)
 
 FIX = Path(__file__).parent / "fixtures" / "profiling"
 REPO = Path(__file__).resolve().parents[1]
@@ -136,11 +141,10 @@ def test_a_stale_record_is_not_amended(tmp_path):
 def test_in_process_torch_profile_of_a_membench_run(tmp_path):
     """hopperlab run (debug executor): the launcher finishes a torch profile itself."""
     pytest.importorskip("torch")
-    from hopperlab.run import launch
-    from hopperlab.run import runner
-    from hopperlab.config.spec import Knobs
-    from tests.test_profiling_command import make_spec
+    from hopperlab.run import launch, runner
+    from hopperlab.workloads.base import Knobs
     from hopperlab.workloads.membench import MembenchParams
+    from tests.test_profiling_command import make_spec
 
     spec = make_spec(tmp_path, profiler="torch", executor="debug")
     spec = replace(spec, knobs=Knobs(profiler="torch"), resources=replace(spec.resources, gpus=0),

@@ -18,11 +18,16 @@ import pytest
 import torch
 
 from hopperlab.assets.recsys import RecsysSpec, generate, write
+from hopperlab.config.matrix import load_matrix
 from hopperlab.core.rundir import Recorder, SkipRun, read_steps
-from hopperlab.config.spec import load_matrix
 from hopperlab.workloads import family_info
-from hopperlab.workloads.recommender import COMPONENTS, FAMILY, HEADLINE_METRICS, RecommenderParams
-from hopperlab.workloads.recommender import workload
+from hopperlab.workloads.recommender import (
+    COMPONENTS,
+    FAMILY,
+    HEADLINE_METRICS,
+    RecommenderParams,
+    workload,
+)
 from hopperlab.workloads.recommender.data import load
 from hopperlab.workloads.recommender.pipeline import Pipeline, PipelineConfig, summarize
 from hopperlab.workloads.recommender.training import auc, train_and_evaluate

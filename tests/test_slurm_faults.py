@@ -104,7 +104,7 @@ class _NobodyKnows:
 
 
 def test_a_job_no_source_knows_is_given_up_on_not_awaited_forever():
-    from hopperlab.config.spec import load_matrix
+    from hopperlab.config.matrix import load_matrix
     from hopperlab.run import launch
     from tests.helpers import REPO
 

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from hopperlab.config.spec import RunSpec, SpecError, load_matrix
+from hopperlab.cli.workflow import check_container_runtime, run_key
+from hopperlab.config.matrix import load_matrix
+from hopperlab.config.spec import RunSpec
+from hopperlab.core.errors import SpecError
 from hopperlab.results.tracking import flatten
-from hopperlab.cli.workflow import run_key
 from tests.helpers import REPO, copy_project, edit_yaml, snakemake
 
 
@@ -135,9 +137,30 @@ def test_snakemake_rejects_unknown_target_variant(project):
 def test_container_site_without_a_runtime_is_refused_before_submission(project, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no apptainer or singularity here
     edit_yaml(project / "configs/sites/local.yaml", lambda d: d.update(container="pytorch"))
-    msg = _error(project)
+    with pytest.raises(SpecError) as info:  # the workflow's check on the submitting side
+        check_container_runtime(load_matrix(project))
+    msg = str(info.value)
     assert "configs/sites/local.yaml" in msg and "container" in msg
     assert "apptainer" in msg and "singularity" in msg
+    out = snakemake(["-n", "--cores", "1"], project)  # refused before any job
+    assert out.returncode != 0 and "apptainer" in out.stdout + out.stderr
+
+
+def test_loading_the_spec_never_looks_at_the_machine(project, monkeypatch):
+    """Rule 4: no PATH lookup and no git while a spec loads (the submitting side does both)."""
+    import shutil
+    import subprocess
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"the spec looked at the machine: {args!r}")
+
+    edit_yaml(project / "configs/sites/local.yaml", lambda d: d.update(container="pytorch"))
+    monkeypatch.setattr(shutil, "which", forbidden)
+    monkeypatch.setattr(subprocess, "run", forbidden)
+    monkeypatch.setattr(subprocess, "Popen", forbidden)
+    matrix = load_matrix(project, {"scale": "full"})
+    spec = matrix.runs["membench/copy/h2d-pinned"]
+    assert spec.site.container.runtime == "auto" and spec.git_commit is None
 
 
 def test_container_site_wraps_the_job_python(project, tmp_path, monkeypatch):
@@ -189,8 +212,8 @@ def test_asset_substitutes_refuse_unknown_names_and_bad_pairs(project):
 
 
 def test_config_args_forward_profiler_and_substitutes_to_the_job():
-    from hopperlab.config.spec import parse_overrides
     from hopperlab.cli.workflow import config_args
+    from hopperlab.config.matrix import parse_overrides
 
     config = {"site": "local", "scale": "full", "results_dir": "r", "families": ["finetune"],
               "only": ["finetune/lora-llama2-7b/baseline"], "profiler": "torch",

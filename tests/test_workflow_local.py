@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from hopperlab.config.spec import load_matrix
+from hopperlab.config.matrix import load_matrix
 from tests.helpers import copy_project, hopperlab, snakemake
 
 pytestmark = pytest.mark.timeout(900)

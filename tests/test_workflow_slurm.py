@@ -15,7 +15,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from hopperlab.config.spec import load_matrix
+from hopperlab.config.matrix import load_matrix
 from tests.helpers import copy_project, hopperlab, snakemake
 
 pytestmark = pytest.mark.timeout(1200)

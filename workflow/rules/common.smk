@@ -2,9 +2,11 @@
 import shlex
 import sys
 
-from hopperlab.config.spec import SpecError, load_matrix
+from hopperlab.config.matrix import load_matrix
+from hopperlab.core.errors import SpecError
 from hopperlab.assets.registry import load_assets as load_asset_specs
 from hopperlab.cli.workflow import (
+    check_container_runtime,
     asset_input_manifests,
     asset_rule_fingerprint,
     assets_dir_for_rules,
@@ -19,6 +21,7 @@ from hopperlab.cli.workflow import (
 
 try:
     MATRIX = load_matrix(workflow.basedir, config)
+    check_container_runtime(MATRIX)  # the one look at PATH, on the submitting side
 except SpecError as exc:
     raise WorkflowError(f"hopperlab: config error:\n{exc}") from None
 

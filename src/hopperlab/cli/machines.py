@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from hopperlab.config.spec import find_root, load_config, parse_overrides
+from hopperlab.config.matrix import find_root, load_config, parse_overrides
 from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import (
     compare,

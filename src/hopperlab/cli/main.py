@@ -21,7 +21,8 @@ from hopperlab.cli import assets as assets_cli
 from hopperlab.cli import containers as containers_cli
 from hopperlab.cli import machines as machines_cli
 from hopperlab.cli import profile as profile_cli
-from hopperlab.config.spec import Matrix, find_root, load_matrix, parse_overrides
+from hopperlab.config.matrix import find_root, load_matrix, parse_overrides
+from hopperlab.config.spec import Matrix
 from hopperlab.core.errors import HopperlabError, SpecError
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report

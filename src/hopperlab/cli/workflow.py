@@ -8,14 +8,9 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
-from hopperlab.config.spec import (
-    Matrix,
-    SpecError,
-    spec_data_fingerprint,
-    unknown_target_message,
-)
+from hopperlab.config.spec import Matrix, spec_data_fingerprint, unknown_target_message
 from hopperlab.core import locks
-from hopperlab.core.errors import shown
+from hopperlab.core.errors import SpecError, shown
 from hopperlab.core.rundir import METRICS_FILE, RECORD_FILE
 from hopperlab.core.schema import (
     check_expansion,
@@ -23,6 +18,7 @@ from hopperlab.core.schema import (
     validate_against_schema,
     value_children,
 )
+from hopperlab.node.containers import resolve_site_runtime
 from hopperlab.results.report import build_report
 from hopperlab.run.submit import FORCED_ENV
 
@@ -217,3 +213,10 @@ def finish_workflow(matrix: Matrix) -> None:
         refresh_report_if_stale(matrix)
     finally:
         locks.release(locks.results_lock_path(matrix.results_dir))
+
+
+def check_container_runtime(matrix: Matrix) -> None:
+    """Refuse, before any job, a site whose container cannot run on this (submitting) machine:
+    loading the spec never looks at PATH, the workflow does once."""
+    c = matrix.site.container
+    resolve_site_runtime(matrix.site.source, c.runtime, c.image)

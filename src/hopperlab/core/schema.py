@@ -235,3 +235,9 @@ def _wants_list(tp: Any) -> bool:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return any(_wants_list(arg) for arg in typing.get_args(tp))
     return tp is list or typing.get_origin(tp) is list
+
+
+def project_schema(root: Path, name: str) -> dict[str, Any]:
+    """The JSON Schema workflow/schemas/``name`` of the project at ``root``."""
+    path = root / "workflow" / "schemas" / name
+    return safe_load_yaml(path.read_text(), str(path))

@@ -102,15 +102,15 @@ def find_runtime(preferred: str | None = None) -> str | None:
     return None
 
 
-def resolve_site_runtime(site_source: str, runtime_setting: str | None, image_name: str | None,
-                         *, containers_dir: Path | str | None = None,
-                         image_key: str = SITE_IMAGE_KEY,
-                         runtime_key: str = SITE_RUNTIME_KEY) -> str | None:
-    """The runtime a site's jobs will use, or None when the site runs no container.
+def check_site_image(site_source: str, runtime_setting: str | None, image_name: str | None,
+                     *, containers_dir: Path | str | None = None,
+                     image_key: str = SITE_IMAGE_KEY,
+                     runtime_key: str = SITE_RUNTIME_KEY) -> str | None:
+    """The site's runtime setting (auto, apptainer or singularity), None without a container.
 
-    Raises SpecError (naming the site file, the key and the missing binary) when the site asks
-    for an image and this machine has no runtime for it, or when the settings are wrong. With
-    ``containers_dir``, the image must also have a definition file (or an image) there.
+    Checks what the files say, never the machine: the image name, its definition file (or
+    image) in ``containers_dir``, and a runtime setting that can run it. Raises SpecError naming
+    the site file and the key.
     """
     if image_name in (None, ""):
         return None
@@ -130,6 +130,26 @@ def resolve_site_runtime(site_source: str, runtime_setting: str | None, image_na
         raise SpecError(f"{site_source}: {runtime_key}: is 'none', but {image_key}: "
                         f"{image_name!r} asks to run every job in a container; set {runtime_key} "
                         f"to auto, apptainer or singularity, or {image_key}: null")
+    if setting not in ("auto",) + RUNTIMES:
+        raise SpecError(f"{site_source}: {runtime_key}: unknown container runtime {setting!r}; "
+                        f"expected auto, {' or '.join(RUNTIMES)}")
+    return setting
+
+
+def resolve_site_runtime(site_source: str, runtime_setting: str | None, image_name: str | None,
+                         **kwargs: object) -> str | None:
+    """The runtime binary a site's jobs will use on this machine, None without a container.
+
+    Looks on PATH (the submitting side's check, never the spec's): raises SpecError, naming the
+    site file, the key and the missing binary, when the site asks for an image and this machine
+    has no runtime for it. Keyword arguments as for :func:`check_site_image`.
+    """
+    image_key = str(kwargs.get("image_key", SITE_IMAGE_KEY))
+    runtime_key = str(kwargs.get("runtime_key", SITE_RUNTIME_KEY))
+    setting = check_site_image(site_source, runtime_setting, image_name,
+                               **kwargs)  # type: ignore[arg-type]
+    if setting is None:
+        return None
     try:
         found = find_runtime(setting)
     except ValueError as exc:
@@ -188,6 +208,13 @@ def job_binds(paths: Iterable[Path | str], extra: Iterable[str] = (), *,
         if spec not in kept:
             kept.append(spec)
     return kept
+
+
+def job_exec_prefix(runtime: str, image: Path | str, folders: Iterable[Path | str],
+                    extra_binds: Iterable[str] = (), *, gpus: bool) -> list[str]:
+    """The exec prefix of a job that reads and writes ``folders`` (results, assets...) inside
+    ``image``: the one place that turns a job's folders into binds (``job_binds``)."""
+    return exec_prefix(runtime, image, job_binds(folders, extra_binds), gpus=gpus)
 
 
 def exec_prefix(runtime: str, image: Path | str, binds: Sequence[str], gpus: bool) -> list[str]:

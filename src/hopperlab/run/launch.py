@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hopperlab.config.spec import RunSpec
-from hopperlab.node.containers import exec_prefix, job_binds
+from hopperlab.node.containers import job_exec_prefix, resolve_site_runtime
 from hopperlab.profiling import profiler_prefix
 
 #: Slurm states that mean "ran out of its time limit" (submitit reports them as uncompleted).
@@ -55,9 +55,16 @@ def container_prefix(spec: RunSpec, run_dir: Path) -> list[str]:
     if not c.image:
         return []
     results = Path(run_dir).resolve().parents[2]  # results/<family>/<experiment>/<variant>
-    binds = job_binds([results, spec.site.assets_dir], extra=c.binds)
-    return exec_prefix(str(c.runtime), Path(str(c.image_file)), binds,
-                       gpus=spec.resources.gpus > 0)
+    return job_exec_prefix(str(container_runtime(spec)), Path(str(c.image_file)),
+                           [results, spec.site.assets_dir], c.binds,
+                           gpus=spec.resources.gpus > 0)
+
+
+def container_runtime(spec: RunSpec) -> str | None:
+    """The container runtime on this machine's PATH for the spec's site (None: no container);
+    SpecError, naming the site file and key, when the site's image cannot run here."""
+    c = spec.site.container
+    return resolve_site_runtime(spec.site.source, c.runtime, c.image)
 
 
 def job_python(spec: RunSpec, run_dir: Path) -> str:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -44,6 +45,22 @@ DISK_FULL_RETRY_S = 1.0
 #: run keys the workflow was asked to redo (``--forcerun``, ``--force``, ``--forceall``; ``*``
 #: for all), set by the Snakefile: those are rerun even when their record is complete
 FORCED_ENV = "HOPPERLAB_FORCED_RUNS"
+
+
+def checkout_commit(root: Path) -> str | None:
+    """The project checkout's commit (``-dirty`` with local changes), recorded in spec.json when
+    the run is submitted; None outside git. The spec itself never runs git."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    commit = out.stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=5).stdout.strip()
+    return commit + ("-dirty" if dirty else "")
 
 
 def previous_attempt(run_dir: Path) -> int:
@@ -341,6 +358,7 @@ def submit(matrix: Matrix, key: str, *, upload: Uploader | None = None,
         spec = replace(spec, site=replace(spec.site, executor=executor))
     run_dir = matrix.root / spec.run_dir
     check_profiler(spec)  # e.g. profiler=nsys where no nsys is: refused before anything runs
+    launch.container_runtime(spec)  # a container site without its runtime here: refused too
     locks.check_free(locks.results_lock_path(matrix.results_dir),
                      f"results folder {matrix.results_dir}", allowed=locks.workflow_holders())
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -348,15 +366,17 @@ def submit(matrix: Matrix, key: str, *, upload: Uploader | None = None,
         rec = adoptable_record(matrix, spec, run_dir) if adopt else None
         if rec is not None:
             return _adopt(run_dir, spec, rec, upload, log)
-        return _submit_locked(spec, run_dir, upload, log)
+        return _submit_locked(spec, run_dir, upload, log, checkout_commit(matrix.root))
 
 
-def _submit_locked(spec: RunSpec, run_dir: Path, upload: Uploader | None, log) -> int:
+def _submit_locked(spec: RunSpec, run_dir: Path, upload: Uploader | None, log,
+                   commit: str | None) -> int:
     key = spec.key
     attempt = archive_previous(run_dir)
     spec_data = spec.to_dict()
     spec_data["attempt"] = attempt
     spec_data[RUN_UID] = new_run_uid()
+    spec_data["git_commit"] = commit
     spec_file = run_dir / record.SPEC_FILE
     write_json_atomic(spec_file, spec_data)
     if spec.knobs.profiler == "nsys":

@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import unquote
 
-from hopperlab.config.spec import (
-    redact_uri,  # the one credential stripper (tracking.redact_uri)
-)
+from hopperlab.config.spec import redact_uri
 from hopperlab.core.errors import ResultsError
 
 log = logging.getLogger(__name__)

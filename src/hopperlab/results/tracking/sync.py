@@ -10,9 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, TypeVar
 
-from hopperlab.config.spec import (
-    redact_uri,  # the one credential stripper (tracking.redact_uri)
-)
+from hopperlab.config.spec import redact_uri
 from hopperlab.core.rundir import (
     METRICS_FILE,
     MLFLOW_FILE,

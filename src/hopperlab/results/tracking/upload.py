@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from hopperlab.config.spec import (
-    redact_uri,  # the one credential stripper (tracking.redact_uri)
-)
+from hopperlab.config.spec import redact_uri
 from hopperlab.core.rundir import (
     FAILING_STATUSES,
     HARDWARE_FILE,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hopperlab.core.rundir import SkipRun
-from hopperlab.node.containers import exec_prefix, find_runtime, image_path, job_binds
+from hopperlab.node.containers import find_runtime, image_path, job_exec_prefix
 from hopperlab.workloads.finetune import FinetuneParams
 from hopperlab.workloads.finetune.metrics import percentile
 
@@ -142,11 +142,11 @@ def container_prefix(spec: Any) -> list[str] | None:
     container = spec.site.container
     images_dir = Path(container.image_file).parent if container.image_file else Path("containers")
     image = image_path(NEMO_IMAGE, images_dir)
-    runtime = container.runtime or find_runtime()
+    runtime = find_runtime(container.runtime)  # the site's setting: auto, or a runtime's name
     if runtime is None or not image.is_file():
         return None
-    binds = job_binds([spec.run_dir, spec.site.assets_dir], container.binds)
-    return exec_prefix(runtime, image, binds, gpus=True)
+    return job_exec_prefix(runtime, image, [spec.run_dir, spec.site.assets_dir], container.binds,
+                           gpus=True)
 
 
 def run_nemo(spec: Any, params: FinetuneParams, recorder: Any) -> None:

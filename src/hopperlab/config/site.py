@@ -1,0 +1,70 @@
+"""A site file (configs/sites/<name>.yaml) as a ``SiteSpec``: executor, resources, container,
+tracking, cost. Validated against workflow/schemas/site.schema.yaml; nothing here looks at the
+machine (the container runtime is found on the submitting side)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hopperlab.config.cost import CostSpec
+from hopperlab.config.spec import ContainerSettings, SiteSpec, SlurmSettings
+from hopperlab.core.errors import SpecError, clip
+from hopperlab.core.schema import (
+    load_yaml,
+    project_schema,
+    typed_from_mapping,
+    validate_against_schema,
+)
+from hopperlab.node.containers import check_site_image, image_path
+
+
+def site_path(root: Path, site: str) -> Path:
+    if site.endswith((".yaml", ".yml")) or "/" in site:
+        return (root / site) if not Path(site).is_absolute() else Path(site)
+    return root / "configs" / "sites" / f"{site}.yaml"
+
+
+def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
+    path = site_path(root, site)
+    if not path.exists():
+        known = sorted(p.stem for p in (root / "configs" / "sites").glob("*.yaml"))
+        raise SpecError(f"configs/config.yaml: site: no site file {clip(str(path))} "
+                        f"(known sites: {', '.join(known)})")
+    data = load_yaml(path, "site")
+    validate_against_schema(data, project_schema(root, "site.schema.yaml"), str(path))
+    slurm = data.get("slurm", {})
+    image = data.get("container")
+    # the files only: the runtime on PATH is found on the submitting side (run.launch)
+    runtime = check_site_image(str(path), data.get("container_runtime", "auto"), image,
+                               containers_dir=root / "containers")
+    uri = (data.get("tracking") or {}).get("uri") or \
+        f"sqlite:///{(root / results_dir / 'mlflow.db').resolve()}"
+    executor = data["executor"]
+    return SiteSpec(
+        name=path.stem, executor=executor,
+        poll_interval_s=float(data.get("poll_interval_s", 30.0 if executor == "slurm" else 0.5)),
+        slurm=SlurmSettings(
+            partition=slurm.get("partition"), account=slurm.get("account"),
+            qos=slurm.get("qos"), constraint=slurm.get("constraint"),
+            extra_sbatch=dict(slurm.get("extra_sbatch", {})),
+            setup=tuple(slurm.get("setup", ()))),
+        container=ContainerSettings(
+            image=image, runtime=runtime, fakeroot=bool(data.get("container_fakeroot", False)),
+            binds=tuple(data.get("container_binds", ())),
+            image_file=str(image_path(image, root / "containers")) if image else None),
+        tracking_uri=uri, nsys_path=data.get("nsys_path"),
+        allow_oversubscription=bool(data.get("allow_oversubscription", False)),
+        max_time_min=data.get("max_time_min"),
+        env={k: str(v) for k, v in data.get("env", {}).items()},
+        source=str(path),
+        assets_dir=str((root / data.get("assets_dir", "assets")).resolve()),
+        machine=data.get("machine"),
+        cost=typed_from_mapping(CostSpec, data["cost"], f"{path}: cost", "key of a site's cost")
+        if data.get("cost") else None,
+    )
+
+
+def site_resources(root: Path, site: SiteSpec, scale: str) -> dict[str, Any]:
+    data = load_yaml(Path(site.source), "site")
+    return dict((data.get("resources") or {}).get(scale) or {})
