@@ -14,13 +14,10 @@ import pytest
 from hopperlab.assets import materialize
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.rundir import Recorder, SkipRun, read_steps
+from hopperlab.core.stats import percentile
 from hopperlab.workloads.base import Knobs
 from hopperlab.workloads.finetune import FAMILY, FinetuneParams
-from hopperlab.workloads.finetune.metrics import (
-    flops_per_token,
-    link_floors,
-    percentile,
-)
+from hopperlab.workloads.finetune.metrics import flops_per_token, link_floors
 from hopperlab.workloads.finetune.model import ModelCounts
 from hopperlab.workloads.finetune.techniques import Techniques
 from hopperlab.workloads.finetune.workload import run

@@ -6,6 +6,7 @@ Heavy libraries (torch, transformers, huggingface_hub) are imported only where a
 built, so that importing this package stays fast for the Snakefile and the CLI.
 """
 
+from hopperlab.assets import builtin_kinds  # noqa: F401 - imported to register them
 from hopperlab.core.errors import AssetError, NoNetworkError
 from hopperlab.assets.manifest import INFO, MANIFEST, verify
 from hopperlab.assets.registry import (
@@ -20,6 +21,7 @@ from hopperlab.assets.registry import (
     load_scales,
     register_kind,
 )
+from hopperlab.assets.random_weights import build_random_model
 from hopperlab.assets.store import (
     DEFAULT_ASSETS_DIR,
     asset_dir,
@@ -27,15 +29,6 @@ from hopperlab.assets.store import (
     materialize,
     read_info,
 )
-
-
-def build_random_model(config_path, device="meta", **kwargs):
-    """A model of the architecture in ``config_path`` with random weights, made on ``device``;
-    returns ``(model, number of parameters)``. See ``hopperlab.assets.random_weights``."""
-    from hopperlab.assets.random_weights import build_random_model as build
-
-    return build(config_path, device, **kwargs)
-
 
 __all__ = [
     "AssetError", "AssetKind", "AssetSpec", "BuildContext", "DEFAULT_ASSETS_DIR", "INFO",

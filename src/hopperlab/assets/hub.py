@@ -31,6 +31,7 @@ from hopperlab.assets.registry import (
     register_kind,
 )
 from hopperlab.core.errors import SpecError
+from hopperlab.core.progress import track
 
 log = logging.getLogger("hopperlab.assets")
 
@@ -290,14 +291,6 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(real, dst)
 
 
-def _progress(items: list[Any], desc: str):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return items
-    return tqdm(items, desc=desc, unit="file")
-
-
 # --------------------------------------------------------------------------- build, repair
 def _build(spec: HubSpec, ctx: BuildContext) -> dict[str, Any]:
     source: dict[str, Any] = {"repo": spec.repo, "revision": spec.revision,
@@ -323,7 +316,7 @@ def _build(spec: HubSpec, ctx: BuildContext) -> dict[str, Any]:
                          f"{', '.join(sorted(remote)[:20])})")
     old = _previous_hashes(ctx.previous)
     fetched = reused = 0
-    for rel in _progress(wanted, f"{spec.name}: {spec.repo}"):
+    for rel in track(wanted, f"{spec.name}: {spec.repo}"):
         f = remote[rel]
         dest = ctx.out / rel
         ctx.expect(rel, size=f.size, sha256=f.sha256, git_blob=f.git_blob)

@@ -13,7 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+from hopperlab.core.progress import progress_bar
 from hopperlab.core.rundir import write_text_atomic
+from hopperlab.core.stats import GIB
 
 MANIFEST = "MANIFEST.sha256"
 #: what the asset is and where it came from (kind, definition, fingerprint, source, file sizes)
@@ -61,24 +63,11 @@ def hash_files(folder: Path, paths: Iterable[str], *, desc: str = "") -> dict[st
     folder = Path(folder)
     paths = list(paths)
     total = sum((folder / p).stat().st_size for p in paths)
-    bar = _progress_bar(total, f"sha256 {desc}".strip()) if total > (1 << 30) else None
     workers = max(1, min(8, os.cpu_count() or 1, len(paths)))
-    try:
-        with ThreadPoolExecutor(workers) as pool:
-            update = bar.update if bar is not None else None
-            digests = pool.map(lambda p: sha256_file(folder / p, update), paths)
-            return dict(zip(paths, digests))
-    finally:
-        if bar is not None:
-            bar.close()
-
-
-def _progress_bar(total: int, desc: str):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # no progress bar, same result
-        return None
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc)
+    with progress_bar(f"sha256 {desc}".strip(), total, show=total > GIB, unit="B") as advance, \
+            ThreadPoolExecutor(workers) as pool:
+        digests = pool.map(lambda p: sha256_file(folder / p, advance), paths)
+        return dict(zip(paths, digests))
 
 
 def format_manifest(hashes: Mapping[str, str]) -> str:

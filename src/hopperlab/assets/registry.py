@@ -116,9 +116,6 @@ class AssetKind:
 
 
 KINDS: dict[str, AssetKind] = {}
-#: modules of this package that define no kind (every other module is imported by ``kinds()``)
-_NOT_KIND_MODULES = frozenset({"__main__", "cli", "formats", "manifest", "registry",
-                               "store", "random_weights"})
 
 
 def register_kind(kind: AssetKind) -> AssetKind:
@@ -132,14 +129,8 @@ def register_kind(kind: AssetKind) -> AssetKind:
 
 
 def kinds() -> dict[str, AssetKind]:
-    """Every registered kind, the built-in ones included (imported on first use)."""
-    import importlib
-    import pkgutil
-
-    package = Path(__file__).parent
-    for module in pkgutil.iter_modules([str(package)]):
-        if module.name not in _NOT_KIND_MODULES and not module.name.startswith("_"):
-            importlib.import_module(f"hopperlab.assets.{module.name}")
+    """Every registered kind; the built-in ones register when ``hopperlab.assets`` is imported
+    (``hopperlab.assets.builtin_kinds``), which importing this module does first."""
     return KINDS
 
 

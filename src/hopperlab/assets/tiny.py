@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from hopperlab.assets.dolly import prompt_text
 from hopperlab.assets.registry import AssetKind, AssetSpec, BuildContext, register_kind
 from hopperlab.core.errors import SpecError
 
@@ -147,8 +148,6 @@ def _build_dolly(spec: DollySyntheticSpec, ctx: BuildContext) -> dict[str, Any]:
 
 def training_texts(n: int, seed: int) -> Iterator[str]:
     """What the tiny tokenizer learns from: prompts and responses, as Dolly prep makes them."""
-    from hopperlab.assets.dolly import prompt_text
-
     for rec in synthetic_dolly(n, seed):
         yield prompt_text(rec["instruction"], rec["context"]) + rec["response"]
 

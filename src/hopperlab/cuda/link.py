@@ -12,11 +12,13 @@ from the same node and moment.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from hopperlab.core.stats import GB, MIB
 
-MIB = 2**20
+if TYPE_CHECKING:
+    import torch
+
 #: the byte the ``verify`` check fills the source with
 _MARK = 0x5A
 
@@ -34,6 +36,8 @@ def pinned_copy_gbps(device: torch.device | str, direction: str = "h2d", nbytes:
     """
     if direction not in ("h2d", "d2h"):
         raise ValueError(f"direction: expected 'h2d' or 'd2h', got {direction!r}")
+    import torch
+
     device = torch.device(device)
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) if host is None \
         else host[:nbytes]
@@ -52,7 +56,7 @@ def pinned_copy_gbps(device: torch.device | str, direction: str = "h2d", nbytes:
             end.record(stream)
             end.synchronize()
             if i > 0:  # the first sample is a warm-up
-                rates.append(nbytes * copies / (start.elapsed_time(end) / 1e3) / 1e9)
+                rates.append(nbytes * copies / (start.elapsed_time(end) / 1e3) / GB)
     if verify and not bool((dst[-4096:] == _MARK).all()):
         raise RuntimeError(f"pinned {direction} copy check failed: the destination lacks the "
                            f"source bytes")

@@ -20,19 +20,60 @@ import os
 import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol, Sequence
 
 from hopperlab.core.errors import SpecError
 from hopperlab.core.schema import safe_load_yaml
 from hopperlab.cuda.nvtx import TORCH_TRACE  # noqa: F401 - re-exported: part of this module's API
 
-if TYPE_CHECKING:
-    from hopperlab.config.spec import RunSpec
-
 NSYS_TRACES = "cuda,nvtx,cublas,cudnn"
 CAPTURES = ("cudaProfilerApi", "delay", "whole")
 PROFILE_DIR = Path("artifacts") / "profile"
 REPORT_STEM = "report"
+
+
+class _Container(Protocol):
+    @property
+    def image(self) -> str | None: ...
+
+
+class _Slurm(Protocol):
+    @property
+    def setup(self) -> Sequence[str]: ...
+
+
+class ProfiledSite(Protocol):
+    """What this module reads of a run's site (``config.spec.SiteSpec`` has it)."""
+
+    @property
+    def source(self) -> str | None: ...
+    @property
+    def executor(self) -> str: ...
+    @property
+    def nsys_path(self) -> str | None: ...
+    @property
+    def container(self) -> _Container: ...
+    @property
+    def slurm(self) -> _Slurm: ...
+
+
+class ProfiledKnobs(Protocol):
+    @property
+    def profiler(self) -> str: ...
+    @property
+    def memory(self) -> str: ...
+
+
+class ProfiledRun(Protocol):
+    """What this module reads of a run (``config.spec.RunSpec`` has it): profiling sits below
+    the config layer and sees a run only through these attributes."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def knobs(self) -> ProfiledKnobs: ...
+    @property
+    def site(self) -> ProfiledSite: ...
 
 
 @dataclass(frozen=True)
@@ -81,7 +122,7 @@ class ProfilingSettings:
             raise SpecError(f"{source}: profiling: {exc}") from None
 
 
-def site_settings(spec: "RunSpec") -> ProfilingSettings:
+def site_settings(spec: ProfiledRun) -> ProfilingSettings:
     """The ``profiling:`` block of the spec's site file (defaults when it has none).
 
     Read from the file itself (``spec.site.source``), like the site's per-scale resources, so
@@ -94,7 +135,7 @@ def site_settings(spec: "RunSpec") -> ProfilingSettings:
     return ProfilingSettings.from_mapping(data.get("profiling"), source)
 
 
-def nsys_executable(spec: "RunSpec") -> str:
+def nsys_executable(spec: ProfiledRun) -> str:
     """The site's ``nsys_path``; else ``nsys`` as found on PATH here for a job that runs here
     (local executor, no container), else plain ``nsys`` (PATH on the node, or in the image)."""
     if spec.site.nsys_path:
@@ -145,7 +186,7 @@ def wrapper_args(python: str, run_dir: Path, profiler: str, settings: ProfilingS
     return args + ["--"]
 
 
-def profiler_prefix(spec: "RunSpec", run_dir: Path, python: str = "python",
+def profiler_prefix(spec: ProfiledRun, run_dir: Path, python: str = "python",
                     settings: ProfilingSettings | None = None) -> list[str]:
     """Arguments put before the job's python (empty unless the ``profiler`` knob asks)."""
     profiler = spec.knobs.profiler
@@ -161,7 +202,7 @@ def profiler_prefix(spec: "RunSpec", run_dir: Path, python: str = "python",
             + nsys_profile_args(nsys, report, memory=spec.knobs.memory, settings=settings))
 
 
-def check_profiler(spec: "RunSpec") -> None:
+def check_profiler(spec: ProfiledRun) -> None:
     """Refuse, before submission, a ``profiler: nsys`` run that cannot get an nsys.
 
     Checked here: a job that runs on this machine (local executor, no container) needs an

@@ -9,9 +9,10 @@ import io
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from hopperlab.core import rundir as rec
+from hopperlab.core.progress import track
 from hopperlab.results.report.charts import (
     DASH,
     STATUS_COLOURS,
@@ -231,14 +232,6 @@ def _plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
-def _progress(items: list, total_runs: int, description: str) -> Iterable:
-    if total_runs <= PROGRESS_MIN_RUNS:
-        return items
-    from rich.progress import track
-
-    return track(items, description=description, transient=True)
-
-
 def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
                 source: str | None = None) -> str:
     """The report as one self-contained HTML string."""
@@ -273,7 +266,7 @@ def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
     needs_plots = any(r.status == "ok" and r.metrics for r in runs)
     plotter = Plotter() if needs_plots else None
     sections: dict[tuple[str, str], str] = {}
-    for key in _progress(list(groups), len(runs), "report charts"):
+    for key in track(list(groups), "report charts", show=len(runs) > PROGRESS_MIN_RUNS):
         sections[key] = _experiment_section(groups[key], plotter)
     for fam, keys in families.items():
         out.append(f'<h2 id="{_anchor(fam)}">{_e(fam)}</h2>')

@@ -8,9 +8,10 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, Iterable, Mapping
 
 from hopperlab.config.spec import redact_uri
+from hopperlab.core.progress import track
 from hopperlab.core.rundir import (
     METRICS_FILE,
     MLFLOW_FILE,
@@ -40,7 +41,6 @@ from hopperlab.results.tracking.upload import (
 )
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 @dataclass
@@ -161,7 +161,7 @@ def sync(results_dir: Path, tracking_uri: str, *, progress: bool | None = None) 
     prepare(tracking_uri, {(r.family, r.experiment) for r in todo})
     if progress is None:
         progress = len(todo) >= 20 and sys.stderr.isatty()
-    for run in _progress(todo, progress, f"uploading to {redact_uri(tracking_uri)}"):
+    for run in track(todo, f"uploading to {redact_uri(tracking_uri)}", show=progress):
         try:
             _, created = upload_run_files(run, tracking_uri)
         except TrackingUnavailable as exc:
@@ -175,12 +175,3 @@ def sync(results_dir: Path, tracking_uri: str, *, progress: bool | None = None) 
         (report.uploaded if created else report.already).append(run.key)
     return report
 
-
-def _progress(items: list[T], show: bool, description: str) -> Iterable[T]:
-    if not show:
-        return items
-    try:
-        from rich.progress import track
-    except ImportError:  # pragma: no cover
-        return items
-    return track(items, description=description, transient=True)

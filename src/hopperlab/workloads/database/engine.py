@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from hopperlab.core.stats import GB, gbps
 from hopperlab.workloads.database.plans import PLANS
 
 HOST_RESIDENT = ("host-pinned", "zero-copy", "managed", "pageable")
@@ -92,14 +93,14 @@ class QueryFigures:
     extra: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        gbps = self.bytes_read / (self.time_ms / 1e3) / 1e9 if self.time_ms > 0 else math.nan
-        out = {"time_ms": self.time_ms, "bytes_read": float(self.bytes_read), "gbps": gbps,
+        rate = gbps(self.bytes_read, self.time_ms / 1e3)
+        out = {"time_ms": self.time_ms, "bytes_read": float(self.bytes_read), "gbps": rate,
                "duckdb_ms": self.duckdb_ms,
                "speedup_vs_duckdb": self.duckdb_ms / self.time_ms if self.time_ms > 0 else math.nan,
                "correct": 1.0 if self.correct else 0.0}
         if self.link_gbps and self.host_resident:
-            out["link_fraction"] = gbps / self.link_gbps
+            out["link_fraction"] = rate / self.link_gbps
         if self.link_gbps:
-            out["floor_ms"] = self.bytes_read / (self.link_gbps * 1e9) * 1e3
+            out["floor_ms"] = self.bytes_read / (self.link_gbps * GB) * 1e3
         out.update(self.extra)
         return {f"{self.query}_{k}": float(v) for k, v in out.items() if math.isfinite(v)}

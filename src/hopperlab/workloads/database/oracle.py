@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hopperlab.core.errors import HopperlabError
+from hopperlab.workloads.database.columns import table_files
 
 FLOAT_RTOL = 1e-9
 
@@ -32,8 +33,6 @@ class DuckPeer:
     def __init__(self, folder: Path | str, needs: Mapping[str, Sequence[str]],
                  threads: int | None = None) -> None:
         import duckdb
-
-        from hopperlab.workloads.database.columns import table_files
 
         self.threads = int(threads or os.cpu_count() or 1)
         self.con = duckdb.connect()

@@ -37,8 +37,10 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from hopperlab.cuda.runtime import host_view
 from hopperlab.workloads.database.columns import Column, Table
 from hopperlab.workloads.database.encoding import Encoded, encode
+from hopperlab.workloads.database.fused import available as fused_available
 from hopperlab.workloads.database.operators import op
 
 _TYPESTR = {np.dtype(np.int64): "<i8", np.dtype(np.int32): "<i4", np.dtype(np.int16): "<i2",
@@ -305,8 +307,6 @@ class ManagedSource(_Streamed):
         super().__init__(*args, **kwargs)
 
     def _place(self, enc: Encoded) -> Stored:
-        from hopperlab.cuda.runtime import host_view
-
         nbytes = max(1, enc.data.nbytes)
         ptr = self.runtime.malloc_managed(nbytes)
         view = host_view(ptr, nbytes)[: enc.data.nbytes].view(enc.data.dtype)
@@ -345,9 +345,7 @@ def make_source(placement: str, tables: dict[str, Table], encoding: str, device:
     """The source of ``placement``; ``fused``: let plans use the fused kernels (None: wherever
     they can run, i.e. on a CUDA device with Triton)."""
     if fused is None:
-        from hopperlab.workloads.database.fused import available
-
-        fused = available(device)
+        fused = fused_available(device)
     if placement == "device":
         return DeviceSource(tables, encoding, device, chunk_rows, fused)
     if placement in ("host-pinned", "pageable"):

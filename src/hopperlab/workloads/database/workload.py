@@ -30,13 +30,23 @@ import platform
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
-from hopperlab.workloads.base import no_cuda_reason, spec_knob, spec_params
-from hopperlab.cuda.nvtx import measured_region
 from hopperlab.core.rundir import SkipRun
+from hopperlab.core.stats import GB, MIB
+from hopperlab.cuda.link import pinned_copy_gbps
+from hopperlab.cuda.managed_policy import managed_bytes_allowed
+from hopperlab.cuda.nvtx import measured_region
+from hopperlab.cuda.runtime import CudaError, CudaRuntime
+from hopperlab.node import hardware
+from hopperlab.workloads.base import no_cuda_reason, spec_knob, spec_params
 from hopperlab.workloads.database import (DEFAULT_CHUNK_ROWS, DEFAULT_REPEATS, DEFAULT_WARMUP,
                                           DatabaseParams)
-
-
+from hopperlab.workloads.database.columns import load_tables
+from hopperlab.workloads.database.encoding import encode
+from hopperlab.workloads.database.engine import HOST_RESIDENT, QueryFigures, run_query
+from hopperlab.workloads.database.oracle import AnswerMismatch, DuckPeer, compare
+from hopperlab.workloads.database.placement import make_source
+from hopperlab.workloads.database.plans import needs_of
+from hopperlab.workloads.database.sql import SQL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +84,6 @@ def managed_runtime(device: Any, need: int, allow_oversubscription: bool) -> Any
     """The CUDA runtime binding for managed memory, after the free-memory rule allowed ``need``."""
     import torch
 
-    from hopperlab.node import hardware
-    from hopperlab.cuda.managed_policy import managed_bytes_allowed
-    from hopperlab.cuda.runtime import CudaError, CudaRuntime
-
     try:
         runtime = CudaRuntime()
     except CudaError as exc:
@@ -87,22 +93,14 @@ def managed_runtime(device: Any, need: int, allow_oversubscription: bool) -> Any
     cap = tuple(torch.cuda.get_device_capability(device))
     grace = hardware.is_grace_hopper(platform.machine(), name, cap)
     if not managed_bytes_allowed(need, free, grace, allow_oversubscription):
-        raise SkipRun(f"managed memory: {need / 1e9:.2f} GB of columns, but at most half of the "
-                      f"GPU's free memory ({free / 1e9:.2f} GB) may be managed on a node that is "
+        raise SkipRun(f"managed memory: {need / GB:.2f} GB of columns, but at most half of the "
+                      f"GPU's free memory ({free / GB:.2f} GB) may be managed on a node that is "
                       f"not Grace Hopper unless the site sets allow_oversubscription: true")
     return runtime
 
 
 def run(spec: Any, recorder: Any) -> None:
     import torch
-
-    from hopperlab.workloads.database.columns import load_tables
-    from hopperlab.workloads.database.engine import (HOST_RESIDENT, QueryFigures, run_query)
-    from hopperlab.workloads.database.oracle import AnswerMismatch, DuckPeer, compare
-    from hopperlab.workloads.database.placement import make_source
-    from hopperlab.workloads.database.encoding import encode
-    from hopperlab.workloads.database.plans import needs_of
-    from hopperlab.workloads.database.sql import SQL
 
     params = spec_params(spec, DatabaseParams)
     scale = str(getattr(spec, "scale", "smoke") or "smoke")
@@ -146,8 +144,6 @@ def run(spec: Any, recorder: Any) -> None:
 
     link = params.link_gbps
     if link is None and not no_gpu:
-        from hopperlab.cuda.link import MIB, pinned_copy_gbps
-
         link = pinned_copy_gbps(device, "h2d", 256 * MIB, copies=4, samples=3, verify=True)
         recorder.set_tag("database.link_source", "measured: pinned H2D, 256 MiB x 4, median of 3")
     elif link is not None:

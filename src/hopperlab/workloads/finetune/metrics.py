@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from hopperlab.core.stats import percentile
 from hopperlab.workloads.finetune.model import ModelCounts
 
 GB = 1e9
@@ -53,17 +54,6 @@ def peak_flops(gpu_name: str | None) -> float | None:
         if key in gpu_name:
             return flops
     return None
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile ``q`` in [0, 100] (numpy's default method)."""
-    xs = sorted(values)
-    if not xs:
-        raise ValueError("percentile of no values")
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def host_peak_rss_gib() -> float:

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hopperlab.core.rundir import SkipRun
+from hopperlab.core.stats import percentile
 from hopperlab.node.containers import find_runtime, image_path, job_exec_prefix
 from hopperlab.workloads.finetune import FinetuneParams
-from hopperlab.workloads.finetune.metrics import percentile
 
 NEMO_IMAGE = "nemo"
 #: Megatron needs cpu_offloading_num_layers < num_layers; Llama-2-7B has 32

@@ -72,6 +72,18 @@ def reload_in_layers(rt: Runtime, n_layers: int, copy_layer: Callable[[int], Lay
     return Reload(cache=cache, nbytes=nbytes, copy_timer=timer, done=done)
 
 
+def copy_layers(rt: Runtime, dst: Sequence[LayerKV], src: Sequence[LayerKV]) -> None:
+    """Enqueue the copy of each layer's (keys, values) of ``src`` into ``dst`` on the d2h stream
+    (the caller is inside ``rt.d2h_stream()``). The sources are marked as used by that stream,
+    so that the caller may drop them at once: their memory is reused only after the copies."""
+    for (dk, dv), (k, v) in zip(dst, src):
+        dk.copy_(k, non_blocking=rt.is_cuda)
+        dv.copy_(v, non_blocking=rt.is_cuda)
+        if rt.is_cuda:
+            k.record_stream(rt.d2h)
+            v.record_stream(rt.d2h)
+
+
 @dataclass
 class HostCopy:
     """An evicted cache in pinned host memory."""
@@ -102,12 +114,7 @@ class PinnedHostStore:
         if rt.is_cuda:
             rt.d2h.wait_stream(rt.compute_stream())
         with nvtx_range(OFFLOAD_COPY), rt.d2h_stream():
-            for (hk, hv), (k, v) in zip(host, layers):
-                hk.copy_(k, non_blocking=rt.is_cuda)
-                hv.copy_(v, non_blocking=rt.is_cuda)
-                if rt.is_cuda:
-                    k.record_stream(rt.d2h)
-                    v.record_stream(rt.d2h)
+            copy_layers(rt, host, layers)
         nbytes = cache_nbytes(layers)
         self.held_bytes += nbytes
         return HostCopy(layers=host, block=block, saved=rt.record_on(rt.d2h), nbytes=nbytes)

@@ -23,16 +23,20 @@ import platform
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from hopperlab.cuda.nvtx import OFFLOAD_COPY, nvtx_range
 from hopperlab.core.rundir import SkipRun
+from hopperlab.core.stats import GB, MIB
+from hopperlab.cuda import runtime as cr
+from hopperlab.cuda.managed_policy import managed_bytes_allowed
+from hopperlab.cuda.nvtx import OFFLOAD_COPY, nvtx_range
+from hopperlab.node import hardware
 from hopperlab.workloads.inference.kv_cache import LayerKV, cache_nbytes
-from hopperlab.workloads.inference.layered_reload import Reload, reload_in_layers
+from hopperlab.workloads.inference.layered_reload import Reload, copy_layers, reload_in_layers
 from hopperlab.workloads.inference.runtime import Runtime
 
 ALIGN = 512
 #: managed buffers are allocated in multiples of this and pooled: an evicted cache takes the
 #: smallest free buffer that fits, so pages (and the host pages behind them) are made once
-POOL_GRANULE = 32 * 2**20
+POOL_GRANULE = 32 * MIB
 
 
 @dataclass
@@ -46,8 +50,6 @@ class ManagedCopy:
 
 
 def _is_grace_hopper(rt: Runtime) -> bool:
-    from hopperlab.node import hardware  # noqa: PLC0415
-
     torch = rt.torch
     name = torch.cuda.get_device_name(rt.device)
     cap = tuple(torch.cuda.get_device_capability(rt.device))
@@ -68,8 +70,6 @@ class ManagedStore:
         self.cuda = None
         self.grace_hopper = False
         if rt.is_cuda:
-            from hopperlab.cuda import runtime as cr  # noqa: PLC0415
-
             try:
                 self.cuda = cr.CudaRuntime()
             except (cr.CudaError, OSError, AttributeError) as exc:
@@ -83,8 +83,6 @@ class ManagedStore:
         return self.cuda is None
 
     def allowed(self, nbytes: int) -> bool:
-        from hopperlab.cuda.managed_policy import managed_bytes_allowed  # noqa: PLC0415
-
         if self.emulated:
             return True
         return managed_bytes_allowed(self.allocated_bytes + nbytes, self.rt.free_bytes(),
@@ -95,8 +93,8 @@ class ManagedStore:
         if not self.allowed(worst_case_bytes):
             free = self.rt.free_bytes() or 0
             raise SkipRun(
-                f"managed memory: the evicted caches may hold {worst_case_bytes / 1e9:.2f} GB, "
-                f"over half of the GPU's free memory ({free / 1e9:.2f} GB); allowed only on "
+                f"managed memory: the evicted caches may hold {worst_case_bytes / GB:.2f} GB, "
+                f"over half of the GPU's free memory ({free / GB:.2f} GB); allowed only on "
                 f"Grace Hopper or where the site sets allow_oversubscription: true")
 
     # -- one buffer per evicted cache ------------------------------------------------------
@@ -112,14 +110,12 @@ class ManagedStore:
             buffer = torch.empty(size, dtype=torch.uint8)
             self.allocated_bytes += size
             return 0, buffer
-        from hopperlab.cuda.runtime import CudaArray  # noqa: PLC0415
-
         if not self.allowed(size):
-            raise SkipRun(f"managed memory: {size / 1e9:.2f} GB more would break the "
-                          f"free-memory rule (allocated {self.allocated_bytes / 1e9:.2f} GB)")
+            raise SkipRun(f"managed memory: {size / GB:.2f} GB more would break the "
+                          f"free-memory rule (allocated {self.allocated_bytes / GB:.2f} GB)")
         ptr = self.cuda.malloc_managed(size)
         self.allocated_bytes += size
-        return ptr, torch.as_tensor(CudaArray(ptr, size), device=self.rt.device)
+        return ptr, torch.as_tensor(cr.CudaArray(ptr, size), device=self.rt.device)
 
     def save(self, layers: Sequence[LayerKV]) -> ManagedCopy:
         rt = self.rt
@@ -142,12 +138,7 @@ class ManagedStore:
         with nvtx_range(OFFLOAD_COPY), rt.d2h_stream():
             if not self.emulated:  # pages made on the GPU at once, not by the copy's faults
                 self.cuda.prefetch(ptr, at, rt.device.index or 0, rt.d2h.cuda_stream)
-            for (mk, mv), (k, v) in zip(views, layers):
-                mk.copy_(k, non_blocking=rt.is_cuda)
-                mv.copy_(v, non_blocking=rt.is_cuda)
-                if rt.is_cuda:
-                    k.record_stream(rt.d2h)
-                    v.record_stream(rt.d2h)
+            copy_layers(rt, views, layers)
             if not self.emulated:  # the pages leave the GPU: that is the eviction
                 self.cuda.prefetch(ptr, at, None, rt.d2h.cuda_stream)
         nbytes = cache_nbytes(layers)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from hopperlab.assets.random_weights import load_model
+
 
 def load_run_model(model_dir: Any, device: Any, dtype: str,
                    seed: int) -> tuple[Any, dict[str, str]]:
-    from hopperlab.assets.random_weights import load_model  # noqa: PLC0415
-
     model, tags = load_model(model_dir, device, dtype=dtype, seed=seed)
     model.eval()
     model.config.use_cache = True

@@ -13,10 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hopperlab.core.stats import MIB
+from hopperlab.cuda.link import pinned_copy_gbps
 from hopperlab.workloads.base import no_cuda_reason
-
-GB = 1e9
-MIB = 2**20
 
 
 @dataclass
@@ -155,23 +154,10 @@ def probe(torch: Any, want_gpu: bool = True) -> Runtime:
                    d2h=torch.cuda.Stream(device))
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) by linear interpolation; NaN for no values."""
-    if not values:
-        return float("nan")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def measure_pinned_h2d_gbps(rt: Runtime, nbytes: int = 256 * MIB, repeats: int = 5) -> float:
     """Pinned host->device copy GB/s on the side stream (median of ``repeats``), measured in the
     run itself so that a floor and the result it judges come from the same node and moment.
     NaN without CUDA (there is no link to measure)."""
     if not rt.is_cuda:
         return float("nan")
-    from hopperlab.cuda.link import pinned_copy_gbps
-
     return pinned_copy_gbps(rt.device, "h2d", nbytes, samples=repeats, stream=rt.side)

@@ -21,14 +21,22 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from hopperlab.workloads.base import spec_knob, spec_params
+from hopperlab.core.stats import GB, GIB, MIB, gbps, percentile
 from hopperlab.cuda.nvtx import measured_region
+from hopperlab.workloads.base import spec_knob, spec_params
 from hopperlab.workloads.inference import InferenceParams
-from hopperlab.workloads.inference.runtime import GB, Runtime, percentile
-
-MIB = 2**20
-
-
+from hopperlab.workloads.inference.accelerate_peer import dispatch_offloaded
+from hopperlab.workloads.inference.dialogue import Dialogue, make_conversations
+from hopperlab.workloads.inference.generation import decode, prefill
+from hopperlab.workloads.inference.host_memory import HostArena
+from hopperlab.workloads.inference.kv_cache import new_cache
+from hopperlab.workloads.inference.kv_policies import KvCachePolicy
+from hopperlab.workloads.inference.layered_reload import PinnedHostStore
+from hopperlab.workloads.inference.managed_kv import ManagedStore
+from hopperlab.workloads.inference.model import kv_bytes_per_token, load_run_model, vocab_size
+from hopperlab.workloads.inference.runtime import Runtime, measure_pinned_h2d_gbps, probe
+from hopperlab.workloads.inference.weight_streaming import (LayerStreamer, decoder_layers,
+                                                            module_bytes, resident_layer_count)
 
 
 def check_variant(params: InferenceParams, memory: str) -> None:
@@ -41,8 +49,6 @@ def check_variant(params: InferenceParams, memory: str) -> None:
 
 def run(spec: Any, recorder: Any) -> None:
     import torch  # noqa: PLC0415
-
-    from hopperlab.workloads.inference.runtime import probe  # noqa: PLC0415
 
     params = spec_params(spec, InferenceParams)
     memory = str(spec_knob(spec, "memory", "device"))
@@ -72,8 +78,6 @@ def run(spec: Any, recorder: Any) -> None:
 def _run(spec: Any, recorder: Any, params: InferenceParams, rt: Runtime, memory: str,
          profiler: str) -> None:
     import torch  # noqa: PLC0415
-
-    from hopperlab.workloads.inference.model import load_run_model  # noqa: PLC0415
 
     torch.manual_seed(params.seed)
     t0 = time.perf_counter()
@@ -113,17 +117,12 @@ def _finite(recorder: Any, name: str, value: float) -> None:
 # --------------------------------------------------------------------------- kv-cache
 def _chunk_bytes(session_bytes: int) -> int:
     """Host chunks of about a quarter of a session's largest cache, 1 MiB to 1 GiB."""
-    target = max(MIB, min(2**30, session_bytes // 4))
+    target = max(MIB, min(GIB, session_bytes // 4))
     return 1 << (target - 1).bit_length()
 
 
 def run_kv_cache(model: Any, rt: Runtime, p: InferenceParams, recorder: Any, *, memory: str,
                  profiler: str, allow_oversubscription: bool) -> None:
-    from hopperlab.workloads.inference.dialogue import Dialogue, make_conversations  # noqa
-    from hopperlab.workloads.inference.host_memory import HostArena  # noqa: PLC0415
-    from hopperlab.workloads.inference.kv_policies import KvCachePolicy  # noqa: PLC0415
-    from hopperlab.workloads.inference.model import kv_bytes_per_token, vocab_size  # noqa
-
     torch = rt.torch
     elt = torch.empty((), dtype=getattr(torch, p.dtype)).element_size()
     per_token = kv_bytes_per_token(model.config, elt)
@@ -132,15 +131,11 @@ def run_kv_cache(model: Any, rt: Runtime, p: InferenceParams, recorder: Any, *, 
     store = None
     if p.policy == "offload":
         if memory == "managed":
-            from hopperlab.workloads.inference.managed_kv import ManagedStore  # noqa: PLC0415
-
             store = ManagedStore(rt, allow_oversubscription)
             store.check_budget(p.sessions * session_bytes)
             recorder.set_tag("inference.kv_store", "managed" + (
                 " (emulated: no CUDA, prefetches do nothing)" if store.emulated else ""))
         else:
-            from hopperlab.workloads.inference.layered_reload import PinnedHostStore  # noqa
-
             arena = HostArena(torch, pinned=rt.is_cuda, chunk_bytes=_chunk_bytes(session_bytes))
             store = PinnedHostStore(rt, arena)
             recorder.set_tag("inference.kv_store", "pinned" if rt.is_cuda else "host (no CUDA)")
@@ -193,14 +188,16 @@ def run_kv_cache(model: Any, rt: Runtime, p: InferenceParams, recorder: Any, *, 
     decode_s = sum(r.decode_s for r in records)
     reload_bytes = sum(r.reload_bytes for r in reloads)
     reload_s = sum(r.reload_s for r in reloads)
-    _finite(recorder, "ttft_ms_p50", percentile(ttft, 50))
-    _finite(recorder, "ttft_ms_p99", percentile(ttft, 99))
-    _finite(recorder, "ttft_ms_first_round_p50",
-            percentile([r.ttft_s * 1e3 for r in records if not r.resumed], 50))
+    first_round = [r.ttft_s * 1e3 for r in records if not r.resumed]
+    if ttft:  # no resumed round (a single round): no figure, rather than a NaN
+        _finite(recorder, "ttft_ms_p50", percentile(ttft, 50))
+        _finite(recorder, "ttft_ms_p99", percentile(ttft, 99))
+    if first_round:
+        _finite(recorder, "ttft_ms_first_round_p50", percentile(first_round, 50))
     _finite(recorder, "decode_tokens_per_s", decode_tokens / decode_s if decode_s else math.nan)
     recorder.log_metric("reload_bytes", reload_bytes)
     recorder.log_metric("reloads", len(reloads))
-    _finite(recorder, "reload_gbps", reload_bytes / reload_s / GB if reload_s else math.nan)
+    _finite(recorder, "reload_gbps", gbps(reload_bytes, reload_s))
     recorder.log_metric("recomputes", sum(r.how == "recompute" for r in records))
     recorder.log_metric("evictions", policy.evictions)
     recorder.log_metric("gpu_cache_bytes_peak", dialogue.gpu_cache_bytes_peak)
@@ -227,9 +224,6 @@ def measure_point(model: Any, rt: Runtime, batch: int, prompt_tokens: int, decod
                   warmup: int, vocab: int, seed: int) -> dict[str, float]:
     """Prefill ``prompt_tokens`` for ``batch`` sequences, then ``decode_tokens`` greedy steps;
     host clock with the device synchronised at both ends of each part."""
-    from hopperlab.workloads.inference.generation import decode, prefill  # noqa: PLC0415
-    from hopperlab.workloads.inference.kv_cache import new_cache  # noqa: PLC0415
-
     torch = rt.torch
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(4, vocab, (batch, prompt_tokens), generator=g).to(rt.device)
@@ -251,19 +245,12 @@ def measure_point(model: Any, rt: Runtime, batch: int, prompt_tokens: int, decod
 
 def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: Any, *,
                          profiler: str) -> None:
-    from hopperlab.workloads.inference.host_memory import HostArena  # noqa: PLC0415
-    from hopperlab.workloads.inference.model import vocab_size  # noqa: PLC0415
-    from hopperlab.workloads.inference.runtime import measure_pinned_h2d_gbps  # noqa
-    from hopperlab.workloads.inference.weight_streaming import (LayerStreamer,  # noqa
-                                                                decoder_layers, module_bytes,
-                                                                resident_layer_count)
-
     torch = rt.torch
-    gbps = p.pinned_gbps if p.pinned_gbps is not None else measure_pinned_h2d_gbps(rt)
+    link_gbps = p.pinned_gbps if p.pinned_gbps is not None else measure_pinned_h2d_gbps(rt)
     recorder.set_tag("inference.pinned_gbps_source",
                      "params.pinned_gbps" if p.pinned_gbps is not None else
                      ("measured in the run" if rt.is_cuda else "none (no CUDA)"))
-    _finite(recorder, "pinned_h2d_gbps", gbps)
+    _finite(recorder, "pinned_h2d_gbps", link_gbps)
     recorder.set_tag("inference.streamer", p.streamer)
     n_layers = len(decoder_layers(model))
     total = module_bytes(model)
@@ -281,8 +268,6 @@ def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: 
             resident = resident_layer_count(n_layers, fraction)
             streamer = None
             if p.streamer == "accelerate":
-                from hopperlab.workloads.inference.accelerate_peer import dispatch_offloaded  # noqa
-
                 model, streamed = dispatch_offloaded(model, rt, resident)
             else:
                 streamer = LayerStreamer(model, rt, arena, resident).attach()
@@ -293,7 +278,8 @@ def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: 
                     continue
                 m = measure_point(model, rt, batch, p.prompt_tokens, p.decode_tokens, p.warmup,
                                   vocab, p.seed)
-                floor_s = streamed / (gbps * GB) if streamed and math.isfinite(gbps) else math.nan
+                floor_s = (streamed / (link_gbps * GB) if streamed and math.isfinite(link_gbps)
+                           else math.nan)
                 m.update({"resident_fraction": fraction, "resident_layers": resident,
                           "batch_size": batch, "bytes_streamed_per_forward": streamed,
                           "gpu_weight_bytes": gpu_weights,

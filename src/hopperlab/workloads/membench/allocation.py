@@ -39,9 +39,11 @@ import time
 from typing import Any, Callable
 
 from hopperlab.core.rundir import SkipRun
-from hopperlab.workloads.membench import MembenchParams
+from hopperlab.core.stats import GB, MIB, gbps
+from hopperlab.cuda import runtime as cr
 from hopperlab.cuda.managed_policy import managed_bytes_allowed
-from hopperlab.workloads.membench.common import (MIB, Env, Plan, SweepRecord, gbps, log_finite)
+from hopperlab.workloads.membench import MembenchParams
+from hopperlab.workloads.membench.common import Env, Plan, SweepRecord, log_finite
 
 BYTE_A = 0x5A
 BYTE_B = 0xA5
@@ -113,8 +115,6 @@ def _prepare(ctx: _Ctx, kind: str) -> Any:
                              "empty its pinned-memory cache)")
         return ("ctypes", _runtime_or_skip("pinned allocations"))
     # managed
-    from hopperlab.cuda import runtime as cr  # noqa: PLC0415
-
     rt = _runtime_or_skip("managed memory")
     torch, dev = ctx.torch, ctx.env.device
     if not rt.device_attribute(cr.ATTR_MANAGED_MEMORY, dev):
@@ -124,8 +124,8 @@ def _prepare(ctx: _Ctx, kind: str) -> Any:
     need = ctx.plan.largest_mb * MIB
     free, _total = torch.cuda.mem_get_info(dev)
     if not managed_bytes_allowed(need, free, ctx.env.is_grace_hopper, ctx.allow_oversubscription):
-        raise SkipRun(f"managed memory: {need / 1e9:.2f} GB asked for, but at most half of the "
-                      f"GPU's free memory ({free / 1e9:.2f} GB) may be managed on a node that is "
+        raise SkipRun(f"managed memory: {need / GB:.2f} GB asked for, but at most half of the "
+                      f"GPU's free memory ({free / GB:.2f} GB) may be managed on a node that is "
                       f"not Grace Hopper unless the site sets allow_oversubscription: true")
     ctx.recorder.set_tag("membench.alloc_api", "cudaMallocManaged (ctypes)")
     ctx.recorder.set_tag("membench.cudart", rt.path)
@@ -137,11 +137,9 @@ def _prepare(ctx: _Ctx, kind: str) -> Any:
 
 
 def _runtime_or_skip(what: str) -> Any:
-    from hopperlab.cuda.runtime import CudaError, CudaRuntime  # noqa: PLC0415
-
     try:
-        return CudaRuntime()
-    except (CudaError, OSError, AttributeError) as exc:
+        return cr.CudaRuntime()
+    except (cr.CudaError, OSError, AttributeError) as exc:
         raise SkipRun(f"{what} need the CUDA runtime library: {exc}") from None
 
 
@@ -238,12 +236,10 @@ def _pinned(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: An
                     ptr = None
                     a = x.numpy()
                 else:
-                    from hopperlab.cuda.runtime import host_view  # noqa: PLC0415
-
                     t0 = time.perf_counter()
                     ptr = tool.host_alloc(n)
                     t_alloc = time.perf_counter() - t0
-                    x = a = host_view(ptr, n)
+                    x = a = cr.host_view(ptr, n)
                 try:
                     t_first = _cpu_timed(lambda: host.fill(a, BYTE_A))
                     t_write = _cpu_timed(lambda: host.fill(a, BYTE_B))
@@ -286,8 +282,6 @@ def _host(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], _setup: Any
 
 
 def _managed(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: Any) -> None:
-    from hopperlab.cuda.runtime import CudaArray, host_view  # noqa: PLC0415
-
     rt, concurrent = setup
     torch = ctx.torch
     host = ctx.env.host
@@ -307,15 +301,15 @@ def _managed(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: A
                 free, _ = torch.cuda.mem_get_info(dev)
                 if not managed_bytes_allowed(n, free, ctx.env.is_grace_hopper,
                                              ctx.allow_oversubscription):
-                    raise SkipRun(f"managed memory: {n / 1e9:.2f} GB would exceed half of the "
-                                  f"GPU's free memory ({free / 1e9:.2f} GB) at this point")
+                    raise SkipRun(f"managed memory: {n / GB:.2f} GB would exceed half of the "
+                                  f"GPU's free memory ({free / GB:.2f} GB) at this point")
                 got: dict[str, float] = {}
                 # A: allocate, GPU first touch, prefetch there and back, resident read, free.
                 t0 = time.perf_counter()
                 ptr = rt.malloc_managed(n)
                 got["alloc_ms"] = (time.perf_counter() - t0) * 1e3
                 try:
-                    g = torch.as_tensor(CudaArray(ptr, n), device=dev)
+                    g = torch.as_tensor(cr.CudaArray(ptr, n), device=dev)
                     got["gpu_first_touch_gbps"] = gbps(n, _gpu_timed(torch, lambda: g.fill_(BYTE_A),
                                                                      stream))
                     if concurrent:
@@ -336,9 +330,9 @@ def _managed(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: A
                 # B: CPU first touch, GPU read (on-demand migration), CPU read back.
                 ptr = rt.malloc_managed(n)
                 try:
-                    a = host.view(host_view(ptr, n))
+                    a = host.view(cr.host_view(ptr, n))
                     got["cpu_first_touch_gbps"] = gbps(n, _cpu_timed(lambda: host.fill(a, BYTE_B)))
-                    g = torch.as_tensor(CudaArray(ptr, n), device=dev)
+                    g = torch.as_tensor(cr.CudaArray(ptr, n), device=dev)
                     got["migrate_h2d_gbps"] = gbps(n, _gpu_timed(
                         torch, lambda: g.view(torch.int64).sum(), stream))
                     rt.synchronize()

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from hopperlab.core.stats import MIB
 from hopperlab.node import hardware
 from hopperlab.workloads.base import no_cuda_reason
 from hopperlab.workloads.membench import (DEFAULT_REPEATS, DEFAULT_SIZES_MB, DEFAULT_WARMUP,
                                           MembenchParams)
 
-MIB = 2**20
-GB = 1e9
 #: Bytes one timed copy sample should move at least (small sizes repeat the copy inside a sample).
 SAMPLE_BYTES = {"smoke": 16 * MIB, "full": 256 * MIB}
 #: The most copies one timed sample repeats.
@@ -135,10 +134,6 @@ def summarize(values: Sequence[float]) -> tuple[float, float, float]:
     if not vals:
         return (math.nan, math.nan, math.nan)
     return (float(statistics.median(vals)), float(min(vals)), float(max(vals)))
-
-
-def gbps(nbytes: float, seconds: float) -> float:
-    return nbytes / seconds / GB if seconds > 0 else math.nan
 
 
 def ms(seconds: float) -> float:

@@ -33,10 +33,12 @@ from contextlib import ExitStack
 from typing import Any, Callable
 
 from hopperlab.core.rundir import SkipRun
-from hopperlab.workloads.membench import MembenchParams
+from hopperlab.core.stats import GB, MIB, gbps
 from hopperlab.cuda.managed_policy import managed_bytes_allowed
-from hopperlab.workloads.membench.common import (MIB, Env, Plan, SweepRecord, gbps,
-                                                 inner_copies, log_finite)
+from hopperlab.cuda.runtime import CudaArray, CudaError, CudaRuntime
+from hopperlab.workloads.membench import MembenchParams
+from hopperlab.workloads.membench.common import (Env, Plan, SweepRecord, inner_copies,
+                                                 log_finite)
 
 SRC_BYTE = 0x5A
 DST_BYTE = 0x11
@@ -156,8 +158,6 @@ def _cuda_copies(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *,
     recorder.set_tag("membench.spin_kernel", str(sleep_ok).lower())
     runtime = None
     if memory == "managed":
-        from hopperlab.cuda.runtime import CudaError, CudaRuntime  # noqa: PLC0415
-
         try:
             runtime = CudaRuntime()
         except CudaError as exc:
@@ -177,8 +177,6 @@ def _cuda_copies(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *,
             def device_buffer() -> Any:
                 if runtime is None:
                     return torch.empty(n, dtype=torch.uint8, device=dev)
-                from hopperlab.cuda.runtime import CudaArray  # noqa: PLC0415
-
                 ptr = stack.enter_context(runtime.managed(n))
                 t = torch.as_tensor(CudaArray(ptr, n), device=dev)
                 runtime.prefetch(ptr, n, env.device, torch.cuda.current_stream(dev).cuda_stream)
@@ -280,8 +278,8 @@ def _pageable_bidir_sample(torch: Any, dev: Any, h2d: Any, d2h: Any, inner: int,
 
 
 def _managed_refusal(need: int, free: int | None) -> str:
-    free_txt = f"{free / 1e9:.2f} GB" if free is not None else "unknown"
-    return (f"managed memory: {need / 1e9:.2f} GB asked for, but at most half of the GPU's free "
+    free_txt = f"{free / GB:.2f} GB" if free is not None else "unknown"
+    return (f"managed memory: {need / GB:.2f} GB asked for, but at most half of the GPU's free "
             f"memory ({free_txt}) may be managed on a node that is not Grace Hopper unless the "
             f"site sets allow_oversubscription: true")
 

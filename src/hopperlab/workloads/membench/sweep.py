@@ -24,6 +24,7 @@ from typing import Any
 from hopperlab.node import hardware
 from hopperlab.core.rundir import Recorder, SkipRun
 from hopperlab.workloads.membench import MembenchParams
+from hopperlab.workloads.membench.workload import run
 
 #: experiments/membench.yaml, per scale: (sizes_mb, repeats, warmup) of each test.
 SCALES = {
@@ -64,8 +65,6 @@ def make_spec(params: MembenchParams, scale: str, knobs: dict[str, str], gpus: i
 
 def run_one(out: Path, experiment: str, variant: str, params: MembenchParams, scale: str,
             knobs: dict[str, str], gpus: int, fingerprint: dict[str, Any]) -> dict[str, Any]:
-    from hopperlab.workloads.membench.workload import run  # noqa: PLC0415
-
     run_dir = out / f"{experiment}-{variant}"
     rec = Recorder(run_dir, identity={"key": f"membench/{experiment}/{variant}",
                                       "family": "membench", "experiment": experiment,

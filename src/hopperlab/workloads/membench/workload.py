@@ -38,7 +38,9 @@ from hopperlab.workloads.base import spec_knob, spec_params
 from hopperlab.cuda.nvtx import nvtx_range, profiled_region
 from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.membench import HEADLINE_METRICS, MembenchParams, headline_metrics
+from hopperlab.workloads.membench.allocation import check_alloc, run_alloc
 from hopperlab.workloads.membench.common import Env, plan_for, probe
+from hopperlab.workloads.membench.copies import check_copy, run_copy
 
 __all__ = ["run", "HEADLINE_METRICS", "headline_metrics"]
 
@@ -70,12 +72,7 @@ def run(spec: Any, recorder: Any, *, use_torch: bool = True) -> None:
         recorder.set_tag("membench.grace_hopper", str(env.is_grace_hopper).lower())
     else:
         recorder.set_tag("membench.no_cuda_reason", env.no_cuda_reason)
-    if params.test == "copy":
-        from hopperlab.workloads.membench.copies import check_copy as check  # noqa: PLC0415
-        from hopperlab.workloads.membench.copies import run_copy as measure  # noqa: PLC0415
-    else:
-        from hopperlab.workloads.membench.allocation import check_alloc as check  # noqa: PLC0415
-        from hopperlab.workloads.membench.allocation import run_alloc as measure  # noqa: PLC0415
+    check, measure = (check_copy, run_copy) if params.test == "copy" else (check_alloc, run_alloc)
     check(env, params, memory)  # skip before the profiler starts
     if profiler == "torch" and env.torch is None:
         raise SkipRun("profiler=torch needs torch, which is not installed")

@@ -16,6 +16,10 @@ import numpy as np
 import torch
 
 from hopperlab.core.rundir import SkipRun
+from hopperlab.core.stats import GB
+from hopperlab.cuda import runtime as cr
+from hopperlab.cuda.managed_policy import managed_bytes_allowed
+from hopperlab.node import hardware
 
 
 def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
@@ -27,10 +31,6 @@ class ManagedTables:
     """Numpy tables copied into managed memory, exposed as CUDA tensors; ``close()`` frees them."""
 
     def __init__(self, tables: dict[str, np.ndarray], *, allow_oversubscription: bool) -> None:
-        from hopperlab.node import hardware  # noqa: PLC0415
-        from hopperlab.cuda import runtime as cr  # noqa: PLC0415
-        from hopperlab.cuda.managed_policy import managed_bytes_allowed  # noqa: PLC0415
-
         try:
             self.rt = cr.CudaRuntime()
         except (cr.CudaError, OSError, AttributeError) as exc:
@@ -42,8 +42,8 @@ class ManagedTables:
         free, _total = torch.cuda.mem_get_info(device)
         grace = hardware.is_grace_hopper(platform.machine(), torch.cuda.get_device_name(device))
         if not managed_bytes_allowed(need, free, grace, allow_oversubscription):
-            raise SkipRun(f"memory=managed: the feature tables need {need / 1e9:.2f} GB of managed "
-                          f"memory, over half of the GPU's free {free / 1e9:.2f} GB on a node that "
+            raise SkipRun(f"memory=managed: the feature tables need {need / GB:.2f} GB of managed "
+                          f"memory, over half of the GPU's free {free / GB:.2f} GB on a node that "
                           f"is not Grace Hopper (site allow_oversubscription is false)")
         self.nbytes = need
         self.concurrent = bool(self.rt.device_attribute(cr.ATTR_CONCURRENT_MANAGED_ACCESS, device))

@@ -19,7 +19,9 @@ param ``workers_all_cores`` for the node's core count), ``memory`` (managed feat
 
 from __future__ import annotations
 
+import copy
 import csv
+import dataclasses
 import os
 import time
 from contextlib import nullcontext
@@ -31,6 +33,9 @@ from hopperlab.workloads.base import spec_knob
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.recommender import COMPONENTS, RecommenderParams
+from hopperlab.workloads.recommender import data as data_mod
+from hopperlab.workloads.recommender.pipeline import Pipeline, PipelineConfig, summarize
+from hopperlab.workloads.recommender.training import train_and_evaluate
 
 #: queries checked against the CPU-only pipeline when the GPU pipeline runs (same ranked list?)
 CHECK_QUERIES = 5
@@ -66,8 +71,6 @@ def feature_workers(params: RecommenderParams, num_workers: int, cores: int) -> 
 
 def pipeline_config(params: RecommenderParams, *, device: str, workers: int, managed: bool,
                     allow_oversubscription: bool) -> Any:
-    from hopperlab.workloads.recommender.pipeline import PipelineConfig  # noqa: PLC0415
-
     return PipelineConfig(
         device=device, candidates=params.candidates, top_n=params.top_n, augment=params.augment,
         workers=workers, pinned=params.transfer == "pinned",
@@ -82,10 +85,6 @@ def query_users(n_users: int, count: int, seed: int) -> np.ndarray:
 
 def run(spec: Any, recorder: Any) -> None:
     import torch  # noqa: PLC0415
-
-    from hopperlab.workloads.recommender import data as data_mod  # noqa: PLC0415
-    from hopperlab.workloads.recommender.pipeline import Pipeline, summarize  # noqa: PLC0415
-    from hopperlab.workloads.recommender.training import train_and_evaluate  # noqa: PLC0415
 
     p: RecommenderParams = spec.params
     memory = str(spec_knob(spec, "memory", "device"))
@@ -163,11 +162,6 @@ def run(spec: Any, recorder: Any) -> None:
 def _agreement(data: Any, trained: Any, p: RecommenderParams, pipe: Any, users: np.ndarray,
                gpu_cfg: Any) -> float:
     """Share of ``users`` whose ranked list is the same through the CPU-only pipeline."""
-    import copy  # noqa: PLC0415
-    import dataclasses  # noqa: PLC0415
-
-    from hopperlab.workloads.recommender.pipeline import Pipeline  # noqa: PLC0415
-
     cpu_cfg = dataclasses.replace(gpu_cfg, device="cpu", managed=False, item_embeddings="gpu",
                                   workers=0, cuda_graphs=False)
     ref = Pipeline(data, copy.deepcopy(trained.two_tower).cpu(), copy.deepcopy(trained.dlrm).cpu(),
