@@ -1,25 +1,10 @@
-"""Recommender tables: users, items and interactions with learnable structure (asset kind ``recsys``).
+"""Recommender tables with learnable structure (asset kind ``recsys``): users, items,
+interactions.
 
-The source slides time a recommender on 221k users (40 continuous, 44 categorical features),
-850k items (20 continuous, 16 categorical) and 4M interactions. This generator writes tables of
-that shape whose rows carry signal a model can learn, so that the recommender family trains real
-models on them (recall@k above a popularity baseline, AUC above 0.5) instead of timing a shell:
-
-* Items belong to ``topics``; item popularity is a power law (Zipf, exponent
-  ``popularity_exponent``) over a random order of the items.
-* Each user has three favourite topics. An interaction is an impression: a user drawn with a
-  power-law activity, a topic (one of the favourites with probability ``favourite_share``, else
-  any topic), an item of that topic drawn by popularity. Its ``label`` (clicked or not) follows
-  from the features: a favourite topic, the item's quality, the user's propensity, price.
-* The features that carry this signal are noisy copies of it (favourite topics as categorical
-  features with 10% of them replaced; topic vectors and popularity as continuous features); the
-  other features are skewed noise. Categorical cardinalities are log-spaced from 10 up to
-  ``max_cardinality`` (hundreds of thousands at full scale).
-* A timestamp per interaction; ``split`` is ``test`` (1) for the last ``test_fraction`` by time.
-
-Everything is vectorised numpy from one seeded generator: the same spec gives the same bytes.
-Files: ``users.parquet``, ``items.parquet``, ``interactions.parquet``, ``schema.json``
-(feature names, cardinalities, generator facts) and ``summary.csv`` (rows and features per table).
+Tables of the source slides' shape whose rows carry signal a model can learn (topics, power-law
+popularity, favourite topics, labels that follow from the features), so that the recommender
+family trains real models instead of timing a shell. Vectorised numpy from one seeded generator:
+the same spec gives the same bytes. The generator and its files: docs/benchmarks/recommender.md.
 """
 
 from __future__ import annotations

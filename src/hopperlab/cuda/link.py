@@ -4,7 +4,7 @@ judged against (offload floors, streamed weights, host-resident queries).
 Measured the way membench measures ``copy/h2d-pinned`` and ``copy/d2h-pinned`` (copy engines,
 back-to-back ``copy_(non_blocking=True)`` of a page-locked buffer on one stream, CUDA events,
 median of a few samples after a warm-up one), at one size large enough to be at the plateau
-(membench's sweep on the lent H200 reached it from 16 MiB up). GB = 1e9 bytes. The families and
+(docs/benchmarks/membench.md: from 16 MiB up). GB = 1e9 bytes. The families and
 the GPU benchmarks measure it in the run itself, so that a floor and the figure it judges come
 from the same node and moment.
 """

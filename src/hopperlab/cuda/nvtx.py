@@ -1,25 +1,10 @@
 """NVTX ranges and the profiler capture window, named the same in every family.
 
-Workloads mark their work with ``nvtx_range(name)`` so that an Nsight Systems timeline, the
-``nvtx_sum`` report and the torch profiler all show the same names across families:
-
-==========================  =========================================================
-``step``                    one measured (or warm-up) iteration of a training loop
-``forward`` / ``backward``  the model's passes; ``optimizer`` the optimizer step
-``data.wait``               the loop waiting for its data loader
-``offload.copy``            device -> host copies of an offload technique
-``offload.prefetch``        host -> device copies ahead of use
-``pipeline.<component>``    one component of a latency pipeline (recommender, inference)
-``query.<operator>``        one operator of a query plan (database)
-==========================  =========================================================
-
-``measured_region()`` opens the capture around the measured steps (``cudaProfilerStart`` /
-``Stop``), which ``nsys profile --capture-range=cudaProfilerApi`` waits for. Without CUDA, or
-without torch, every helper here is a no-op, so workloads call them unconditionally.
-
-``profiled_region(profiler, recorder)`` is ``measured_region()`` plus, for ``profiler: torch``,
-the torch profiler over the same steps, its Chrome trace saved as ``TORCH_TRACE`` under the run's
-artifacts (where ``hopperlab.profiling`` reads it into ``prof_`` metrics).
+Workloads mark their work with ``nvtx_range(name)`` (the names are the constants here), open
+the capture around the measured steps with ``measured_region()`` (``cudaProfilerStart``/
+``Stop``, what ``nsys --capture-range=cudaProfilerApi`` waits for), or ``profiled_region(
+profiler, recorder)`` to add the torch profiler over the same steps. Without CUDA or torch every
+helper is a no-op, so workloads call them unconditionally. The table of names: docs/profiling.md.
 """
 
 from __future__ import annotations

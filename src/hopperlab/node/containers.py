@@ -1,26 +1,10 @@
 """Container images for the jobs: build ``containers/<name>.sif`` from ``containers/<name>.def``
-through spython, and the exec prefix that runs a job's python inside such an image.
+(spython), and the one exec prefix that runs a job's python inside such an image.
 
-Two runtimes are supported, ``apptainer`` and ``singularity``; the site chooses one or lets
-:func:`find_runtime` take whichever is on PATH (apptainer first).
-
-The job command inside an image is, as an argument list (never a shell string)::
-
-    [runtime, "exec", "--nv", "--bind", "<results>,<assets>", "<image>.sif"] + ["python", ...]
-
-``--nv`` only when the job asks for GPUs. All host paths go into **one** ``--bind`` whose value
-is the comma-joined list (each entry ``src[:dest[:opts]]``, as the runtimes define it); a path
-that itself holds a comma cannot be bound that way and is refused.
-
-Building goes through spython's ``Client.build``. spython (0.3.x) always starts a binary named
-``singularity``; when the runtime is apptainer, the build runs with a private folder first on PATH
-in which ``singularity`` links to the apptainer binary (what apptainer's own compatibility link
-does), so the runtime asked for is the one that runs. The image is written under a temporary name
-beside the target and moved into place only once the build succeeded, so a half-built image never
-looks complete. The build is never run under sudo: use ``--fakeroot`` (site setting) where the
-build machine gives no root.
-
-spython is imported only when an image is built: this module imports without it.
+Runtimes: ``apptainer`` or ``singularity`` (the site's choice, or whichever is on PATH). The
+prefix is an argument list, never a shell string: ``[runtime, "exec", ("--nv",) "--bind",
+"<paths>", "<image>.sif"]``. spython is imported only when an image is built. How the build and
+the binds work: docs/node.md.
 """
 
 from __future__ import annotations

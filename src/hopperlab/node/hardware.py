@@ -1,27 +1,9 @@
 """What machine a run landed on: CPU, memory, GPUs, driver, host link, Grace Hopper or not.
 
-``fingerprint()`` is called by the runner inside every job (``hardware.json``) and must stay
-cheap (well under a second) and work everywhere: no GPU, no torch, no ``nvidia-smi``.
-
-Where the GPU facts come from, in this order:
-
-1. ``torch.cuda``, when torch is *already imported* in this process and CUDA is initialised
-   (the job's own view of its GPUs, with ``CUDA_VISIBLE_DEVICES`` applied). We never import torch
-   or create a CUDA context here just to fingerprint: importing torch alone takes about a second
-   and a CUDA context more, which would break the time budget.
-2. ``nvidia-smi`` (no CUDA context, about 0.1 s): model, memory, driver and the PCIe link, for
-   the GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible. It also fills the driver and link when (1)
-   gave the model.
-3. ``torch.cuda`` after importing torch, only when there is no ``nvidia-smi`` (containers
-   without it) and torch is installed.
-
-Units: memory capacities (``mem_total_gb``, ``gpu_memory_gb``) are GiB (2**30 bytes), as
-``free -g`` and ``nvidia-smi`` (MiB) count; bandwidths elsewhere in the project are GB/s with
-GB = 1e9 bytes.
-
-The PCIe link generation reads low at idle (the GPU drops the link speed to save power), so
-``host_link`` reports the *maximum* generation the GPU and the slot support together
-(``pcie.link.gen.max``) with the *current* width.
+``fingerprint()`` runs inside every job (``hardware.json``) and must stay cheap and work
+everywhere: no GPU, no torch, no ``nvidia-smi``. It never imports torch or creates a CUDA
+context just to fingerprint. Memory capacities are GiB (2**30 bytes). Where each fact comes
+from, and why the PCIe generation is the maximum: docs/node.md.
 """
 
 from __future__ import annotations

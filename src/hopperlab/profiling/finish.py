@@ -1,19 +1,11 @@
 """After the profiled process: CSV reports, the SQLite export, ``prof_`` metrics into the record.
 
-Where this runs, and why: in the job itself, as a wrapper process around the profiled one
-(``python -m hopperlab.cli profile job --run-dir D ... -- nsys profile ... python ...``). nsys
-writes its ``.nsys-rep`` only once the profiled process has exited, so the work cannot happen in
-the runner; and it cannot wait for the submitting side either, which on a cluster is a login node
-or a Snakemake job that has neither the job's nsys (often only inside the container or behind a
-``module load``) nor its GPU libraries. The wrapper runs in the same container, with the same
-PATH and nsys, right after the child exits; it forwards the scheduler's signals to the child,
-and exits with the child's status. So the run directory is complete (report, CSVs, metrics in
-``record.json``) before the submitting side uploads it, and the runner still never talks to the
-network. The in-process debug executor has no command line: ``hopperlab.run.launch`` calls
-``finish_profile`` itself after such a job (torch profiler only; nsys is refused before).
-
-A profile that cannot be turned into metrics never fails the run: what went wrong is written to
-``artifacts/profile/summary.json`` and the tag ``prof.error``.
+Runs in the job, as a wrapper process around the profiled one (``python -m hopperlab.cli
+profile job ... -- nsys profile ... python ...``): nsys writes its report only once the child
+has exited, and only the job has the job's nsys and libraries. It forwards signals and exits
+with the child's status. A profile that cannot be turned into metrics never fails the run (the
+error goes to ``artifacts/profile/summary.json`` and the tag ``prof.error``). Why it runs there:
+docs/profiling.md.
 """
 
 from __future__ import annotations

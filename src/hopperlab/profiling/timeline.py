@@ -1,25 +1,8 @@
 """A profile reduced to what the ``prof_`` metrics need, and the metrics themselves.
 
 Both sources (an Nsight Systems SQLite export, a torch profiler Chrome trace) are read into one
-``Timeline`` so that a figure means the same thing whichever profiler made it:
-
-* the **capture**: the window the profiler recorded (the measured steps under
-  ``measured_region()``); every figure is about this window only;
-* **GPU operations**: kernels, memory copies (by direction), memsets and unified-memory
-  migrations, each an interval on the GPU;
-* **ranges**: NVTX ranges (``record_function`` under the torch profiler), named as in
-  ``hopperlab.cuda.nvtx``.
-
-Definitions (docs/profiling.md has the table):
-
-* ``prof_gpu_busy_frac``: the union of all GPU operations, over the capture (a copy that
-  overlaps a kernel counts once);
-* ``*_share``: a part's summed duration over the summed duration of all GPU operations, which is
-  how the ``nsys`` GUI and the source talk put it ("the top kernel takes 49.9% of GPU time",
-  "memory 0.5%", "1.1% of memory operations involve unified memory");
-* idle gaps: the stretches between the first and the last GPU operation of the capture during
-  which no GPU operation runs, counted when longer than the threshold (the capture's edges are
-  left out: they hold the host's set-up, not stalls of the loop).
+``Timeline`` (the capture window, GPU operations, NVTX ranges), so that a figure means the same
+whichever profiler made it. The definitions of the metrics: docs/profiling.md.
 """
 
 from __future__ import annotations

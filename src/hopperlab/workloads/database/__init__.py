@@ -1,20 +1,10 @@
-"""database: TPC-H queries on the GPU over tables in CPU or GPU memory, checked against DuckDB.
+"""database: TPC-H queries on the GPU over tables in CPU or GPU memory, checked against DuckDB
+(FAMILY, params).
 
-The slides' claim (``../shared/seeds/001_*``, "Database Queries"): when a GPU queries tables
-that live in CPU memory, the host link is the bottleneck (PCIe on x86; NVLink-C2C on Grace
-Hopper carries the load). This family measures it on standard queries (TPC-H Q1, Q3, Q5, Q6,
-Q12, Q14) with standard data (the ``tpch`` asset kind), each query a physical plan of PyTorch
-operators, in five data placements and two column encodings, and checks every answer against
-DuckDB running the same query text on all of the node's cores (also the speed peer).
-
-Modules, one concern each: ``columns`` (Parquet -> exact fixed-width columns), ``encoding``
-(the narrow ``compact`` form and its GPU decode), ``operators`` (filter, projection, sort join,
-group-by aggregation, top-k), ``plans`` (the six queries), ``placement`` (where columns live and
-how chunks reach the kernels), ``sql`` (the query text), ``oracle`` (DuckDB: peer, oracle,
-answer comparison), ``link`` (pinned host->device bandwidth of the node), ``engine`` (timing
-one query in one placement), ``workload`` (``run(spec, recorder)``).
-
-This module is imported by the spec layer: it stays cheap (no torch, no numpy, no duckdb).
+Six TPC-H queries as plans of PyTorch operators, in five data placements and two column
+encodings, each answer checked against DuckDB on the same data (also the speed peer): is the host
+link the bottleneck when the tables live in CPU memory? Cheap to import (no torch, numpy or
+duckdb): the spec layer reads it. The claim and the modules: docs/benchmarks/database.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Timing one query plan on one source, and the per-query figures every run records.
 
-A timed run: ``source.reset()`` (untimed: e.g. managed columns back to the host), the device
-idle, then the whole plan between two CUDA events on the compute stream (the host clock on the
-CPU), answer included (the plan ends by copying its few result rows to the host). The median of
-``repeats`` runs after ``warmup`` untimed ones is reported.
-
-Figures per query (metric ``<query>_<name>``):
-
-* ``time_ms``: median plan time;
-* ``bytes_read``: bytes of stored columns the plan scans (each column of each scanned table
-  once, in its stored encoding): what crosses the link when the table lives in host memory;
-* ``gbps``: bytes_read / time (GB = 1e9 bytes);
-* ``link_fraction``: gbps over the node's pinned host->device GB/s (host-resident placements);
-* ``floor_ms``: bytes_read at the pinned link rate: no host-resident run can be faster;
-* ``duckdb_ms``, ``speedup_vs_duckdb`` (= duckdb_ms / time_ms), ``correct`` (1 or 0).
+A timed run is the whole plan, answer included, between two CUDA events (the host clock on the
+CPU), after an untimed ``source.reset()``; the median of ``repeats`` after ``warmup`` is
+reported. ``QueryFigures.metrics`` names each figure (``<query>_<name>``); their definitions:
+docs/benchmarks/database.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
 """Where the columns live while a query runs, and how each chunk reaches the kernels.
 
-A *source* holds the encoded columns the queries need and hands plans their chunks:
-``scan(table, columns)`` yields dicts of plain tensors on the compute device (inside
-``query.scan``; transfers are ``query.transfer``, decoding ``query.decode``).
-
-* ``device``: the encoded columns are copied to GPU memory before timing; a scan yields each
-  table as one chunk (compact columns are decoded from GPU memory).
-* ``host-pinned``: page-locked host memory, streamed in chunks of ``chunk_rows`` by the copy
-  engines on a side stream into two staging buffers per column (double buffering): while the
-  kernels work on chunk i, chunk i+1 is on its way; a buffer is refilled only after the kernels
-  that read it have finished (an event per buffer).
-* ``pageable``: the same, from ordinary host memory (the driver stages such copies itself, so
-  they block the issuing thread and overlap little: the baseline).
-* ``zero-copy``: page-locked host memory mapped into the GPU's address space; no copy engine and
-  no staging. A consumer that reads each column once (the fused Q1/Q6 kernels, ``raw`` scans)
-  gets the mapped memory itself and its loads cross the link; for the other plans, on the side
-  stream, one elementwise kernel per column and chunk (the decode of a compact column, a
-  ``x | 0`` pass for a plain one) reads the mapped pages once into device memory while the
-  previous chunk is being processed.
-* ``managed``: cudaMallocManaged columns, written by the CPU and moved back to the host before
-  every timed run (``reset``), so each run starts host-resident; with ``prefetch`` the next chunk
-  is prefetched (cudaMemPrefetchAsync) on the side stream while the current one is processed,
-  without it the kernels fault the pages in. Never more managed memory than half of the GPU's
-  free memory, unless Grace Hopper or the site allows oversubscription.
-
-Without a GPU (CI) every placement but ``managed`` runs its bookkeeping on the CPU: the same
-chunking, the same two staging slots, no streams; ``device`` is then plain CPU tensors.
+A source holds the encoded columns and yields their chunks to the plans (``scan``): ``device``
+(copied to GPU memory first), ``host-pinned`` (double-buffered copies on a side stream),
+``pageable`` (the baseline), ``zero-copy`` (mapped host memory read by the kernels) and
+``managed`` (cudaMallocManaged, sent back to the host before every run, optionally prefetched).
+Without a GPU the same chunking runs on the CPU. Each placement in detail:
+docs/benchmarks/database.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """database's entry: ``run(spec, recorder)``.
 
-1. Load the columns the queries read from the ``tables`` asset (a built ``tpch`` folder).
-2. DuckDB loads the same columns, runs each query's text on all cores (or ``duckdb_threads``):
-   its answer is the oracle, its median time the peer.
-3. Place the columns (``placement``, ``encoding``) and time each plan (``engine``); check each
-   answer against DuckDB's; record the figures of ``engine.QueryFigures``, per query.
-4. Any wrong answer: the run fails (``AnswerMismatch``) after everything is recorded, the
-   differences in the reason and in ``artifacts/answers.json``.
-
-What runs where: with a CUDA device (and ``resources.gpus`` >= 1) the plans run on the GPU. On a
-node without one the plans run on the CPU with torch (``database.target=cpu``: the correctness
-of every plan and the chunking bookkeeping of each placement are real; no GPU was measured, and
-link figures are not recorded); ``managed`` needs a GPU and is skipped there.
-
-Q1 and Q6 run as one fused Triton kernel per chunk where Triton runs on a GPU (tag
-``database.fused_kernels``; ``fused_kernels: false`` keeps to PyTorch operators).
-
-Knobs: ``memory: managed`` goes with ``placement: managed`` (and only with it); ``profiler``:
-``nsys`` runs the timed queries inside ``measured_region`` (the launcher's nsys captures exactly
-those), with NVTX ranges ``query.<operator>``; ``torch`` wraps them in torch.profiler and saves
-``artifacts/profile/torch_trace.json``.
+Load the columns the queries read from the ``tables`` asset, run the query text in DuckDB (the
+oracle and the peer), place the columns and time each plan, check every answer; a wrong answer
+fails the run (``AnswerMismatch``) after everything is recorded. With a CUDA device the plans
+run on the GPU, otherwise on the CPU (``database.target=cpu``; ``managed`` is skipped). Knobs
+and what runs where: docs/benchmarks/database.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""inference: using CPU memory as an extension of the GPU's for LLM inference.
+"""inference: CPU memory as an extension of the GPU's for LLM inference (FAMILY, params).
 
-Two studies (``InferenceParams.study``), both over a Hugging Face causal LM driven by our own
-prefill + greedy decode loop (``generation``), never ``model.generate``, so that we decide where
-every KV cache and every weight lives:
-
-* ``kv-cache``: a multi-round dialogue simulator (``dialogue``). Sessions take turns; between two
-  rounds of one session the others run, so its cache is evicted from the GPU. The policy
-  (``kv_policies``) decides what eviction means: ``resident`` keeps every cache on the GPU,
-  ``offload`` moves it to pinned host memory and reloads it on resume (layer by layer, overlapped
-  with the new turn's prefill: ``layered_reload``), ``recompute`` drops it and prefills the whole
-  history again. The ``memory: managed`` knob keeps evicted caches in managed memory and prefetches
-  them on resume (``managed_kv``).
-* ``weight-streaming``: prefill and decode with only the first layers resident; the rest live in
-  pinned host memory and are streamed through a double buffer on a side stream
-  (``weight_streaming``), against Hugging Face accelerate's CPU offload (``accelerate_peer``).
-
-Units: bytes, GB = 1e9 bytes, GB/s, milliseconds, tokens/s. This module stays cheap (no torch).
+Two studies over a causal LM driven by our own prefill + greedy decode loop, so that we decide
+where every KV cache and weight lives: ``kv-cache`` (a multi-round dialogue whose idle sessions'
+caches are kept, offloaded and reloaded, or recomputed) and ``weight-streaming`` (only the first
+layers resident, the rest streamed from pinned host memory, against accelerate's CPU offload).
+Units: bytes, GB = 1e9 bytes, GB/s, ms, tokens/s. Cheap to import (no torch): the spec layer
+reads it. How each piece works: docs/benchmarks/inference.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """A multi-round dialogue server in miniature: the workload of the kv-cache study.
 
-``sessions`` conversations each open with ``context_tokens`` of context and then go through
-``rounds`` rounds: a user turn of ``turn_tokens`` arrives, the server answers with
-``reply_tokens`` generated greedily. Rounds are served round-robin, so between two rounds of one
-session every other session is served once: that is the idle period during which its cache may be
-evicted (the policy decides; see ``kv_policies``).
-
-The tokens are seeded random ids (the model's weights are random at full scale too): what is
-measured is the system, not the text. The last token of a reply is not yet in the cache when the
-round ends (greedy decoding feeds each token only to produce the next), so the next round feeds it
-first, together with the new turn; a recompute prefills the whole history, that token included,
-so every policy sees the same sequence.
-
-Per round it records the time to the first token (from the resume to the token on the host:
-reload and prefill included), the decode rate, and for a reloaded cache its bytes and the copy
-time on the side stream.
+Sessions open with a context, then take rounds (a user turn, a greedy reply) round-robin, so
+each session's cache sits idle while the others are served: the policy decides what happens to
+it then. Per round it records time to first token, decode rate and, for a reload, bytes and copy
+time. Seeded random tokens: the system is measured, not the text. Details:
+docs/benchmarks/inference.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why not one ``torch.empty(..., pin_memory=True)`` per tensor: torch's caching host allocator
 rounds every request up to a power of two, so a 134 MB layer of a 16k-token cache would pin
-256 MB, and pinning costs time (membench measured about 2.7 GB/s on the lent H200). Chunks of
+256 MB, and pinning costs time (docs/benchmarks/membench.md: a few GB/s). Chunks of
 exactly a power of two are neither rounded nor lost: a tensor is a slice of a chunk, a chunk goes
 back to the arena's free list when its owner is released and is reused as is, and the pinning is
 paid once per chunk. Without CUDA the chunks are plain host memory.

@@ -1,20 +1,10 @@
-"""Evicted KV caches in managed (unified) memory: prefetched to the host on eviction, prefetched
-back layer by layer on resume (``memory: managed``).
+"""Evicted KV caches in managed memory (``memory: managed``): prefetched to the host on
+eviction, prefetched back layer by layer on resume, the model running on views of the buffer.
 
-The cache of an evicted session is copied once into one cudaMallocManaged buffer and its pages are
-sent to the host (cudaMemPrefetchAsync to the CPU, d2h stream). On resume each layer's range is
-prefetched back to the GPU on the side stream, followed by an event, and the model runs on views
-of the managed buffer directly (no separate device copy): the same layer-by-layer overlap as the
-pinned reload, with the driver's page migration instead of cudaMemcpy.
-
-The house rule of ARCHITECTURE.md holds: managed memory never takes more than half of the GPU's
-free memory unless the node is a Grace Hopper or the site allows oversubscription
-(``hopperlab.cuda.managed_policy``). The run checks its worst case before it starts
-(``check_budget``) and every allocation again.
-
-Without CUDA there is no managed memory: the buffers are plain host tensors and the prefetches
-do nothing, so the bookkeeping (views, per-layer readiness, release) still runs and is checked;
-the run is tagged as such and measures nothing about the memory system.
+Managed memory stays under the free-memory rule of ARCHITECTURE.md (``cuda.managed_policy``):
+the run checks its worst case before it starts and every allocation again. Without CUDA the
+buffers are host tensors and prefetches do nothing, so the bookkeeping is still checked.
+Details: docs/benchmarks/inference.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Weight streaming: run a model whose decoder layers do not all fit the GPU budget.
 
-The first ``resident_layers`` decoder layers (and the embedding, final norm and LM head) stay on
-the GPU. Each later layer's weights live in pinned host memory as one flat block, and its
-parameters are re-pointed, once, at one of two device buffers: streamed layer k uses buffer k % 2.
-Forward hooks keep the buffers filled ahead of use on the side stream:
-
-* before layer k runs, the compute stream waits for layer k's copy, and the copy of the next
-  streamed layer is enqueued into the other buffer (which layer k-1 has finished with: the copy
-  waits for that layer's "buffer free" event);
-* after layer k runs, its buffer's "free" event is recorded; when the next layer shares that
-  buffer (an odd number of streamed layers wraps onto the same one), its copy is enqueued now.
-
-The copy of the first streamed layer for the next forward is issued during the last streamed
-layer, so it overlaps the resident layers, the LM head and the next token's embedding. In decode
-the link is the limit: each forward moves every streamed layer once, so the floor is streamed
-bytes / pinned host->device bandwidth.
-
-Without CUDA the same re-pointing and hooks run with synchronous copies into host "device"
-buffers: the logits must equal those of the unmodified model, which the tests check.
+The first layers stay on the GPU; each later layer's weights live in pinned host memory and are
+copied, ahead of use, into one of two device buffers on the side stream (forward hooks keep the
+double buffer full). In decode the link is the limit, so the floor is streamed bytes / pinned
+host->device bandwidth. Without CUDA the same hooks run with synchronous copies and the logits
+must equal the unmodified model's. The schedule in detail: docs/benchmarks/inference.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,9 @@
-"""The alloc test: what one allocation of each memory kind costs, and how fast its pages are
-first touched or migrated.
+"""The alloc test: what one allocation of each memory kind (device, pinned, host, managed) costs,
+and how fast its pages are first touched or migrated.
 
-Per size and sample (fresh allocations every sample; the median of ``repeats`` is reported):
-
-* ``device``: ``torch.empty(..., device="cuda")`` after ``torch.cuda.empty_cache()`` so that the
-  caching allocator really calls cudaMalloc (it rounds a request up to its 2 MiB segments);
-  ``alloc_ms`` on the host clock (cudaMalloc is synchronous); ``first_touch_gbps``: the first GPU
-  write of the whole buffer, ``write_gbps``: a second one (CUDA events); ``free_ms``: the
-  cudaFree that ``empty_cache`` makes.
-* ``pinned``: ``torch.empty(..., pin_memory=True)`` after emptying torch's pinned-memory cache
-  (cudaHostAlloc: pins every page, so the cost grows with the size); first and second CPU write.
-  Where this torch has no call to empty that cache, cudaHostAlloc through ctypes (tagged).
-* ``host``: a fresh anonymous ``mmap`` (what malloc does for a large block; malloc itself would
-  hand back pages it already touched once a block is freed and reused); the first CPU write pays
-  the page faults, the second does not.
-* ``managed``: cudaMallocManaged through ctypes (see ``cuda_runtime``), wrapped as a torch tensor
-  through ``__cuda_array_interface__``. Two allocations per sample:
-  A: ``alloc_ms``; ``gpu_first_touch_gbps`` (GPU write, pages created on the GPU by faults);
-  ``prefetch_d2h_gbps`` and ``prefetch_h2d_gbps`` (cudaMemPrefetchAsync to the host and back);
-  ``resident_read_gbps`` (a GPU read once prefetched: HBM speed if the prefetch worked); free.
-  B: ``cpu_first_touch_gbps`` (CPU write); ``migrate_h2d_gbps`` (then a GPU read: on-demand
-  migration host->device by GPU page faults); ``migrate_d2h_gbps`` (then a CPU read into a host
-  buffer: on-demand migration back by CPU page faults); free.
-  Never more than half of the GPU's free memory unless Grace Hopper or the site allows
-  oversubscription (``managed_bytes_allowed``): the variant is skipped instead. Every managed
-  allocation is freed on the way out, error or not.
-
-GPU reads are ``sum`` over the buffer viewed as int64 (reads every byte once); CPU writes and
-reads are numpy ``fill`` / ``copyto`` in one thread (see ``common.HostBackend`` for why).
-
-Without a CUDA device only ``host`` runs; the others are skipped (``SkipRun``).
+Fresh allocations every sample, the median of ``repeats`` reported; managed memory stays under
+the free-memory rule (the variant is skipped instead). Without a CUDA device only ``host`` runs.
+What each figure times, kind by kind: docs/benchmarks/membench.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """The copy test: host<->device copy bandwidth over a sweep of sizes.
 
-On a CUDA device (torch):
-
-* Buffers: the host side is a torch CPU tensor, pinned (``pin_memory=True``, page-locked, the
-  DMA engines read it directly) or pageable (plain; the driver stages it through its own pinned
-  buffers). The device side comes from ``torch.empty`` (cudaMalloc), or from cudaMallocManaged
-  prefetched to the GPU when the ``memory`` knob is ``managed``. Every buffer is written before
-  timing (source: a non-zero byte; destination: another), so no page is first touched while timed.
-* A timed sample makes ``inner`` copies back to back (enough to move ``SAMPLE_BYTES``; at most
-  ``MAX_INNER``) with ``copy_(non_blocking=True)`` on a dedicated stream, between two CUDA
-  events. For pinned memory, a short spin kernel (``torch.cuda._sleep``) first holds the stream,
-  so that all copies are queued before the first event fires and host-side launch gaps stay out.
-* ``bidir``: one stream each way. Pinned: both streams wait on one start event and the sample
-  ends when the later stream's end event fires. Pageable: the copies block the issuing thread,
-  so each direction runs in its own thread (torch releases the GIL) and the sample is timed with
-  the host clock from a common barrier to the later thread's synchronize. Bytes of both
-  directions count; the step also reports each direction's own GB/s during the overlap.
-* GB/s = bytes / seconds / 1e9; warm-up samples are not timed; the median of ``repeats`` samples
-  is reported. After timing, the first and last 4 KiB of each destination are checked.
-
-Without a CUDA device: pageable variants measure host memcpy between two host buffers instead
-(tag ``membench.target=host``, metric prefix ``memcpy``; ``bidir``: two copies at once in two
-threads, prefix ``memcpy_x2``), timed with the host clock; pinned variants, and the ``managed``
-memory knob, are skipped (``SkipRun``): they have no meaning without a GPU.
+Pinned or pageable host buffers against device (or managed) buffers, copies back to back between
+CUDA events (one stream each way for ``bidir``), the median of ``repeats`` samples in GB/s
+(1e9 B/s), every destination checked afterwards. Without a CUDA device pageable variants time
+host memcpy instead and pinned ones are skipped. The method in detail:
+docs/benchmarks/membench.md.
 """
 
 from __future__ import annotations

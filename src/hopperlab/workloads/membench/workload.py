@@ -1,32 +1,9 @@
 """membench's entry: ``run(spec, recorder)``; the measurements are in ``copies`` and ``allocation``.
 
-What runs where:
-
-* On a node where torch sees a CUDA device and the spec asks for a GPU: everything, on the
-  current device (tag ``membench.target=cuda``).
-* On a node without one (no torch, a CPU build, no visible device, or ``resources.gpus: 0``):
-  host measurements that stand for what the node *can* do, tagged ``membench.target=host``, and
-  a ``SkipRun`` naming what is missing for the rest. Concretely:
-  - ``copy`` with pageable host memory measures host memcpy between two host buffers (two at
-    once in two threads for ``bidir``), metric prefix ``memcpy`` / ``memcpy_x2`` (never ``h2d``:
-    no device is involved); ``copy`` with pinned memory is skipped.
-  - ``alloc`` of kind ``host`` runs (it never needs a GPU); ``device``, ``pinned`` and
-    ``managed`` are skipped.
-  This way the smoke matrix on a CPU machine measures something real in 4 of its 10 variants
-  and says plainly why the other 6 did not run.
-* Host-side work (memcpy, CPU writes and reads) is numpy in one thread, with or without torch
-  (tag ``membench.host_backend``; ``common.HostBackend`` says why not torch's threaded CPU ops).
-
-Knobs: ``memory`` (device | managed): for ``copy``, where the device buffers come from
-(cudaMalloc, or cudaMallocManaged prefetched to the GPU); for ``alloc``, ``managed`` goes with
-``kind: managed`` only. ``profiler``: the sweep is the measured region
-(``hopperlab.cuda.nvtx.profiled_region``: the nsys capture under ``profiler: nsys``, the torch
-profiler and ``artifacts/profile/torch_trace.json`` under ``profiler: torch``), with an NVTX range
-(and torch ``record_function``) around each size.
-
-Managed memory never takes more than half of the GPU's free memory unless the node is Grace
-Hopper or the site sets ``allow_oversubscription: true`` (``managed_bytes_allowed``); otherwise
-the variant is skipped before anything is allocated.
+With a CUDA device everything runs on it (``membench.target=cuda``); without one the host
+measurements run (``membench.target=host``) and the rest is skipped with the reason. Knobs:
+``memory`` (device | managed buffers) and ``profiler`` (the sweep is the measured region, an
+NVTX range per size). What runs where, in detail: docs/benchmarks/membench.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""recommender: the latency pipeline of the source slides, on a trained recommender.
+"""recommender: the latency pipeline of the source slides, on a trained recommender
+(FAMILY, params).
 
-A two-tower retrieval model and a DLRM-style ranking model are trained briefly on the ``recsys``
-tables (``hopperlab.assets.recsys``), checked against a popularity baseline (recall@k, AUC), then
-timed one component after another per query, as the slides do:
-
-1. ``retrieval``  user embedding and top-k over all item embeddings (GPU, or CPU for the peer)
-2. ``features``   CPU feature augmentation: gather the user's and the candidates' features and
-                  build the ranking batch (pandas before, numpy gathers + worker threads after)
-3. ``transfer``   host -> device copy of the batch (pinned or pageable staging)
-4. ``ranking``    the DLRM on the batch
-5. ``topn``       the final top-n, back on the host
-
-Metrics: ``lat_<component>_p50_ms`` / ``_p99_ms``, ``share_<component>`` (of the summed
-end-to-end time), ``lat_e2e_p50_ms`` / ``_p99_ms``, ``qps``; model quality ``recall_at_k``,
-``recall_at_k_popularity``, ``rank_auc``, ``rank_auc_popularity``.
-
-This module is imported by the spec layer: it stays cheap (no torch, no numpy).
+A two-tower retrieval model and a DLRM ranking model are trained briefly on the ``recsys`` tables,
+checked against a popularity baseline, then timed per query one component after another:
+``retrieval``, ``features``, ``transfer``, ``ranking``, ``topn`` (``COMPONENTS``). Metrics:
+per-component and end-to-end p50/p99 latency, shares, qps, recall@k and AUC. Cheap to import
+(no torch, no numpy): the spec layer reads it. Details: docs/benchmarks/recommender.md.
 """
 
 from __future__ import annotations

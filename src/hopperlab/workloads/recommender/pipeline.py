@@ -1,21 +1,10 @@
 """The latency pipeline: one query at a time, one component after another, each timed.
 
-``Pipeline.query(user)`` runs, each inside its NVTX range ``pipeline.<component>`` and finished
-(device synchronised) before the next starts, as the source slides time it:
-
-1. ``retrieval``  the user's packed row -> user tower -> scores against every item embedding ->
-                  top-k candidate ids (back on the host unless the features are gathered on the GPU)
-2. ``features``   the ranking batch: CPU gathers into the staging buffer (``features.py``), or,
-                  with managed-memory tables, a GPU gather from them
-3. ``transfer``   staging buffer -> device batch (nothing to do on the CPU or with managed tables)
-4. ``ranking``    DLRM scores of the batch
-5. ``topn``       top-n of the scores, their item ids back on the host
-
-Device choices (``PipelineConfig``): everything on the CPU (the peer), or retrieval and ranking on
-the GPU with item embeddings resident there or streamed per query from pinned host memory in
-chunks (copy of chunk c+1 overlapping the scoring of chunk c); pinned or pageable staging; worker
-threads for the gathers; CUDA graphs for retrieval and ranking (eager if capture fails).
-The same code runs with ``device="cpu"`` on a node without a GPU (CI checks its results there).
+``Pipeline.query(user)`` runs each component inside its NVTX range ``pipeline.<component>`` and
+synchronises before the next, as the source slides time it. ``PipelineConfig`` chooses the CPU
+peer or the GPU (item embeddings resident or streamed in chunks), pinned or pageable staging,
+worker threads and CUDA graphs. The same code runs on the CPU in CI. Each component in detail:
+docs/benchmarks/recommender.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """recommender's entry: ``run(spec, recorder)``: train, evaluate, then time the pipeline.
 
-What runs where:
-
-* ``pipeline: gpu`` on a node where torch sees a CUDA device and the spec asks for a GPU:
-  retrieval and ranking on the GPU (tag ``recommender.device=cuda``).
-* ``pipeline: gpu`` elsewhere: the same code path on the CPU (pinned staging and CUDA graphs
-  off), so CI checks its logic; tagged ``recommender.gpu_measured=false``. ``memory: managed``
-  needs a GPU: skipped without one.
-* ``pipeline: cpu``: every component on the CPU with torch using all of the job's cores (the
-  peer; ``job_cores``: the node's, at most ``resources.cpus``).
-
-The models are trained on the GPU when there is one (the CPU peer gets copies of them), briefly:
-``retrieval_steps`` and ``ranking_steps``. Knobs: ``num_workers`` (feature-augmentation threads;
-param ``workers_all_cores`` for the node's core count), ``memory`` (managed feature tables),
-``profiler`` (``nsys``: the timed queries are the capture range; ``torch``: a Chrome trace in
-``artifacts/profile/torch_trace.json``).
+``pipeline: gpu`` runs retrieval and ranking on the GPU where there is one, else the same code on
+the CPU (tagged ``recommender.gpu_measured=false``); ``pipeline: cpu`` is the all-CPU peer on the
+job's cores. Knobs: ``num_workers`` (feature threads), ``memory`` (managed feature tables),
+``profiler``. What runs where: docs/benchmarks/recommender.md.
 """
 
 from __future__ import annotations
