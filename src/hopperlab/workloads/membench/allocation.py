@@ -185,7 +185,7 @@ def _device(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], _setup: A
                 t_first = _gpu_timed(torch, lambda: x.fill_(BYTE_A))
                 t_write = _gpu_timed(torch, lambda: x.fill_(BYTE_B))
                 _check_gpu(x, BYTE_B, f"device {size_mb} MiB")
-                del x
+                x = None  # release the buffer now (a name, not a del: the lambdas above read it)
                 torch.cuda.synchronize(dev)
                 t_free = _cpu_timed(torch.cuda.empty_cache)
                 if ctx.timed(i):
@@ -220,7 +220,7 @@ def _pinned(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: An
                     if not host.all_equal(a, BYTE_B):
                         raise RuntimeError(f"pinned {size_mb} MiB: write did not land")
                 finally:
-                    del x, a
+                    x = a = None
                     if ptr is not None:
                         t_free = _cpu_timed(lambda: tool.free_host(ptr))
                 if how == "torch":
@@ -295,7 +295,7 @@ def _managed(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: A
                         got["resident_read_gbps"] = gbps(n, _gpu_timed(
                             torch, lambda: g.view(torch.int64).sum(), stream))
                     _check_gpu(g, BYTE_A, f"managed {size_mb} MiB (A)")
-                    del g
+                    g = None
                 finally:
                     rt.synchronize()
                     t0 = time.perf_counter()
@@ -313,14 +313,14 @@ def _managed(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: A
                     got["migrate_d2h_gbps"] = gbps(n, _cpu_timed(lambda: host.copy(scratch, a)))
                     if not host.all_equal(scratch, BYTE_B):
                         raise RuntimeError(f"managed {size_mb} MiB (B): CPU read back wrong bytes")
-                    del a, g
+                    a = g = None
                 finally:
                     rt.synchronize()
                     rt.free(ptr)
                 if ctx.timed(i):
                     for k, v in got.items():
                         s[k].append(v)
-        del scratch
+        scratch = None
         sweep.add(size_mb, {k: v for k, v in s.items() if v})
 
 
