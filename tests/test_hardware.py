@@ -59,7 +59,7 @@ def test_fingerprint_on_this_cpu_machine():
 
 def test_fingerprint_without_torch(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch", raising=False)
-    monkeypatch.setattr(hardware.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(hardware, "_torch_folder", lambda: None)
     fp = hardware.fingerprint()
     assert fp["torch_version"] is None and fp["cuda_runtime"] is None
 

@@ -12,20 +12,17 @@ from the same node and moment.
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hopperlab.core.stats import GB, MIB
-
-if TYPE_CHECKING:
-    import torch
 
 #: the byte the ``verify`` check fills the source with
 _MARK = 0x5A
 
 
-def pinned_copy_gbps(device: torch.device | str, direction: str = "h2d", nbytes: int = 256 * MIB,
+def pinned_copy_gbps(device: Any, direction: str = "h2d", nbytes: int = 256 * MIB,
                      *, copies: int = 1, samples: int = 5, stream: Any = None,
-                     host: torch.Tensor | None = None, verify: bool = False) -> float:
+                     host: Any = None, verify: bool = False) -> float:
     """Median GB/s of ``samples`` timed samples (after one untimed) of ``copies`` back-to-back
     copies of ``nbytes`` between page-locked host memory and ``device``.
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 _running: dict[int, tuple[int, int]] = {}       # device index -> (allocated, reserved) peaks
 
 
@@ -24,6 +22,8 @@ def _stat(i: int, kind: str, field: str = "peak") -> int:
     read from the allocator's nested statistics: ``torch.cuda.max_memory_allocated`` flattens
     all of them into a new dict on each call, 7x slower, and the offload's budget reads these
     in every layer's backward."""
+    import torch
+
     nested = getattr(torch._C, "_cuda_memoryStats", None)
     if nested is None:
         return int(torch.cuda.memory_stats(i).get(f"{kind}.all.{field}", 0))
@@ -37,12 +37,16 @@ def allocated_now(device: Any) -> int:
 
 
 def _index(device: Any) -> int:
+    import torch
+
     device = torch.device(device)
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def start_window(device: Any) -> None:
     """From now on ``window_peak_allocated`` counts from the memory allocated now."""
+    import torch
+
     i = _index(device)
     alloc, reserved = _running.get(i, (0, 0))
     _running[i] = (max(alloc, _stat(i, "allocated_bytes")),
@@ -57,6 +61,8 @@ def window_peak_allocated(device: Any) -> int:
 
 def reset(device: Any) -> None:
     """Forget every peak (the run's measured phase starts)."""
+    import torch
+
     i = _index(device)
     _running.pop(i, None)
     torch.cuda.reset_peak_memory_stats(i)

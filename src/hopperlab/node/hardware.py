@@ -8,7 +8,6 @@ from, and why the PCIe generation is the maximum: docs/node.md.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
 import re
@@ -166,16 +165,23 @@ def _torch_versions() -> tuple[str | None, str | None]:
         version = getattr(torch, "__version__", None)
         return (str(version) if version else None,
                 getattr(getattr(torch, "version", None), "cuda", None))
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
+    folder = _torch_folder()
+    if folder is None:
         return None, None
-    if spec is None or not spec.submodule_search_locations:
-        return None, None
-    text = _read(str(Path(list(spec.submodule_search_locations)[0]) / "version.py"))
+    text = _read(str(folder / "version.py"))
     ver = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
     cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
     return (ver.group(1) if ver else None, cuda.group(1) if cuda else None)
+
+
+def _torch_folder() -> Path | None:
+    """Where ``import torch`` would find torch's package, found on ``sys.path`` without
+    importing it (None: not installed)."""
+    for entry in sys.path:
+        folder = Path(entry or ".") / "torch"
+        if (folder / "__init__.py").is_file():
+            return folder
+    return None
 
 
 def _nvidia_smi() -> list[dict[str, Any]] | None:
