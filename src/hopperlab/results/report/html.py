@@ -38,8 +38,6 @@ REPORT_FILE = "report.html"
 PROGRESS_MIN_RUNS = 50
 
 
-
-
 _HARDWARE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("hostname", "host"), ("cpu_model", "CPU model"), ("cpu_arch", "arch"),
     ("cpu_cores", "cores"), ("mem_total_gb", "memory"), ("gpu_model", "GPU model"),
