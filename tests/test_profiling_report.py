@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from hopperlab.results import report
+from hopperlab.core.rundir import write_json_atomic, write_record
 from hopperlab.profiling import nsys_sqlite
 from hopperlab.profiling.timeline import derive_metrics
-from hopperlab.core.rundir import write_json_atomic, write_record
+from hopperlab.results.report.charts import profile_breakdown
+from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.report.html import render_html
 
 FIX = Path(__file__).parent / "fixtures" / "profiling"
 
@@ -32,25 +34,25 @@ def make_run(results: Path, experiment: str, variant: str, metrics: dict[str, fl
                                   "membench__copy-profiled__bidir-pinned", "matmul-h200"])
 def test_breakdown_sums_to_the_capture(name):
     m = prof_metrics(name)
-    parts = report.profile_breakdown(m)
+    parts = profile_breakdown(m)
     assert sum(parts.values()) == pytest.approx(1.0)
     assert all(v >= -1e-12 for v in parts.values())
     assert parts["GPU idle"] == pytest.approx(1 - m["prof_gpu_busy_frac"])
 
 
 def test_breakdown_parts_follow_the_profile():
-    managed = report.profile_breakdown(prof_metrics("trainloop__loop__w0-managed-nsys"))
-    bidir = report.profile_breakdown(prof_metrics("membench__copy-profiled__bidir-pinned"))
+    managed = profile_breakdown(prof_metrics("trainloop__loop__w0-managed-nsys"))
+    bidir = profile_breakdown(prof_metrics("membench__copy-profiled__bidir-pinned"))
     assert managed["unified memory"] > 0 and bidir["unified memory"] == 0
     assert bidir["memcpy H2D"] == pytest.approx(bidir["memcpy D2H"], rel=0.2)
-    assert report.profile_breakdown({"gbps_peak": 3.0}) is None
+    assert profile_breakdown({"gbps_peak": 3.0}) is None
 
 
 def test_report_shows_the_chart_only_for_profiled_experiments(tmp_path):
     make_run(tmp_path, "loop", "w0", prof_metrics("trainloop__loop__w0-device-nsys"))
     make_run(tmp_path, "loop", "w4", prof_metrics("trainloop__loop__w4-device-nsys"))
     make_run(tmp_path, "plain", "w0", {"step_s": 0.1})
-    html = report.render_html(report.collect_runs(tmp_path))
+    html = render_html(collect_runs(tmp_path))
     assert html.count('alt="profile breakdown per variant"') == 1
     loop, plain = html.split('id="x-trainloop--plain"')
     assert "profile breakdown" in loop and "profile breakdown" not in plain

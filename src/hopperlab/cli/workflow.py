@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
+from hopperlab.assets.registry import asset_fingerprint, asset_inputs
 from hopperlab.config.spec import Matrix, spec_data_fingerprint, unknown_target_message
 from hopperlab.core import locks
 from hopperlab.core.errors import SpecError, shown
@@ -114,8 +115,6 @@ def _asset_spec_or_error(specs: Mapping[str, Any], name: str) -> Any:
 
 def asset_input_manifests(specs: Mapping[str, Any], name: str, assets_dir: str) -> list[str]:
     """The manifests of the assets ``name`` is built from (a tokenizer, a data set...)."""
-    from hopperlab.assets.registry import asset_inputs
-
     _asset_spec_or_error(specs, name)
     return [asset_manifest(assets_dir, dep) for dep in sorted(set(asset_inputs(name, specs)
                                                                     .values()))]
@@ -128,8 +127,6 @@ def matrix_asset_manifests(matrix: Matrix, specs: Mapping[str, Any], assets_dir:
     whose consumers are up to date, so a deleted asset would otherwise stay deleted. As targets,
     a deleted asset is rebuilt, and the runs that use it rerun (their input is newer).
     """
-    from hopperlab.assets.registry import asset_inputs
-
     wanted: set[str] = set()
     todo = [name for spec in matrix.runs.values() for name in spec.assets.values()]
     while todo:
@@ -144,8 +141,6 @@ def matrix_asset_manifests(matrix: Matrix, specs: Mapping[str, Any], assets_dir:
 
 def asset_rule_fingerprint(specs: Mapping[str, Any], name: str) -> str:
     """The asset's definition hash: a changed definition reruns its rule (and its dependents)."""
-    from hopperlab.assets.registry import asset_fingerprint
-
     _asset_spec_or_error(specs, name)
     return asset_fingerprint(name, specs)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from hopperlab.assets.registry import apply_substitutes, load_assets
 from hopperlab.config.site import load_site, site_resources
 from hopperlab.config.spec import (
     DEFAULT_RESOURCES,
@@ -184,8 +185,6 @@ def _known_assets(root: Path, substitutes: Mapping[str, str]) -> dict[str, str] 
     touches it); None in a project without configs/assets.yaml."""
     if not (root / "configs" / "assets.yaml").is_file():
         return None
-    from hopperlab.assets.registry import apply_substitutes, load_assets  # noqa: PLC0415
-
     specs = load_assets(root)
     check_substitutes(substitutes, set(specs))
     return {name: renamed for name, renamed in apply_substitutes(specs, substitutes)[1].items()

@@ -20,6 +20,8 @@ from typing import Any, Callable
 from hopperlab.config.spec import RunSpec
 from hopperlab.node.containers import job_exec_prefix, resolve_site_runtime
 from hopperlab.profiling import profiler_prefix
+from hopperlab.profiling.command import site_settings
+from hopperlab.profiling.finish import finish_profile
 
 #: Slurm states that mean "ran out of its time limit" (submitit reports them as uncompleted).
 TIMEOUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
@@ -249,9 +251,6 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
         outcome.state = _final_state(job, default="FAILED")
     if spec.site.executor == "debug" and spec.knobs.profiler == "torch":
         # no command line to wrap in-process: finish the profile here (nsys is refused before)
-        from hopperlab.profiling.command import site_settings
-        from hopperlab.profiling.finish import finish_profile
-
         settings = site_settings(spec)
         finish_profile(run_dir, "torch", gap_threshold_us=settings.gap_threshold_us)
     return outcome

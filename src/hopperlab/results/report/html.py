@@ -31,6 +31,7 @@ from hopperlab.results.report.collect import (
     sort_key,
 )
 from hopperlab.workloads import family_info
+from hopperlab.workloads.base import KNOB_DEFAULTS
 
 REPORT_FILE = "report.html"
 
@@ -100,8 +101,6 @@ def _hardware_table(runs: Sequence[RunRow]) -> str:
 
 def _knobs(knobs: Mapping[str, Any]) -> str:
     """The knobs a variant turns away from their defaults (the rest would only be noise)."""
-    from hopperlab.workloads.base import KNOB_DEFAULTS
-
     changed = [f"{k}={v}" for k, v in knobs.items() if KNOB_DEFAULTS.get(k) != v]
     return ", ".join(changed) or "defaults"
 
