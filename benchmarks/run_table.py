@@ -9,13 +9,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hopperlab.results.machines.references import judge_rows
 from hopperlab.results.report import build_report
 from hopperlab.results.report.collect import collect_runs
 
 
 def main(results_dir: str) -> int:
-    build_report(Path(results_dir))  # judges every run against configs/references/
+    build_report(Path(results_dir))
     runs = collect_runs(Path(results_dir))
+    judge_rows(runs, Path("configs/references"))  # each run against its machine's references
     print(f"{'run':58} {'status':8} {'check':12} {'cost':>8}  headline")
     for r in runs:
         figures = ", ".join(f"{m}={r.metrics[m]:.4g}" for m in r.headline_metrics
