@@ -38,6 +38,8 @@ class Resources:
     cpus: int = 1
     mem_gb: float = 4.0
     time_min: int = 10
+    #: pool -> count, overriding the sizes taken from the job's CPUs (node.threads.POOLS)
+    threads: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,13 @@ MEM_LOCATION_HOST = 2
 ATTR_MANAGED_MEMORY = 83
 ATTR_PAGEABLE_MEMORY_ACCESS = 88
 ATTR_CONCURRENT_MANAGED_ACCESS = 89
+#: ATS (Grace Hopper's coherent C2C) rather than HMM (x86 with the kernel's heterogeneous
+#: memory management): the GPU walks the host's own page tables
+ATTR_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES = 100
+
+#: cudaMemoryAdvise values (stable since CUDA 8)
+ADVISE_SET_PREFERRED_LOCATION = 3
+ADVISE_SET_ACCESSED_BY = 5
 
 _CUDART = re.compile(r"libcudart(-[0-9a-f]+)?\.so(\.\d+)*$")
 
@@ -123,6 +130,19 @@ class CudaRuntime:
             self._prefetch.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                        ctypes.c_void_p]
 
+        # cudaMemAdvise: the same change of signature as the prefetch (location on CUDA >= 13).
+        if self.version >= 13000 or hasattr(lib, "cudaMemAdvise_v2"):
+            self._advise = getattr(lib, "cudaMemAdvise" if self.version >= 13000
+                                   else "cudaMemAdvise_v2")
+            self._advise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                     CudaMemLocation]
+            self.advise_api = "location"
+        else:
+            self._advise = getattr(lib, "cudaMemAdvise")
+            self._advise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+            self.advise_api = "device"
+        self._advise.restype = ctypes.c_int
+
     def _check(self, err: int, what: str) -> None:
         if err != 0:
             msg = self.lib.cudaGetErrorString(err)
@@ -171,6 +191,18 @@ class CudaRuntime:
             dst = CUDA_CPU_DEVICE_ID if device is None else device
             err = self._prefetch(ctypes.c_void_p(ptr), nbytes, dst, ctypes.c_void_p(stream))
         self._check(err, f"{self.prefetch_api} to {'host' if device is None else device}")
+
+    def advise(self, ptr: int, nbytes: int, advice: int, device: int | None) -> None:
+        """cudaMemAdvise of managed or (where the GPU can read it) system-allocated memory;
+        ``device`` None: the host."""
+        if self.advise_api == "location":
+            loc = CudaMemLocation(MEM_LOCATION_HOST, 0) if device is None else \
+                CudaMemLocation(MEM_LOCATION_DEVICE, device)
+            err = self._advise(ctypes.c_void_p(ptr), nbytes, advice, loc)
+        else:
+            err = self._advise(ctypes.c_void_p(ptr), nbytes, advice,
+                               CUDA_CPU_DEVICE_ID if device is None else device)
+        self._check(err, f"cudaMemAdvise({advice}) to {'host' if device is None else device}")
 
     @contextmanager
     def managed(self, nbytes: int) -> Iterator[int]:

@@ -21,7 +21,7 @@ from hopperlab.core.rundir import (
     write_json_atomic,
     write_text_atomic,
 )
-from hopperlab.node import hardware
+from hopperlab.node import hardware, threads
 from hopperlab.workloads import family_info
 
 
@@ -45,6 +45,15 @@ def slurm_identity() -> dict[str, Any] | None:
             "partition": os.environ.get("SLURM_JOB_PARTITION"), "state": "RUNNING"}
 
 
+def _size_threads(spec: RunSpec, rec: Recorder) -> None:
+    """Size the thread pools from the CPUs this job was given (node.threads), before the
+    workload imports anything that starts a pool; the plan goes into the hardware record."""
+    plan = threads.job_threads(getattr(spec.resources, "threads", None) or {})
+    threads.apply(plan)
+    rec.hardware["cpus_given"] = plan.cpus
+    rec.hardware["threads"] = plan.as_record()
+
+
 def execute(spec_path: str) -> dict[str, Any]:
     """Run the spec at ``spec_path`` (a run directory's spec.json); return the record."""
     spec_data = read_json(Path(spec_path))
@@ -58,6 +67,8 @@ def execute(spec_path: str) -> dict[str, Any]:
         rec.hardware = hardware.fingerprint()
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
         spec = RunSpec.from_dict(spec_data)
+        _size_threads(spec, rec)
+        write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
         workload = family_info(spec.family).load_entry()
         workload(spec, rec)
     except SkipRun as exc:

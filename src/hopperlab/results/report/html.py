@@ -43,7 +43,7 @@ _HARDWARE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("hostname", "host"), ("cpu_model", "CPU model"), ("cpu_arch", "arch"),
     ("cpu_cores", "cores"), ("mem_total_gb", "memory"), ("gpu_model", "GPU model"),
     ("gpu_count", "GPUs"), ("gpu_memory_gb", "GPU memory"), ("driver", "driver"),
-    ("host_link", "host link"),
+    ("host_link", "host link"), ("threads", "job CPUs: threads"),
 )
 
 
@@ -75,6 +75,9 @@ def _hardware_value(key: str, value: Any) -> str:
         return DASH
     if key in ("mem_total_gb", "gpu_memory_gb") and isinstance(value, (int, float)):
         return f"{fmt(float(value))} GB"
+    if key == "threads" and isinstance(value, Mapping):
+        return (f"{value.get('cpus')} ({value.get('source')}): intra-op {value.get('intra_op')}, "
+                f"loader workers {value.get('dataloader_workers')}, DuckDB {value.get('duckdb')}")
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value)
     return fmt(value)

@@ -5,7 +5,9 @@ Two tests (``MembenchParams.test``):
 * ``copy``: copy bandwidth host->device, device->host and both at once, from pageable or pinned
   host memory, over a sweep of sizes.
 * ``alloc``: allocation cost and first-touch / migration bandwidth of one memory kind
-  (cudaMalloc, pinned host, managed, plain host pages).
+  (cudaMalloc, pinned host, managed, plain host pages), or, with ``kind: system`` and the knob
+  ``memory: system``, plain malloc/mmap memory read and written by GPU kernels directly (only
+  where the device reports pageableMemoryAccess: Grace Hopper, x86 with HMM).
 
 Units: sizes are MiB (``size_mb`` = 2**20 bytes, as CUDA's bandwidthTest counts); bandwidth is
 GB/s with GB = 1e9 bytes; times are milliseconds. ``workload.py`` says how each figure is timed
@@ -23,7 +25,7 @@ from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkU
 TESTS = ("copy", "alloc")
 DIRECTIONS = ("h2d", "d2h", "bidir")
 HOST_MEMORIES = ("pageable", "pinned")
-KINDS = ("device", "pinned", "managed", "host")
+KINDS = ("device", "pinned", "managed", "host", "system")
 
 #: Size sweeps (MiB) and repeat counts used when the params leave them unset.
 DEFAULT_SIZES_MB = {"smoke": (1, 8, 32), "full": (1, 4, 16, 64, 256, 1024)}
@@ -52,7 +54,9 @@ class MembenchParams:
     #: copy: host side "pageable" (plain) or "pinned" (page-locked) memory
     host_memory: str = "pinned"
     #: alloc: "device" (cudaMalloc), "pinned" (cudaHostAlloc), "managed" (cudaMallocManaged),
-    #: "host" (fresh anonymous pages, what malloc gives for a large block)
+    #: "host" (fresh anonymous pages, what malloc gives for a large block), "system" (such
+    #: pages read and written by GPU kernels, first touch by CPU or GPU, cudaMemAdvise and
+    #: cudaMemPrefetchAsync on them; with the knob memory: system)
     kind: str = "device"
     #: the sweep, MiB per buffer; empty: DEFAULT_SIZES_MB of the run's scale
     sizes_mb: tuple[int, ...] = ()
@@ -90,7 +94,7 @@ FAMILY = FamilyInfo(
     name="membench",
     entry="hopperlab.workloads.membench.workload:run",
     supported_knobs={
-        "memory": frozenset({"device", "managed"}),
+        "memory": frozenset({"device", "managed", "system"}),
         "profiler": PROFILERS,
     },
     params=MembenchParams,

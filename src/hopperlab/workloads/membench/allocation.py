@@ -16,6 +16,7 @@ from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import GB, MIB, gbps
 from hopperlab.cuda import runtime as cr
 from hopperlab.cuda.managed_policy import managed_bytes_allowed
+from hopperlab.cuda.system_memory import system_memory_support, system_memory_tags
 from hopperlab.workloads.membench import MembenchParams
 from hopperlab.workloads.membench.common import Env, Plan, SweepRecord, log_finite
 
@@ -29,6 +30,9 @@ def check_alloc(env: Env, params: MembenchParams, memory: str) -> None:
     if memory == "managed" and kind != "managed":
         raise ValueError(f"membench alloc: kind={kind!r} contradicts the knob memory=managed "
                          f"(use kind: managed, or memory: device)")
+    if (memory == "system") != (kind == "system"):
+        raise ValueError(f"membench alloc: kind={kind!r} with the knob memory={memory!r}: "
+                         f"kind: system goes with memory: system, and only with it")
     if kind != "host" and env.target != "cuda":
         raise SkipRun(f"{kind} allocations need a CUDA device: {env.no_cuda_reason}")
 
@@ -38,8 +42,10 @@ def run_alloc(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *, me
     kind = params.kind
     recorder.set_tag("membench.kind", kind)
     check_alloc(env, params, memory)
-    fn = {"device": _device, "pinned": _pinned, "managed": _managed, "host": _host}[kind]
-    main = "gpu_first_touch_gbps" if kind == "managed" else "first_touch_gbps"
+    fn = {"device": _device, "pinned": _pinned, "managed": _managed, "host": _host,
+          "system": _system}[kind]
+    main = {"managed": "gpu_first_touch_gbps", "system": "gpu_read_gbps"}.get(
+        kind, "first_touch_gbps")
     sweep = SweepRecord(recorder, kind, main=main)
     ctx = _Ctx(env, plan, recorder, allow_oversubscription)
     fn(ctx, sweep, mark, _prepare(ctx, kind))
@@ -49,9 +55,9 @@ def run_alloc(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *, me
     log_finite(recorder, "alloc_ms_at_largest", sweep.largest("alloc_ms"))
     log_finite(recorder, "free_ms_at_largest", sweep.largest("free_ms"))
     log_finite(recorder, "largest_size_mb", sweep.rows[-1]["size_mb"] if sweep.rows else float("nan"))
-    extra = ("write_gbps",) if kind != "managed" else (
-        "cpu_first_touch_gbps", "migrate_h2d_gbps", "migrate_d2h_gbps", "prefetch_h2d_gbps",
-        "prefetch_d2h_gbps", "resident_read_gbps")
+    extra = {"managed": ("cpu_first_touch_gbps", "migrate_h2d_gbps", "migrate_d2h_gbps",
+                         "prefetch_h2d_gbps", "prefetch_d2h_gbps", "resident_read_gbps"),
+             "system": SYSTEM_FIGURES}.get(kind, ("write_gbps",))
     for name in extra:
         log_finite(recorder, f"{name}_at_largest", sweep.largest(name))
 
@@ -88,6 +94,8 @@ def _prepare(ctx: _Ctx, kind: str) -> Any:
         ctx.recorder.set_tag("membench.alloc_api", "cudaHostAlloc (ctypes; this torch cannot "
                              "empty its pinned-memory cache)")
         return ("ctypes", _runtime_or_skip("pinned allocations"))
+    if kind == "system":
+        return _prepare_system(ctx)
     # managed
     rt = _runtime_or_skip("managed memory")
     torch, dev = ctx.torch, ctx.env.device
@@ -327,3 +335,99 @@ def _managed(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], setup: A
 def _check_gpu(x: Any, value: int, what: str) -> None:
     if not (bool((x[:4096] == value).all()) and bool((x[-4096:] == value).all())):
         raise RuntimeError(f"{what}: the GPU write did not land")
+
+
+# --------------------------------------------------------------------------- system memory
+#: the figures of kind system, besides gpu_read_gbps (the main one) and alloc/free times
+SYSTEM_FIGURES = ("gpu_first_touch_gbps", "gpu_write_gbps", "cpu_first_touch_gbps",
+                  "gpu_read_after_cpu_gbps", "prefetch_h2d_gbps", "advised_read_gbps")
+
+
+def _prepare_system(ctx: _Ctx) -> Any:
+    """The runtime, once the device said it can read system memory (else SkipRun, recorded)."""
+    rt = _runtime_or_skip("system-allocated memory")
+    support = system_memory_support(rt, ctx.env.device)
+    for k, v in system_memory_tags(support).items():
+        ctx.recorder.set_tag(k, v)
+    if support.reason is not None:
+        raise SkipRun(f"system memory: {support.reason}")
+    if not hasattr(ctx.torch._C, "_construct_storage_from_data_pointer"):
+        raise SkipRun("system memory: this torch cannot wrap an unregistered host pointer as a "
+                      "CUDA tensor (torch._C._construct_storage_from_data_pointer is missing)")
+    ctx.recorder.set_tag("membench.alloc_api", "mmap (anonymous, private), read and written by "
+                         "GPU kernels in place")
+    ctx.recorder.set_tag("membench.advise_api", rt.advise_api)
+    ctx.recorder.set_tag("membench.prefetch_api", rt.prefetch_api)
+    ctx.recorder.set_tag("membench.thp", _thp())
+    return rt
+
+
+def _system_tensor(torch: Any, ptr: int, n: int, dev: Any) -> Any:
+    """A CUDA uint8 tensor over ``n`` bytes of system memory at ``ptr`` (no copy, no pinning;
+    torch.as_tensor would refuse an unregistered host pointer)."""
+    storage = torch._C._construct_storage_from_data_pointer(ptr, dev, n)
+    return torch.empty(0, dtype=torch.uint8, device=dev).set_(storage, 0, (n,), (1,))
+
+
+def _system(ctx: _Ctx, sweep: SweepRecord, mark: Callable[[str], Any], rt: Any) -> None:
+    """Per size, two fresh mappings: A touched first by the GPU (write, write again, read), then
+    advised to prefer the GPU, prefetched there and read; B touched first by the CPU, then read
+    by the GPU."""
+    torch, host = ctx.torch, ctx.env.host
+    dev_index = ctx.env.device
+    dev = torch.device("cuda", dev_index)
+    stream = torch.cuda.Stream(dev)
+    names = ("alloc_ms", "free_ms", "gpu_read_gbps", *SYSTEM_FIGURES)
+    for size_mb in ctx.plan.sizes_mb:
+        n = size_mb * MIB
+        s: dict[str, list[float]] = {k: [] for k in names}
+        with mark(f"system {size_mb} MiB"), torch.cuda.device(dev), torch.cuda.stream(stream):
+            for i in ctx.samples():
+                got: dict[str, float] = {}
+                t0 = time.perf_counter()
+                mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                got["alloc_ms"] = (time.perf_counter() - t0) * 1e3
+                a = g = None
+                try:
+                    a = host.view(mm)
+                    ptr = int(a.ctypes.data)
+                    g = _system_tensor(torch, ptr, n, dev)
+                    got["gpu_first_touch_gbps"] = gbps(n, _gpu_timed(torch, lambda: g.fill_(BYTE_A),
+                                                                     stream))
+                    got["gpu_write_gbps"] = gbps(n, _gpu_timed(torch, lambda: g.fill_(BYTE_B),
+                                                               stream))
+                    got["gpu_read_gbps"] = gbps(n, _gpu_timed(
+                        torch, lambda: g.view(torch.int64).sum(), stream))
+                    torch.cuda.synchronize(dev)
+                    if not host.all_equal(a, BYTE_B):
+                        raise RuntimeError(f"system {size_mb} MiB: the GPU's write is not what "
+                                           f"the CPU reads")
+                    h = stream.cuda_stream
+                    rt.advise(ptr, n, cr.ADVISE_SET_PREFERRED_LOCATION, dev_index)
+                    rt.advise(ptr, n, cr.ADVISE_SET_ACCESSED_BY, dev_index)
+                    got["prefetch_h2d_gbps"] = gbps(n, _gpu_timed(
+                        torch, lambda: rt.prefetch(ptr, n, dev_index, h), stream))
+                    got["advised_read_gbps"] = gbps(n, _gpu_timed(
+                        torch, lambda: g.view(torch.int64).sum(), stream))
+                finally:
+                    torch.cuda.synchronize(dev)
+                    a = g = None
+                    t0 = time.perf_counter()
+                    mm.close()
+                    got["free_ms"] = (time.perf_counter() - t0) * 1e3
+                mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                try:
+                    a = host.view(mm)
+                    got["cpu_first_touch_gbps"] = gbps(n, _cpu_timed(lambda: host.fill(a, BYTE_A)))
+                    g = _system_tensor(torch, int(a.ctypes.data), n, dev)
+                    got["gpu_read_after_cpu_gbps"] = gbps(n, _gpu_timed(
+                        torch, lambda: g.view(torch.int64).sum(), stream))
+                    _check_gpu(g, BYTE_A, f"system {size_mb} MiB (CPU first)")
+                finally:
+                    torch.cuda.synchronize(dev)
+                    a = g = None
+                    mm.close()
+                if ctx.timed(i):
+                    for k, v in got.items():
+                        s[k].append(v)
+        sweep.add(size_mb, {k: v for k, v in s.items() if v})

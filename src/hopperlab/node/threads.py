@@ -1,0 +1,132 @@
+"""Thread pools sized from the CPUs the job was given, not from the node's total.
+
+A GH200 node has 72 Grace cores and an x86 node often more; a job that Slurm gave 8 of them but
+whose OpenMP, MKL, torch intra-op pool, data loader and DuckDB each start one thread per core of
+the node oversubscribes its own allocation many times over (source 002: thread scaling by core
+count). ``cpus_given`` reads what the job really has (Slurm's allocation, bounded by the process
+affinity that the kernel enforces); ``plan_threads`` turns it into pool sizes, which a site or a
+variant may override (``resources.threads``); ``apply`` sets them before the workload starts.
+Nothing here imports torch: ``apply`` only touches it when the job already imported it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping, MutableMapping
+
+#: the pools a site or a variant may size (``resources.threads``)
+POOLS = ("intra_op", "dataloader_workers", "duckdb")
+#: environment variables that size the BLAS/OpenMP pools (read when a library first starts)
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+#: where the job reads its DuckDB thread count and its data-loader worker ceiling
+DUCKDB_ENV = "HOPPERLAB_DUCKDB_THREADS"
+WORKERS_ENV = "HOPPERLAB_DATALOADER_WORKERS"
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How many threads each pool gets, and where the CPU count came from."""
+
+    cpus: int
+    source: str
+    intra_op: int
+    dataloader_workers: int
+    duckdb: int
+    overridden: tuple[str, ...] = ()
+
+    def as_record(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["overridden"] = list(self.overridden)
+        return d
+
+
+def _slurm_count(text: str | None) -> int | None:
+    """The first count of a Slurm CPU list: ``"16"``, ``"72(x2)"`` or ``"16,8"`` -> 16/72/16."""
+    if not text:
+        return None
+    m = re.match(r"\s*(\d+)", text)
+    return int(m.group(1)) if m and int(m.group(1)) > 0 else None
+
+
+def cpus_given(environ: Mapping[str, str], affinity: Iterable[int] | None) -> tuple[int, str]:
+    """(CPUs this process may use, how that was found).
+
+    Slurm's ``SLURM_CPUS_PER_TASK`` first, else this node's ``SLURM_JOB_CPUS_PER_NODE`` shared
+    by its tasks (``SLURM_NTASKS_PER_NODE``); both bounded by the affinity mask, which is what
+    the kernel enforces (with ``TaskPlugin=task/none`` it is the whole node, hence Slurm first).
+    Without Slurm: the affinity mask alone.
+    """
+    n_aff = len(set(affinity)) if affinity is not None else None
+    per_task = _slurm_count(environ.get("SLURM_CPUS_PER_TASK"))
+    slurm, source = None, ""
+    if per_task:
+        slurm, source = per_task, "SLURM_CPUS_PER_TASK"
+    else:
+        per_node = _slurm_count(environ.get("SLURM_JOB_CPUS_PER_NODE"))
+        if per_node:
+            tasks = _slurm_count(environ.get("SLURM_NTASKS_PER_NODE")) or 1
+            slurm = max(1, per_node // tasks)
+            source = "SLURM_JOB_CPUS_PER_NODE" + (f"/{tasks} tasks" if tasks > 1 else "")
+    if slurm is not None and n_aff is not None and n_aff < slurm:
+        return n_aff, f"affinity ({n_aff} CPUs, below {source}={slurm})"
+    if slurm is not None:
+        return slurm, source
+    if n_aff:
+        return n_aff, "affinity"
+    return max(1, os.cpu_count() or 1), "os.cpu_count"
+
+
+def plan_threads(cpus: int, source: str, overrides: Mapping[str, Any] | None = None) -> ThreadPlan:
+    """Pool sizes for ``cpus``: every CPU for compute (intra-op, DuckDB), one left to the main
+    process beside the data-loader workers; ``overrides`` (pool -> count) win."""
+    if cpus < 1:
+        raise ValueError(f"cpus must be at least 1, got {cpus}")
+    sizes = {"intra_op": cpus, "dataloader_workers": max(0, cpus - 1), "duckdb": cpus}
+    given = dict(overrides or {})
+    unknown = sorted(set(given) - set(POOLS))
+    if unknown:
+        raise ValueError(f"threads: unknown pool(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(POOLS)})")
+    for name, value in given.items():
+        least = 0 if name == "dataloader_workers" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"threads.{name}: expected a whole number of at least {least}, "
+                             f"got {value!r}")
+        sizes[name] = value
+    return ThreadPlan(cpus=cpus, source=source, overridden=tuple(sorted(given)), **sizes)
+
+
+def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Size the pools: the OpenMP/MKL/OpenBLAS variables (unless the environment already sets
+    them: a site's ``env`` wins), the variables the families read, and torch's intra-op pool
+    when torch is already imported. Returns what was set."""
+    env = os.environ if environ is None else environ
+    set_now: dict[str, str] = {}
+    for name in THREAD_ENV:
+        if name not in env:
+            env[name] = set_now[name] = str(plan.intra_op)
+    env[DUCKDB_ENV] = set_now[DUCKDB_ENV] = str(plan.duckdb)
+    env[WORKERS_ENV] = set_now[WORKERS_ENV] = str(plan.dataloader_workers)
+    torch = sys.modules.get("torch")
+    if torch is not None and environ is None:
+        torch.set_num_threads(int(env.get("OMP_NUM_THREADS", plan.intra_op)))
+    return set_now
+
+
+def job_threads(overrides: Mapping[str, Any] | None = None) -> ThreadPlan:
+    """The plan of this process: its environment and affinity mask."""
+    try:
+        affinity: Iterable[int] | None = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        affinity = None
+    cpus, source = cpus_given(os.environ, affinity)
+    return plan_threads(cpus, source, overrides)
+
+
+def env_threads(name: str, default: int | None = None) -> int | None:
+    """A pool size ``apply`` left in the environment (``DUCKDB_ENV``, ``WORKERS_ENV``)."""
+    value = os.environ.get(name)
+    return int(value) if value and value.isdigit() else default
