@@ -27,3 +27,16 @@ def managed_bytes_allowed(request: int, free: int | None, is_grace_hopper: bool,
     if free is None:
         return False
     return request <= MANAGED_FREE_FRACTION * free
+
+
+def oversubscription_refusal(is_grace_hopper: bool, allow_oversubscription: bool, *,
+                             node: str, site: str) -> str | None:
+    """Why a run that asks for more managed memory than the GPU has may not run here (None: it
+    may). Decided on the node, before any allocation: whether the node is a Grace Hopper is a
+    fact of the node the job landed on, not of the spec (a site's GPU nodes may differ)."""
+    if is_grace_hopper or allow_oversubscription:
+        return None
+    return (f"oversubscription refused before any allocation: this variant asks for more "
+            f"managed memory than the GPU has, which only a Grace Hopper node (coherent "
+            f"NVLink-C2C) or a site with allow_oversubscription: true may do; this node is "
+            f"{node} and site {site} does not set allow_oversubscription: true")

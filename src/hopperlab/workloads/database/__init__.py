@@ -18,8 +18,10 @@ QUERIES = ("q1", "q3", "q5", "q6", "q12", "q14")
 #: chunks by copy engines on a side stream (double buffered); zero-copy: kernels read mapped
 #: pinned host memory; managed: cudaMallocManaged, host-resident at the start of each query
 #: (prefetched chunk by chunk on a side stream, or migrated by page faults); pageable: copies
-#: from ordinary host memory.
-PLACEMENTS = ("device", "host-pinned", "zero-copy", "managed", "pageable")
+#: from ordinary host memory; system: ordinary (malloc'd, unpinned) host memory read by the
+#: kernels in place, no copies (only where the device reports pageableMemoryAccess: Grace
+#: Hopper, x86 with HMM; with the knob memory: system).
+PLACEMENTS = ("device", "host-pinned", "zero-copy", "managed", "pageable", "system")
 #: plain: int32 days, int64 cents, int32 dictionary codes, int64 keys; compact: each column in
 #: its narrowest exact form (frame of reference and common factor), widened on the GPU.
 ENCODINGS = ("plain", "compact")
@@ -54,7 +56,8 @@ class DatabaseParams:
     repeats: int | None = None
     #: untimed runs per query before the timed ones; None: DEFAULT_WARMUP of the scale
     warmup: int | None = None
-    #: DuckDB threads; None: all of the node's cores
+    #: DuckDB threads; None: the job's CPUs (hopperlab.node.threads, set by the runner), else
+    #: all of the node's cores
     duckdb_threads: int | None = None
     #: pinned host->device GB/s of the node for link_fraction; None: measured at the start
     link_gbps: float | None = None
@@ -104,7 +107,7 @@ FAMILY = FamilyInfo(
     name="database",
     entry="hopperlab.workloads.database.workload:run",
     supported_knobs={
-        "memory": frozenset({"device", "managed"}),
+        "memory": frozenset({"device", "managed", "system"}),
         "profiler": PROFILERS,
     },
     params=DatabaseParams,

@@ -18,7 +18,7 @@ import torch
 from hopperlab.core.stats import GB, gbps
 from hopperlab.workloads.database.plans import PLANS
 
-HOST_RESIDENT = ("host-pinned", "zero-copy", "managed", "pageable")
+HOST_RESIDENT = ("host-pinned", "zero-copy", "managed", "pageable", "system")
 
 
 @dataclass

@@ -3,7 +3,9 @@
 A source holds the encoded columns and yields their chunks to the plans (``scan``): ``device``
 (copied to GPU memory first), ``host-pinned`` (double-buffered copies on a side stream),
 ``pageable`` (the baseline), ``zero-copy`` (mapped host memory read by the kernels) and
-``managed`` (cudaMallocManaged, sent back to the host before every run, optionally prefetched).
+``managed`` (cudaMallocManaged, sent back to the host before every run, optionally prefetched)
+and ``system`` (plain host memory, neither pinned nor registered, read by the kernels in place
+where the device reports pageableMemoryAccess).
 Without a GPU the same chunking runs on the CPU. Each placement in detail:
 docs/benchmarks/database.md.
 """
@@ -276,6 +278,28 @@ class ZeroCopySource(_Streamed):
         return out
 
 
+def system_alias(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CUDA tensor over the plain host memory of ``host`` (no copy, no pinning): valid only
+    where the GPU can read pageable memory. torch.as_tensor refuses an unregistered pointer,
+    so the storage is built from the pointer itself."""
+    storage = torch._C._construct_storage_from_data_pointer(
+        host.data_ptr(), device, host.numel() * host.element_size())
+    return torch.empty(0, dtype=host.dtype, device=device).set_(
+        storage, 0, (host.numel(),), (1,))
+
+
+class SystemSource(ZeroCopySource):
+    """Kernels read the columns where numpy put them: ordinary pageable host memory."""
+
+    placement = "system"
+
+    def _place(self, enc: Encoded) -> Stored:
+        host = torch.from_numpy(enc.data)
+        if not self.cuda:
+            return Stored(enc, host, alias=host)
+        return Stored(enc, host, alias=system_alias(host, self.device))
+
+
 class ManagedSource(_Streamed):
     """cudaMallocManaged columns, host-resident at the start of every run (see module doc)."""
 
@@ -333,6 +357,8 @@ def make_source(placement: str, tables: dict[str, Table], encoding: str, device:
                           pinned=placement == "host-pinned")
     if placement == "zero-copy":
         return ZeroCopySource(tables, encoding, device, chunk_rows, fused)
+    if placement == "system":
+        return SystemSource(tables, encoding, device, chunk_rows, fused)
     if placement == "managed":
         if device.type != "cuda" or runtime is None:
             raise ValueError("the managed placement needs a CUDA device and the CUDA runtime")

@@ -21,7 +21,9 @@ from hopperlab.cuda.link import pinned_copy_gbps
 from hopperlab.cuda.managed_policy import managed_bytes_allowed
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.cuda.runtime import CudaError, CudaRuntime
+from hopperlab.cuda.system_memory import system_memory_support, system_memory_tags
 from hopperlab.node import hardware
+from hopperlab.node.threads import DUCKDB_ENV, env_threads
 from hopperlab.workloads.base import no_cuda_reason, spec_knob, spec_params
 from hopperlab.workloads.database import (DEFAULT_CHUNK_ROWS, DEFAULT_REPEATS, DEFAULT_WARMUP,
                                           DatabaseParams)
@@ -50,9 +52,23 @@ def settings(params: DatabaseParams, scale: str) -> Settings:
 
 
 def check_knobs(params: DatabaseParams, memory: str) -> None:
-    if (memory == "managed") != (params.placement == "managed"):
-        raise ValueError(f"knob memory={memory!r} with placement={params.placement!r}: "
-                         f"memory: managed goes with placement: managed, and only with it")
+    for kind in ("managed", "system"):
+        if (memory == kind) != (params.placement == kind):
+            raise ValueError(f"knob memory={memory!r} with placement={params.placement!r}: "
+                             f"memory: {kind} goes with placement: {kind}, and only with it")
+
+
+def check_system_memory(device: Any, recorder: Any) -> None:
+    """SkipRun (recorded) unless the GPU can read pageable host memory; before any table loads."""
+    try:
+        runtime = CudaRuntime()
+    except CudaError as exc:
+        raise SkipRun(f"placement system needs the CUDA runtime library: {exc}") from None
+    support = system_memory_support(runtime, device.index or 0)
+    for k, v in system_memory_tags(support).items():
+        recorder.set_tag(k, v)
+    if support.reason is not None:
+        raise SkipRun(f"placement system: {support.reason}")
 
 
 def compute_device(spec: Any) -> tuple[Any, str | None]:
@@ -103,10 +119,12 @@ def run(spec: Any, recorder: Any) -> None:
     recorder.set_tag("database.target", device.type)
     if no_gpu:
         recorder.set_tag("database.no_gpu_reason", no_gpu)
-        if params.placement == "managed":
-            raise SkipRun(f"placement managed needs a CUDA device: {no_gpu}")
+        if params.placement in ("managed", "system"):
+            raise SkipRun(f"placement {params.placement} needs a CUDA device: {no_gpu}")
     else:
         recorder.set_tag("database.gpu", torch.cuda.get_device_name(device))
+        if params.placement == "system":
+            check_system_memory(device, recorder)
     if params.placement == "managed":
         recorder.set_tag("database.prefetch", str(params.prefetch).lower())
 
@@ -117,7 +135,7 @@ def run(spec: Any, recorder: Any) -> None:
     recorder.set_tag("database.lineitem_rows", tables["lineitem"].rows
                      if "lineitem" in tables else 0)
 
-    peer = DuckPeer(folder, needs, params.duckdb_threads)
+    peer = DuckPeer(folder, needs, params.duckdb_threads or env_threads(DUCKDB_ENV))
     recorder.set_tag("database.duckdb", f"duckdb {peer.version}, {peer.threads} threads")
     expected: dict[str, list[tuple]] = {}
     duck_ms: dict[str, float] = {}

@@ -117,6 +117,10 @@ class FinetuneParams:
     #: "accessed_by", "both") and whether to prefetch each new block to the GPU
     managed_advise: str = "preferred_device"
     managed_prefetch: bool = False
+    #: memory: managed: this variant asks for more managed memory than the GPU has (the
+    #: source talk's full fine-tuning of Llama-2-7B on one GH200): run only on a Grace Hopper
+    #: node or a site with allow_oversubscription: true, skipped before any allocation elsewhere
+    oversubscribe: bool = False
     #: nemo backend: the NeMo recipe (a Llama-2-7B LoRA fine-tuning on Dolly by default)
     nemo_recipe: str = "llama2_7b"
     #: nemo backend: extra arguments appended to the command (key=value overrides)
@@ -131,6 +135,8 @@ class FinetuneParams:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+        if not isinstance(self.oversubscribe, bool):
+            raise ValueError(f"oversubscribe: expected true or false, got {self.oversubscribe!r}")
         positive = ("lora_rank", "lora_alpha", "seq_len", "micro_batch", "measured_steps")
         for name in positive:
             value = getattr(self, name)

@@ -28,6 +28,7 @@ from hopperlab.workloads.base import no_cuda_reason, spec_params
 from hopperlab.workloads.finetune import HEADLINE_METRICS, FinetuneParams
 from hopperlab.workloads.finetune import data, loop, metrics, model as model_mod
 from hopperlab.workloads.finetune.nemo import run_nemo
+from hopperlab.workloads.finetune.oversubscription import check_oversubscription
 from hopperlab.workloads.finetune.techniques import Techniques
 
 __all__ = ["run", "run_torch", "prepare", "train", "TorchRun", "HEADLINE_METRICS"]
@@ -38,6 +39,7 @@ GIB = float(1 << 30)
 def run(spec: Any, recorder: Any) -> None:
     params = spec_params(spec, FinetuneParams)
     recorder.set_tag("finetune.backend", params.backend)
+    check_oversubscription(spec, params.oversubscribe, recorder)  # before any allocation
     if params.backend == "nemo":
         run_nemo(spec, params, recorder)
         return

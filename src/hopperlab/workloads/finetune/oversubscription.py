@@ -1,0 +1,39 @@
+"""The gate of the oversubscription variants (``oversubscribe: true``), first thing in the run.
+
+Full fine-tuning of Llama-2-7B under managed memory asks for more than an 80-96 GB GPU holds;
+on a discrete GPU that can hang the node for everyone, so such a run is refused (``skipped``,
+with the reason) before the managed allocator, the model or the data are touched, unless the
+node is a Grace Hopper or the site allows oversubscription (cuda.managed_policy).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hopperlab.core.rundir import SkipRun
+from hopperlab.cuda.managed_policy import oversubscription_refusal
+from hopperlab.node import hardware
+from hopperlab.workloads.base import spec_knob
+
+
+def check_oversubscription(spec: Any, oversubscribe: bool, recorder: Any) -> None:
+    """Raise SkipRun where this node may not oversubscribe; tag the decision either way."""
+    if not oversubscribe:
+        return
+    memory = str(spec_knob(spec, "memory", "device"))
+    if memory != "managed":
+        raise ValueError(f"oversubscribe: needs the knob memory: managed (got memory: {memory}): "
+                         f"only managed memory can exceed the GPU's")
+    hw = getattr(recorder, "hardware", None) or hardware.fingerprint()
+    site = getattr(spec, "site", None)
+    allow = bool(getattr(site, "allow_oversubscription", False))
+    grace = bool(hw.get("is_grace_hopper"))
+    node = (f"{hw.get('gpu_model') or 'without a GPU'} on {hw.get('cpu_arch')}"
+            f"{' (Grace Hopper)' if grace else ', not a Grace Hopper'}")
+    reason = oversubscription_refusal(grace, allow, node=node,
+                                      site=str(getattr(site, "name", None) or "(none)"))
+    recorder.set_tag("finetune.oversubscription",
+                     "refused" if reason else ("allowed: Grace Hopper" if grace
+                                               else "allowed: site allow_oversubscription"))
+    if reason:
+        raise SkipRun(reason)
