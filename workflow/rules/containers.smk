@@ -19,3 +19,24 @@ rule container_image:
     shell:
         "{HOPPERLAB} containers build {wildcards.name} --runtime {params.runtime} {params.fakeroot}"
         " --containers-dir containers --output {output}"
+
+
+# A site whose GPU nodes have another architecture (gpu_arch): containers/<name>.<arch>.sif,
+# built where that architecture runs (the build refuses any other machine).
+rule container_image_arch:
+    input:
+        "containers/{name}.def",
+    output:
+        "containers/{name}.{arch}.sif",
+    params:
+        runtime=lambda wc: MATRIX.site.container.runtime or "auto",
+        fakeroot=lambda wc: "--fakeroot" if MATRIX.site.container.fakeroot else "",
+    wildcard_constraints:
+        name="[A-Za-z0-9][A-Za-z0-9_-]*",
+        arch="x86_64|aarch64",
+    shell:
+        "{HOPPERLAB} containers build {wildcards.name} --arch {wildcards.arch}"
+        " --runtime {params.runtime} {params.fakeroot} --containers-dir containers --output {output}"
+
+
+ruleorder: container_image_arch > container_image

@@ -10,6 +10,7 @@ The workflow's ``container_image`` rule calls ``build``.
 from __future__ import annotations
 
 import argparse
+import platform
 import shlex
 import socket
 import sys
@@ -22,6 +23,7 @@ from hopperlab.node.containers import (
     build_command,
     def_path,
     find_runtime,
+    check_build_arch,
     image_path,
     known_images,
 )
@@ -42,6 +44,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--fakeroot", action="store_true", help="build with --fakeroot")
         q.add_argument("--containers-dir", default="containers", type=Path,
                        help="where the .def files are (default: containers)")
+        q.add_argument("--arch", default=None, choices=("x86_64", "aarch64"),
+                       help="the GPU nodes' architecture (a site's gpu_arch): names the image "
+                            "<NAME>.<ARCH>.sif; a build refuses another architecture than this "
+                            "machine's")
         q.add_argument("--output", type=Path, default=None,
                        help="the image to write (default: <containers-dir>/<NAME>.sif)")
     q = actions.add_parser("runtime", help="print the container runtime found on PATH")
@@ -64,12 +70,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     definition = def_path(args.name, args.containers_dir)
     output = args.output if args.output is not None else image_path(args.name,
-                                                                    args.containers_dir)
+                                                                    args.containers_dir,
+                                                                    args.arch)
     runtime = find_runtime(args.runtime)
     if args.action == "command":
         shown = runtime or (args.runtime if args.runtime != "auto" else RUNTIMES[0])
         print(shlex.join(build_command(definition, output, shown, args.fakeroot)))
         return 0
+    check_build_arch(args.arch, platform.machine())
     if runtime is None:
         raise ContainerError(f"cannot build {output}: `{_wanted(args.runtime)}` is not on PATH on "
                              f"{socket.gethostname()}")

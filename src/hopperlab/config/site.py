@@ -52,7 +52,8 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
         container=ContainerSettings(
             image=image, runtime=runtime, fakeroot=bool(data.get("container_fakeroot", False)),
             binds=tuple(data.get("container_binds", ())),
-            image_file=str(image_path(image, root / "containers")) if image else None),
+            image_file=str(image_path(image, root / "containers", data.get("gpu_arch")))
+            if image else None),
         tracking_uri=uri, nsys_path=data.get("nsys_path"),
         allow_oversubscription=bool(data.get("allow_oversubscription", False)),
         max_time_min=data.get("max_time_min"),
@@ -60,6 +61,7 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
         source=str(path),
         assets_dir=str((root / data.get("assets_dir", "assets")).resolve()),
         machine=data.get("machine"),
+        gpu_arch=data.get("gpu_arch"),
         cost=typed_from_mapping(CostSpec, data["cost"], f"{path}: cost", "key of a site's cost")
         if data.get("cost") else None,
     )

@@ -85,6 +85,9 @@ class SiteSpec:
     machine: str | None = None
     #: the site's price (None: runs are not priced)
     cost: CostSpec | None = None
+    #: the GPU nodes' CPU architecture when it differs from the login node's (x86_64 |
+    #: aarch64; None: the same): names the container image <name>.<arch>.sif
+    gpu_arch: str | None = None
 
 
 @dataclass(frozen=True)

@@ -51,9 +51,21 @@ def check_image_name(name: str) -> str:
     return name
 
 
-def image_path(name: str, images_dir: Path | str) -> Path:
-    """Where the image ``name`` lives: ``<images_dir>/<name>.sif``."""
-    return Path(images_dir) / f"{check_image_name(name)}{SIF_SUFFIX}"
+def image_path(name: str, images_dir: Path | str, arch: str | None = None) -> Path:
+    """Where the image ``name`` lives: ``<images_dir>/<name>.sif``, or ``<name>.<arch>.sif`` for
+    a site whose GPU nodes say their architecture (``gpu_arch``): an image runs only on the
+    architecture it was built on, and x86 and aarch64 images may share one folder."""
+    suffix = f".{arch}" if arch else ""
+    return Path(images_dir) / f"{check_image_name(name)}{suffix}{SIF_SUFFIX}"
+
+
+def check_build_arch(target: str | None, here: str) -> None:
+    """Refuse to build an image for another architecture than the building machine's (an NGC
+    base pulled on x86 gives an x86 image, whatever the name says)."""
+    if target and target != here:
+        raise ContainerError(f"this image is for {target} GPU nodes, but this machine is {here}: "
+                             f"build it on one of those nodes (e.g. srun ... hopperlab "
+                             f"containers build NAME --arch {target})")
 
 
 def def_path(name: str, containers_dir: Path | str) -> Path:
