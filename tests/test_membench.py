@@ -70,7 +70,7 @@ def plausible(value):
 def test_family_declaration():
     assert family_info("membench") is FAMILY
     assert FAMILY.params is MembenchParams
-    assert FAMILY.supported_knobs == {"memory": frozenset({"device", "managed"}),
+    assert FAMILY.supported_knobs == {"memory": frozenset({"device", "managed", "system"}),
                                       "profiler": frozenset({"none", "nsys", "torch"})}
     for knob in ("num_workers", "offload", "precision"):
         assert knob not in FAMILY.supported_knobs

@@ -75,5 +75,5 @@ def test_matrix_declares_the_gh200_variants():
     for key in ("finetune/full-llama2-7b/managed-oversubscribed",
                 "finetune/lora-llama2-7b/managed-oversubscribed"):
         assert keys[key].knobs.memory == "managed" and keys[key].params.oversubscribe
-    for key in ("membench/alloc/system", "database/tpch/system", "database/tpch/compact-system"):
+    for key in ("membench/alloc/system", "database/tpch/system"):
         assert keys[key].knobs.memory == "system"
