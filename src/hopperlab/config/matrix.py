@@ -163,7 +163,7 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
             layers = [base_resources, exp.get("resources", {}), scale_block.get("resources", {}),
                       var.get("resources", {}), var_scale.get("resources", {})]
             resources = resolve_resources(layers)
-            check_caps(resources, site, where, scale)
+            check_time(resources, site, where, scale)
             spec = RunSpec(
                 family=family, experiment=exp_name, variant=var_name, scale=scale,
                 knobs=check_knobs(info, knobs, source, var_path), params=params,
@@ -174,6 +174,7 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                 assets=assets,
                 compare_to=_compare_to(var, exp["variants"], var_name, source, var_path))
             if _selected(spec.key, list(config.get("only") or [])):
+                check_caps(resources, site, where, scale)  # what this site cannot start
                 runs.append(spec)
     return runs
 
@@ -193,13 +194,16 @@ def resolve_resources(layers: list[Mapping[str, Any]]) -> Resources:
     return Resources(**merged)
 
 
-def check_caps(res: Resources, site: SiteSpec, where: str, scale: str) -> None:
-    """Refuse, before anything is submitted, resources over the site's caps or beyond what
-    its executor can start (the local executor runs on this one node)."""
+def check_time(res: Resources, site: SiteSpec, where: str, scale: str) -> None:
     if site.max_time_min and res.time_min > site.max_time_min:
         raise SpecError(
             f"{where}: asks for {res.time_min} min at scale {scale}, "
             f"over the site's max_time_min {site.max_time_min} ({site.source})")
+
+
+def check_caps(res: Resources, site: SiteSpec, where: str, scale: str) -> None:
+    """Refuse, before anything is submitted, a selected run over the site's caps or beyond
+    what its executor can start (the local executor runs on this one node)."""
     if site.max_nodes and res.nodes > site.max_nodes:
         raise SpecError(f"{where}: resources.nodes: asks for {res.nodes} nodes at scale {scale}, "
                         f"over the site's max_nodes {site.max_nodes} ({site.source}: max_nodes)")

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import percentile
 
 
@@ -212,8 +213,6 @@ def _run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float]
     elif world > 1:
         raise ValueError(f"{plan.mode} is a one-GPU peer: run it with one task")
     if plan.mode == "torchao-cpu-offload" and not cuda:
-        from hopperlab.core.rundir import SkipRun
-
         raise SkipRun("torchao's CPUOffloadOptimizer moves optimizer states between a GPU and "
                       "host memory: it needs a CUDA device")
     if plan.mode != "fsdp2-cpu-offload":
