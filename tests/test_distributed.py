@@ -39,7 +39,9 @@ def test_resources_resolve_tasks_and_show_in_list(project):
     assert (smoke.gpus, smoke.world_size) == (0, 2)
     out = hopperlab(["list", "--json", "--config", "only=inference/tp-long-context"], project)
     rows = json.loads(out.stdout)
-    assert {r["resources"]["world_size"] for r in rows} == {2}, out.stderr
+    sizes = {r["variant"]: r["resources"]["world_size"] for r in rows}
+    assert sizes == {"prompt-31k-c1": 2, "prompt-3k-c8": 2, "prompt-31k-c1-1gpu": 1,
+                     "prompt-3k-c8-1gpu": 1}, out.stderr
 
 
 def test_caps_are_refused_before_submission_naming_file_and_key(project, tmp_path):
@@ -122,3 +124,15 @@ def test_a_rank_that_raises_fails_the_run_with_its_traceback(project, tmp_path):
     # the collective timeout of the variant (30 s) bounds it, with room for a slow machine
     assert elapsed < 30 + 90, elapsed
     assert not (results / "selftest/distributed/ok").exists()  # no other run touched
+
+
+def test_a_killed_rank_is_named(tmp_path):
+    from hopperlab.core.rundir import write_json_atomic
+    from hopperlab.run import ranks
+
+    peer = {"attempt": 1, "status": "failed", "metrics": {},
+            "reason": "RuntimeError: Connection closed by peer [127.0.0.1]:1234"}
+    write_json_atomic(tmp_path / "ranks/0/record.json", peer)
+    rec = ranks.merged_record(tmp_path, 1, 2)
+    assert rec["status"] == "failed" and rec["reason"].startswith("ranks [1] of 2 left no record")
+    assert [r["reason"] for r in rec["ranks"]][1] == "no record"

@@ -90,6 +90,8 @@ def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any
         bad = {r: rec for r, rec in recs.items() if rec.get("status") == status}
         tb_rank = _root_cause(bad, dirs) if status == "failed" else min(bad)
         reason = f"rank {tb_rank}: {bad[tb_rank].get('reason')}"
+        if missing and PEER_LOST.search(reason):  # the one that died left nothing (killed)
+            reason = f"ranks {missing} of {world_size} left no record (killed?); " + reason
     elif missing:
         status, reason = "failed", f"ranks {missing} of {world_size} left no record"
     tasks = {r: _read(dirs[r] / TASK_FILE) or {} for r in dirs}
