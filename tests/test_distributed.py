@@ -136,3 +136,23 @@ def test_a_killed_rank_is_named(tmp_path):
     rec = ranks.merged_record(tmp_path, 1, 2)
     assert rec["status"] == "failed" and rec["reason"].startswith("ranks [1] of 2 left no record")
     assert [r["reason"] for r in rec["ranks"]][1] == "no record"
+
+
+def test_the_profile_wrapper_puts_each_task_under_its_rank(tmp_path):
+    """`profiler: nsys|torch` of a distributed run: the command names ranks/{rank}/; each task's
+    wrapper fills in its own rank (here task 1 of the local launcher)."""
+    import os
+    import subprocess
+    import sys
+
+    target = tmp_path / "ranks" / "{rank}"
+    (tmp_path / "ranks/1").mkdir(parents=True)
+    code = "import sys; open(sys.argv[1], 'w').write('seen')"
+    env = {**os.environ, "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1"}
+    out = subprocess.run([sys.executable, "-m", "hopperlab.cli", "profile", "job", "--run-dir",
+                          str(target), "--profiler", "torch", "--", sys.executable, "-c", code,
+                          str(target / "seen")], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "ranks/1/seen").read_text() == "seen"
+    assert str(tmp_path / "ranks/1") in out.stderr  # the profile was finished there

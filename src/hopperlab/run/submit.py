@@ -393,6 +393,9 @@ def _submit_locked(spec: RunSpec, run_dir: Path, upload: Uploader | None, log,
     write_json_atomic(spec_file, spec_data)
     if spec.knobs.profiler == "nsys":
         (run_dir / "artifacts" / "profile").mkdir(parents=True, exist_ok=True)
+        for rank in range(spec.resources.world_size if spec.resources.distributed else 0):
+            (run_dir / ranks.RANKS_DIR / str(rank) / "artifacts" / "profile").mkdir(
+                parents=True, exist_ok=True)  # each rank's nsys report (launch.job_python)
     _append_history(run_dir, {"attempt": attempt, "event": "start", "time": utc_now(),
                               "executor": spec.site.executor})
     log(f"[hopperlab] {key}: attempt {attempt} via {spec.site.executor}")
