@@ -47,7 +47,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         rows.append({"family": spec.family, "experiment": spec.experiment,
                      "variant": spec.variant, "knobs": knobs,
                      "resources": {"gpus": r.gpus, "cpus": r.cpus, "mem_gb": r.mem_gb,
-                                   "time_min": r.time_min},
+                                   "time_min": r.time_min, "nodes": r.nodes,
+                                   "gpus_per_node": r.gpus, "tasks_per_node": r.tasks_on_node,
+                                   "world_size": r.world_size},
                      "run_dir": spec.run_dir})
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -57,13 +59,15 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     table = Table(title=f"hopperlab matrix: {len(rows)} runs, scale {matrix.config['scale']}, "
                         f"site {matrix.site.name} ({matrix.site.executor})")
-    for col in ("family", "experiment", "variant", "knobs", "gpus", "cpus", "mem GB", "time min"):
+    for col in ("family", "experiment", "variant", "knobs", "gpus", "cpus", "mem GB", "time min",
+                "nodes x tasks"):
         table.add_column(col)
     for row in rows:
         res = row["resources"]
         knobs = " ".join(f"{k}={v}" for k, v in row["knobs"].items()) or "-"
         table.add_row(row["family"], row["experiment"], row["variant"], knobs, str(res["gpus"]),
-                      str(res["cpus"]), f"{res['mem_gb']:g}", str(res["time_min"]))
+                      str(res["cpus"]), f"{res['mem_gb']:g}", str(res["time_min"]),
+                      f"{res['nodes']} x {res['tasks_per_node']}")
     Console(width=max(120, Console().width)).print(table)
     return 0
 

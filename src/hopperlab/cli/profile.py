@@ -17,6 +17,7 @@ from pathlib import Path
 from hopperlab.profiling import nsys_sqlite, torch_trace
 from hopperlab.profiling.finish import finish_profile, run_child
 from hopperlab.profiling.timeline import DEFAULT_GAP_THRESHOLD_US, derive_metrics
+from hopperlab.run import distributed
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +53,10 @@ def run(args: argparse.Namespace) -> int:
         nsys_sqlite.trim(args.src, args.dst)
         return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    # a task of a distributed run: its own report under ranks/<r>/
+    rank = str(distributed.rank_from_env())
+    command = [c.replace(distributed.RANK_PLACEHOLDER, rank) for c in command]
+    args.run_dir = Path(str(args.run_dir).replace(distributed.RANK_PLACEHOLDER, rank))
     if not command:
         print("hopperlab profile job: give the command to run after --", file=sys.stderr)
         return 2

@@ -145,10 +145,11 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
             knobs = {k: var[k] for k in KNOB_DEFAULTS if k in var}
             if config.get("profiler"):   # one profiler for every run of this invocation
                 knobs["profiler"] = config["profiler"]
+            var_scale = (var.get("scales") or {}).get(scale) or {}
             merged_params = {**exp.get("params", {}), **scale_block.get("params", {}),
-                             **var.get("params", {})}
+                             **var.get("params", {}), **var_scale.get("params", {})}
             assets = {**exp.get("assets", {}), **scale_block.get("assets", {}),
-                      **var.get("assets", {})}
+                      **var.get("assets", {}), **var_scale.get("assets", {})}
             if known_assets is not None:
                 for role, asset in assets.items():
                     if asset not in known_assets:
@@ -159,13 +160,10 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
             renames = known_assets if known_assets is not None else substitutes
             assets = {role: renames.get(name, name) for role, name in assets.items()}
             params = build_params(info, merged_params, source, f"{var_path}.params")
-            resources = Resources(**{**base_resources, **exp.get("resources", {}),
-                                     **scale_block.get("resources", {}),
-                                     **var.get("resources", {})})
-            if site.max_time_min and resources.time_min > site.max_time_min:
-                raise SpecError(
-                    f"{source}: {var_path}: asks for {resources.time_min} min at scale {scale}, "
-                    f"over the site's max_time_min {site.max_time_min} ({site.source})")
+            layers = [base_resources, exp.get("resources", {}), scale_block.get("resources", {}),
+                      var.get("resources", {}), var_scale.get("resources", {})]
+            resources = resolve_resources(layers)
+            check_time(resources, site, where, scale)
             spec = RunSpec(
                 family=family, experiment=exp_name, variant=var_name, scale=scale,
                 knobs=check_knobs(info, knobs, source, var_path), params=params,
@@ -176,8 +174,52 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                 assets=assets,
                 compare_to=_compare_to(var, exp["variants"], var_name, source, var_path))
             if _selected(spec.key, list(config.get("only") or [])):
+                check_caps(resources, site, where, scale)  # what this site cannot start
                 runs.append(spec)
     return runs
+
+
+def resolve_resources(layers: list[Mapping[str, Any]]) -> Resources:
+    """The run's resources from its layers (site, experiment, scale, variant, variant scale),
+    later layers winning; ``gpus`` follows ``gpus_per_node`` when a layer names that."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer)
+        if "gpus_per_node" in layer and "gpus" not in layer:
+            merged["gpus"] = layer["gpus_per_node"]
+        elif "gpus" in layer and "gpus_per_node" not in layer:
+            merged.pop("gpus_per_node", None)  # a later plain `gpus` means one task again
+    if merged.get("gpus_per_node") is not None:
+        merged["gpus"] = merged["gpus_per_node"]
+    return Resources(**merged)
+
+
+def check_time(res: Resources, site: SiteSpec, where: str, scale: str) -> None:
+    if site.max_time_min and res.time_min > site.max_time_min:
+        raise SpecError(
+            f"{where}: asks for {res.time_min} min at scale {scale}, "
+            f"over the site's max_time_min {site.max_time_min} ({site.source})")
+
+
+def check_caps(res: Resources, site: SiteSpec, where: str, scale: str) -> None:
+    """Refuse, before anything is submitted, a selected run over the site's caps or beyond
+    what its executor can start (the local executor runs on this one node)."""
+    if site.max_nodes and res.nodes > site.max_nodes:
+        raise SpecError(f"{where}: resources.nodes: asks for {res.nodes} nodes at scale {scale}, "
+                        f"over the site's max_nodes {site.max_nodes} ({site.source}: max_nodes)")
+    if site.max_gpus_per_node is not None and res.gpus > site.max_gpus_per_node:
+        raise SpecError(f"{where}: resources.gpus_per_node: asks for {res.gpus} GPUs per node at "
+                        f"scale {scale}, over the site's max_gpus_per_node "
+                        f"{site.max_gpus_per_node} ({site.source}: max_gpus_per_node)")
+    if res.gpus and res.tasks_on_node > res.gpus and res.gpus_per_node:
+        raise SpecError(f"{where}: resources.tasks_per_node: {res.tasks_on_node} tasks on "
+                        f"{res.gpus} GPUs per node; at most one task per GPU")
+    if site.executor in ("local", "debug") and res.nodes > 1:
+        raise SpecError(f"{where}: resources.nodes: asks for {res.nodes} nodes, but the site's "
+                        f"executor {site.executor} runs on this one node ({site.source}: executor)")
+    if site.executor == "debug" and res.distributed:
+        raise SpecError(f"{where}: resources: {res.world_size} tasks, but the debug executor "
+                        f"runs in-process ({site.source}: executor)")
 
 
 def _known_assets(root: Path, substitutes: Mapping[str, str]) -> dict[str, str] | None:

@@ -57,6 +57,7 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
         tracking_uri=uri, nsys_path=data.get("nsys_path"),
         allow_oversubscription=bool(data.get("allow_oversubscription", False)),
         max_time_min=data.get("max_time_min"),
+        max_nodes=data.get("max_nodes"), max_gpus_per_node=data.get("max_gpus_per_node"),
         env={k: str(v) for k, v in data.get("env", {}).items()},
         source=str(path),
         assets_dir=str((root / data.get("assets_dir", "assets")).resolve()),

@@ -34,12 +34,36 @@ def redact_uri(uri: str) -> str:
 
 @dataclass(frozen=True)
 class Resources:
+    """What one run asks the scheduler for. ``gpus`` is the GPUs of each node the run holds
+    (the matrix sets it from ``gpus_per_node`` when that is given); ``cpus`` and ``mem_gb`` are
+    per task. A run spans ``nodes`` x ``tasks_per_node`` tasks (one per GPU when the
+    experiment names ``gpus_per_node``, else one)."""
+
     gpus: int = 0
     cpus: int = 1
     mem_gb: float = 4.0
     time_min: int = 10
     #: pool -> count, overriding the sizes taken from the job's CPUs (node.threads.POOLS)
     threads: dict[str, int] = field(default_factory=dict)
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    tasks_per_node: int | None = None
+    #: seconds a collective may wait for a peer before the run is ended (a dead rank)
+    collective_timeout_s: int = 300
+
+    @property
+    def tasks_on_node(self) -> int:
+        if self.tasks_per_node:
+            return self.tasks_per_node
+        return self.gpus_per_node if self.gpus_per_node else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_on_node
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
 
 
 @dataclass(frozen=True)
@@ -77,6 +101,9 @@ class SiteSpec:
     nsys_path: str | None = None
     allow_oversubscription: bool = False
     max_time_min: int | None = None
+    #: the most nodes, and GPUs per node, one run may ask for (None: no cap)
+    max_nodes: int | None = None
+    max_gpus_per_node: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     source: str = ""
     #: absolute folder of models and data sets

@@ -9,11 +9,12 @@ the very process that runs the workload. Polling stays gentle: at most one ``sac
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ from hopperlab.node.containers import job_exec_prefix, resolve_site_runtime
 from hopperlab.profiling import profiler_prefix
 from hopperlab.profiling.command import site_settings
 from hopperlab.profiling.finish import finish_profile
+from hopperlab.run import distributed, ranks
 
 #: Slurm states that mean "ran out of its time limit" (submitit reports them as uncompleted).
 TIMEOUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
@@ -45,6 +47,8 @@ class JobOutcome:
     stderr: Path | None = None
     #: why we stopped waiting ourselves (the local time limit, a state nobody knew), if we did
     reason: str | None = None
+    #: (stdout, stderr) of each task of a job of several, by rank
+    task_logs: list[tuple[Path, Path]] = field(default_factory=list)
 
     @property
     def timed_out(self) -> bool:
@@ -77,7 +81,10 @@ def job_python(spec: RunSpec, run_dir: Path) -> str:
     exited (``hopperlab.profiling.finish`` says why there).
     """
     python = "python" if spec.site.container.image else sys.executable
-    parts = container_prefix(spec, run_dir) + profiler_prefix(spec, run_dir, python) + [python]
+    # each task of a distributed run profiles itself into ranks/<r>/ (the wrapper names r)
+    profiled = (run_dir / ranks.RANKS_DIR / distributed.RANK_PLACEHOLDER
+                if spec.resources.distributed else run_dir)
+    parts = container_prefix(spec, run_dir) + profiler_prefix(spec, profiled, python) + [python]
     return shlex.join(parts)
 
 
@@ -182,9 +189,11 @@ def make_executor(spec: RunSpec, run_dir: Path, log: Callable[[str], None] = pri
         # One sacct call per poll interval for all jobs of this process (squeue when it fails).
         slurm_mod.SlurmJob.watcher = slurm_watcher(max(1, int(site.poll_interval_s)), log)
         ex = submitit.SlurmExecutor(folder=folder, python=python, max_num_timeout=0)
+        # cpus and memory are per task; Slurm's --mem is per node
+        mem_mb = int(res.mem_gb * 1024) * res.tasks_on_node
         params: dict[str, Any] = dict(
-            job_name=name, time=res.time_min, cpus_per_task=res.cpus, mem=f"{int(res.mem_gb * 1024)}M",
-            ntasks_per_node=1, nodes=1, stderr_to_stdout=False,
+            job_name=name, time=res.time_min, cpus_per_task=res.cpus, mem=f"{mem_mb}M",
+            ntasks_per_node=res.tasks_on_node, nodes=res.nodes, stderr_to_stdout=False,
             # submitit's default USR2 90 s before the limit, and its "under 10 min means already
             # timed out" rule, turn a short limit into a FAILED job: no early signal, no requeue.
             signal_delay_s=0,
@@ -203,9 +212,11 @@ def make_executor(spec: RunSpec, run_dir: Path, log: Callable[[str], None] = pri
         return ex
     if site.executor == "local":
         ex = submitit.LocalExecutor(folder=folder, python=python, max_num_timeout=0)
+        if res.distributed:  # every task of this job reads the port this process found free
+            os.environ[distributed.MASTER_PORT_ENV] = str(distributed.free_port())
         ex.update_parameters(timeout_min=res.time_min + LOCAL_BACKSTOP_MIN,
                              gpus_per_node=res.gpus,
-                             tasks_per_node=1, nodes=1, signal_delay_s=0)
+                             tasks_per_node=res.tasks_on_node, nodes=1, signal_delay_s=0)
         return ex
     if site.executor == "debug":
         return submitit.DebugExecutor(folder=folder)
@@ -234,12 +245,15 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
     if spec.site.executor != "debug":
         stop = _wait(spec, job)
         outcome.stdout, outcome.stderr = Path(job.paths.stdout), Path(job.paths.stderr)
+        outcome.task_logs = [(Path(t.paths.stdout), Path(t.paths.stderr))
+                             for t in getattr(job, "_sub_jobs", [])]
         if stop:
             outcome.state, outcome.reason = stop
             outcome.error = outcome.reason
             return outcome
     try:
-        outcome.result = job.result()
+        # a job of several tasks answers one result per task: the run's is rank 0's
+        outcome.result = job.results()[0] if spec.resources.distributed else job.result()
         outcome.state = "COMPLETED"
     except UncompletedJobError as exc:
         outcome.error = str(exc)

@@ -22,6 +22,7 @@ from hopperlab.core.rundir import (
     write_text_atomic,
 )
 from hopperlab.node import hardware, threads
+from hopperlab.run import distributed
 from hopperlab.workloads import family_info
 
 
@@ -54,10 +55,15 @@ def _size_threads(spec: RunSpec, rec: Recorder) -> None:
     rec.hardware["threads"] = plan.as_record()
 
 
-def execute(spec_path: str) -> dict[str, Any]:
-    """Run the spec at ``spec_path`` (a run directory's spec.json); return the record."""
+def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
+    """Run the spec at ``spec_path`` (a run directory's spec.json); return the record.
+
+    A task of a job with several (``distributed.task_from_env``) runs as one rank, recording
+    into ``ranks/<r>/`` (``run_dir``) through this same function."""
+    if run_dir is None and (task := distributed.task_from_env()).world_size > 1:
+        return distributed.execute_rank(spec_path, task, execute)
     spec_data = read_json(Path(spec_path))
-    run_dir = Path(spec_path).parent
+    run_dir = Path(run_dir) if run_dir else Path(spec_path).parent
     identity = {k: spec_data[k] for k in ("key", "family", "experiment", "variant")}
     if record.RUN_UID in spec_data:  # the attempt's identity in MLflow, made by submit
         identity[record.RUN_UID] = spec_data[record.RUN_UID]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hopperlab.config.spec import Matrix, RunSpec, spec_data_fingerprint
+from hopperlab.core.errors import SpecError
 from hopperlab.core import locks
 from hopperlab.core import rundir as record
 from hopperlab.core.rundir import (
@@ -33,7 +34,7 @@ from hopperlab.core.rundir import (
     write_record,
 )
 from hopperlab.profiling import check_profiler
-from hopperlab.run import launch, runner
+from hopperlab.run import launch, ranks, runner
 from hopperlab.run.annotate import annotate_record
 
 ATTEMPTS_DIR = "attempts"
@@ -184,11 +185,15 @@ def _append_history(run_dir: Path, entry: dict[str, Any]) -> None:
 
 def _copy_logs(run_dir: Path, outcome: Any) -> str | None:
     """Copy the job's stdout/stderr into ``logs/``; on a full disk, why not (partial copy gone)."""
-    logs = run_dir / "logs"
-    for src, name in ((outcome.stdout, "job.out"), (outcome.stderr, "job.err")):
+    copies = [(run_dir / "logs", src, name)
+              for src, name in ((outcome.stdout, "job.out"), (outcome.stderr, "job.err"))]
+    for rank, (out, err) in enumerate(getattr(outcome, "task_logs", None) or []):
+        logs_r = run_dir / ranks.RANKS_DIR / str(rank) / "logs"  # each rank's own output
+        copies += [(logs_r, out, "job.out"), (logs_r, err, "job.err")]
+    for logs, src, name in copies:
         if src is not None and Path(src).exists():
             try:
-                logs.mkdir(exist_ok=True)
+                logs.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, logs / name)
             except OSError as exc:
                 if not is_disk_full(exc):
@@ -272,6 +277,10 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
     end as KeyboardInterrupt). Nothing is written here: ``_write_settled`` does that.
     """
     rec = load_record(run_dir)
+    if spec.resources.distributed and (rec is None or rec.get("attempt") != attempt):
+        rec = ranks.merged_record(run_dir, attempt, spec.resources.world_size) or rec
+        if rec is not None and rec.get("attempt") == attempt:
+            ranks.write_run_files(run_dir, rec)  # the failing rank's traceback, rank 0's steps
     if rec is None or rec.get("attempt") != attempt:
         status = "timeout" if outcome.timed_out else "failed"
         tail = _last_error_line(outcome)
@@ -356,6 +365,9 @@ def submit(matrix: Matrix, key: str, *, upload: Uploader | None = None,
     spec = matrix.get(key)
     if executor:
         spec = replace(spec, site=replace(spec.site, executor=executor))
+    if spec.site.executor == "debug" and spec.resources.distributed:
+        raise SpecError(f"{key}: {spec.resources.world_size} tasks cannot run in-process "
+                        f"(debug executor); submit it through the site's executor")
     run_dir = matrix.root / spec.run_dir
     check_profiler(spec)  # e.g. profiler=nsys where no nsys is: refused before anything runs
     launch.container_runtime(spec)  # a container site without its runtime here: refused too
@@ -381,6 +393,9 @@ def _submit_locked(spec: RunSpec, run_dir: Path, upload: Uploader | None, log,
     write_json_atomic(spec_file, spec_data)
     if spec.knobs.profiler == "nsys":
         (run_dir / "artifacts" / "profile").mkdir(parents=True, exist_ok=True)
+        for rank in range(spec.resources.world_size if spec.resources.distributed else 0):
+            (run_dir / ranks.RANKS_DIR / str(rank) / "artifacts" / "profile").mkdir(
+                parents=True, exist_ok=True)  # each rank's nsys report (launch.job_python)
     _append_history(run_dir, {"attempt": attempt, "event": "start", "time": utc_now(),
                               "executor": spec.site.executor})
     log(f"[hopperlab] {key}: attempt {attempt} via {spec.site.executor}")

@@ -207,7 +207,7 @@ def _params(run: RunFiles) -> list:
 
 
 def _log_artifacts(client, run_id: str, run_dir: Path) -> None:
-    for name in ("logs", "artifacts"):
+    for name in ("logs", "artifacts", "ranks"):  # ranks/<r>/: each rank's own files
         folder = run_dir / name
         if folder.is_dir() and any(folder.iterdir()):
             client.log_artifacts(run_id, str(folder), artifact_path=name)

@@ -17,7 +17,11 @@ from dataclasses import dataclass
 
 from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
 
-BACKENDS = ("torch", "nemo")
+BACKENDS = ("torch", "nemo", "sharded")
+#: backend sharded: how the full fine-tune is spread (sharded.py)
+SHARDINGS = ("fsdp2", "fsdp2-cpu-offload", "torchao-cpu-offload")
+#: backend sharded: Llama shapes built with random weights (hidden, heads, ffn, vocab, layers)
+SHAPES = {"llama-2-13b": (5120, 40, 13824, 32000, 40), "tiny": (64, 4, 128, 256, 2)}
 METHODS = ("lora", "full")
 WEIGHTS = ("random", "pretrained")
 DATA_SOURCES = ("prepared", "tokenize", "synthetic")
@@ -122,6 +126,12 @@ class FinetuneParams:
     #: node or a site with allow_oversubscription: true, skipped before any allocation elsewhere
     oversubscribe: bool = False
     #: nemo backend: the NeMo recipe (a Llama-2-7B LoRA fine-tuning on Dolly by default)
+    #: backend sharded: fsdp2 | fsdp2-cpu-offload | torchao-cpu-offload, over a random-weights
+    #: Llama ``model_shape`` (SHAPES; ``num_layers`` overrides its layers) and random tokens;
+    #: ``global_batch`` rows per optimizer step (0: micro_batch x world size)
+    sharding: str = "fsdp2"
+    model_shape: str = "tiny"
+    global_batch: int = 0
     nemo_recipe: str = "llama2_7b"
     #: nemo backend: extra arguments appended to the command (key=value overrides)
     nemo_extra: tuple[str, ...] = ()
@@ -130,7 +140,8 @@ class FinetuneParams:
         choices = {"backend": BACKENDS, "method": METHODS, "weights": WEIGHTS,
                    "data": DATA_SOURCES, "activation_offload": ACTIVATION_OFFLOADS,
                    "dtype": DTYPES, "managed_advise": MANAGED_ADVICE,
-                   "offload_staging": OFFLOAD_STAGINGS}
+                   "offload_staging": OFFLOAD_STAGINGS, "sharding": SHARDINGS,
+                   "model_shape": tuple(SHAPES)}
         for name, allowed in choices.items():
             value = getattr(self, name)
             if value not in allowed:

@@ -25,8 +25,9 @@ from hopperlab.memory.fp8 import Fp8Unavailable
 from hopperlab.memory.layers import decoder_layers
 from hopperlab.memory.managed_allocator import ManagedAllocatorError
 from hopperlab.workloads.base import no_cuda_reason, spec_params
-from hopperlab.workloads.finetune import HEADLINE_METRICS, FinetuneParams
-from hopperlab.workloads.finetune import data, loop, metrics, model as model_mod
+from hopperlab.workloads.finetune import HEADLINE_METRICS, SHAPES, FinetuneParams
+from hopperlab.workloads.finetune import data, loop, metrics, sharded
+from hopperlab.workloads.finetune import model as model_mod
 from hopperlab.workloads.finetune.nemo import run_nemo
 from hopperlab.workloads.finetune.oversubscription import check_oversubscription
 from hopperlab.workloads.finetune.techniques import Techniques
@@ -42,6 +43,9 @@ def run(spec: Any, recorder: Any) -> None:
     check_oversubscription(spec, params.oversubscribe, recorder)  # before any allocation
     if params.backend == "nemo":
         run_nemo(spec, params, recorder)
+        return
+    if params.backend == "sharded":
+        run_sharded(spec, params, recorder)
         return
     run_torch(spec, params, recorder)
 
@@ -282,3 +286,32 @@ def _pinned_link(device: Any) -> tuple[float, float]:
     moment (``hopperlab.cuda.link``)."""
     return tuple(pinned_copy_gbps(device, d, 256 * MIB, copies=4, samples=3, verify=True)
                  for d in ("h2d", "d2h"))  # type: ignore[return-value]
+
+
+def run_sharded(spec: Any, params: FinetuneParams, recorder: Any) -> None:
+    """Full fine-tuning sharded over the run's ranks (FSDP2, with CPU offload) or torchao's
+    CPU-offloaded optimizer on one GPU (``sharded.py``)."""
+    import torch
+    import torch.distributed as dist
+
+    cuda, why = use_cuda(spec)
+    recorder.set_tag("finetune.sharding", params.sharding)
+    recorder.set_tag("finetune.target", "cuda" if cuda else "host")
+    if not cuda:
+        recorder.set_tag("finetune.no_cuda_reason", why)
+    hidden, heads, ffn, vocab, layers = SHAPES[params.model_shape]
+    shape = sharded.Shape(hidden, heads, ffn, vocab, params.num_layers or layers)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    pinned = None
+    if cuda and params.sharding != "fsdp2":
+        dev = torch.device("cuda", torch.cuda.current_device())
+        pinned = (pinned_copy_gbps(dev, "h2d"), pinned_copy_gbps(dev, "d2h"))
+        recorder.log_metrics(pinned_h2d_gbps=pinned[0], pinned_d2h_gbps=pinned[1])
+    plan = sharded.Plan(
+        mode=params.sharding, shape=shape, seq_len=params.seq_len, micro_batch=params.micro_batch,
+        global_batch=params.global_batch or params.micro_batch * world,
+        steps=params.measured_steps, warmup=params.warmup_steps,
+        dtype=getattr(torch, params.dtype), lr=params.learning_rate,
+        weight_decay=params.weight_decay, seed=params.seed, checkpointing=params.checkpointing)
+    recorder.set_tag("finetune.world_size", world)
+    sharded.run(plan, recorder, cuda, pinned)

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
 
-STUDIES = ("kv-cache", "weight-streaming")
+STUDIES = ("kv-cache", "weight-streaming", "tensor-parallel")
+#: study tensor-parallel: decoder shapes (hidden, heads, kv heads, ffn, vocab, layers)
+TP_SHAPES = {"llama-2-70b": (8192, 64, 8, 28672, 32000, 80), "tiny": (64, 4, 2, 128, 256, 2)}
 POLICIES = ("resident", "offload", "recompute")
 STREAMERS = ("double-buffer", "accelerate")
 DTYPES = ("bfloat16", "float16", "float32", "float64")
@@ -67,19 +69,30 @@ class InferenceParams:
     seed: int = 0
     #: the node's pinned host->device GB/s for the floors; None: measured at the start of the run
     pinned_gbps: float | None = None
+    #: study tensor-parallel: a random-weights decoder of ``model_shape`` (TP_SHAPES) with
+    #: ``num_layers`` of its layers (0: all), split over the run's ranks; ``requests`` timed
+    #: batches of ``concurrency`` prompts of ``prompt_tokens``, each decoding ``decode_tokens``
+    model_shape: str = "tiny"
+    num_layers: int = 0
+    concurrency: int = 1
+    requests: int = 2
 
     def __post_init__(self) -> None:
-        choices = {"study": STUDIES, "policy": POLICIES, "streamer": STREAMERS, "dtype": DTYPES}
+        choices = {"study": STUDIES, "policy": POLICIES, "streamer": STREAMERS, "dtype": DTYPES,
+                   "model_shape": tuple(TP_SHAPES)}
         for name, allowed in choices.items():
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
         positive = ("sessions", "rounds", "context_tokens", "turn_tokens", "reply_tokens",
-                    "gpu_sessions", "prompt_tokens", "decode_tokens")
+                    "gpu_sessions", "prompt_tokens", "decode_tokens", "concurrency", "requests")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected a whole number of at least 1, got {value!r}")
+        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) \
+                or self.num_layers < 0:
+            raise ValueError(f"num_layers: expected 0 (all) or more, got {self.num_layers!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup: expected 0 or more, got {self.warmup!r}")
         fractions = tuple(self.resident_fractions)
@@ -107,7 +120,8 @@ class InferenceParams:
 
 
 #: which way each figure is better and what a run's cost is divided by
-METRIC_DIRECTIONS = {"ttft_ms_p50": LOWER, "ttft_ms_p99": LOWER, "decode_tokens_per_s": HIGHER,
+METRIC_DIRECTIONS = {"request_latency_ms_p50": LOWER, "allreduce_share": LOWER,
+              "ttft_ms_p50": LOWER, "ttft_ms_p99": LOWER, "decode_tokens_per_s": HIGHER,
               "reload_gbps": HIGHER, "floor_fraction": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1m_generated_tokens", "per 1M generated tokens", 1e6, "per_s",
                        "decode_tokens_per_s"),

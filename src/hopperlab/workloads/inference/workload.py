@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from hopperlab.core.stats import GB, GIB, MIB, gbps, percentile
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.workloads.base import spec_knob, spec_params
-from hopperlab.workloads.inference import InferenceParams
+from hopperlab.workloads.inference import InferenceParams, tp_serving
 from hopperlab.workloads.inference.accelerate_peer import dispatch_offloaded
 from hopperlab.workloads.inference.dialogue import Dialogue, make_conversations
 from hopperlab.workloads.inference.generation import decode, prefill
@@ -54,6 +54,9 @@ def run(spec: Any, recorder: Any) -> None:
     memory = str(spec_knob(spec, "memory", "device"))
     profiler = str(spec_knob(spec, "profiler", "none"))
     check_variant(params, memory)
+    if params.study == "tensor-parallel":
+        tp_serving.run(spec, recorder, params)
+        return
     gpus = getattr(getattr(spec, "resources", None), "gpus", None)
     rt = probe(torch, want_gpu=gpus is None or gpus >= 1)
     recorder.set_tag("inference.study", params.study)

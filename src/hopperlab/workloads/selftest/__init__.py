@@ -11,17 +11,21 @@ from dataclasses import dataclass
 
 from hopperlab.workloads.base import FamilyInfo
 
-ACTIONS = ("ok", "raise", "oom", "sleep", "skip", "read-table")
+ACTIONS = ("ok", "raise", "oom", "sleep", "skip", "read-table", "collective")
 
 
 @dataclass(frozen=True)
 class SelftestParams:
     #: ok: log steps and finish; raise: a bug (RuntimeError); oom: MemoryError;
     #: sleep: sleep ``sleep_s`` (for time limits and cancels); skip: SkipRun;
-    #: read-table: count the rows of the run's ``table`` asset (the asset wiring, end to end)
+    #: read-table: count the rows of the run's ``table`` asset (the asset wiring, end to end);
     action: str = "ok"
     steps: int = 3
     sleep_s: float = 0.0
+    #: collective: all-reduce once per step over the run's ranks; ``fail_rank`` raises at
+    #: ``fail_step`` (-1: none), for the distributed fault path
+    fail_rank: int = -1
+    fail_step: int = 1
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:

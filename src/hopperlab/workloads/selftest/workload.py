@@ -9,6 +9,9 @@ from hopperlab.core.rundir import Recorder, SkipRun
 
 def run(spec, recorder: Recorder) -> None:
     p = spec.params
+    if p.action == "collective":
+        _collective(spec, recorder)
+        return
     for step in range(p.steps):
         recorder.log_step(step, value=float(step), loss=1.0 / (step + 1))
     if p.sleep_s:
@@ -33,3 +36,26 @@ def _read_table(spec, recorder: Recorder) -> None:
     table = pq.read_table(next(folder.glob("table.*")))
     recorder.set_tag("selftest.table", str(folder))
     recorder.log_metric("table_rows", float(table.num_rows))
+
+
+def _collective(spec, recorder: Recorder) -> None:
+    """One all-reduce per step over the run's ranks; rank ``fail_rank`` raises at ``fail_step``."""
+    import torch
+    import torch.distributed as dist
+
+    p = spec.params
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    total = 0.0
+    for step in range(p.steps):
+        if rank == p.fail_rank and step == p.fail_step:
+            raise RuntimeError(f"selftest: rank {rank} fails at step {step} on purpose")
+        t0 = time.perf_counter()
+        x = torch.tensor([float(rank + 1)])
+        if world > 1:
+            dist.all_reduce(x)
+        total = float(x.item())
+        recorder.log_step(step, value=total, step_s=time.perf_counter() - t0)
+    recorder.log_metric("value", total)
+    recorder.log_metric("world_size_seen", float(world))
+    recorder.log_metric("rank", float(rank))

@@ -1,0 +1,136 @@
+"""The run's record made from its ranks' records (``ranks/<r>/record.json``).
+
+Each rank of a distributed run records itself like a one-process run, in ``ranks/<r>/``. The
+run's own record is rank 0's figures plus what only all ranks together say: world size and
+nodes, per-GPU peak memory max and min, the slowest rank's step, each node's fingerprint, and
+when the run failed, the rank that failed first (not the peers that lost it) with its traceback.
+Rank 0 writes it at the end of a run that went well; the submitting side writes it from the
+same files when the job ended otherwise. No torch here: both sides import it.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from hopperlab.core.rundir import (
+    HARDWARE_FILE,
+    RECORD_FILE,
+    STEPS_FILE,
+    TRACEBACK_FILE,
+    read_json,
+    write_record,
+    write_text_atomic,
+)
+
+RANKS_DIR = "ranks"
+TASK_FILE = "task.json"
+#: a failure that only says a peer went away (gloo, NCCL, the store, the timeout)
+PEER_LOST = re.compile(r"gloo|nccl|Connection (closed|reset)|DistBackendError|DistNetworkError|"
+                       r"DistStoreError|Broken pipe|timed out|Timeout|ProcessGroup|"
+                       r"peer|Socket", re.IGNORECASE)
+#: which status a run takes from its ranks, the first found in this order
+STATUS_ORDER = ("failed", "timeout", "oom", "skipped", "ok")
+
+
+def rank_dirs(run_dir: Path) -> dict[int, Path]:
+    base = Path(run_dir) / RANKS_DIR
+    if not base.is_dir():
+        return {}
+    return {int(p.name): p for p in sorted(base.iterdir(), key=lambda p: p.name)
+            if p.is_dir() and p.name.isdigit()}
+
+
+def _read(path: Path) -> Any:
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _root_cause(failed: dict[int, dict[str, Any]], dirs: dict[int, Path]) -> int:
+    """The rank whose own error ended the run: not one that lost a peer; the earliest."""
+    def when(r: int) -> float:
+        tb = dirs[r] / TRACEBACK_FILE
+        return (tb if tb.exists() else dirs[r] / RECORD_FILE).stat().st_mtime_ns
+
+    own = [r for r, rec in failed.items() if not PEER_LOST.search(str(rec.get("reason") or ""))]
+    return min(own or list(failed), key=when)
+
+
+def _figures(recs: dict[int, dict[str, Any]]) -> dict[str, float]:
+    """Across ranks: max and min of each peak-memory metric, the slowest rank's step."""
+    out: dict[str, float] = {}
+    names = {n for rec in recs.values() for n in rec.get("metrics", {})}
+    for name in sorted(names):
+        values = [rec["metrics"][name] for rec in recs.values() if name in rec.get("metrics", {})]
+        if "peak" in name and name.endswith(("_gb", "_mb", "_bytes")):
+            out[f"{name}_max"], out[f"{name}_min"] = max(values), min(values)
+        if name in ("step_s", "s_per_iter", "step_ms"):
+            out[f"slowest_rank_{name}"] = max(values)
+    return out
+
+
+def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any] | None:
+    """The run's record from its ranks' records of ``attempt`` (None: no rank wrote one)."""
+    dirs = rank_dirs(run_dir)
+    recs = {r: rec for r, d in dirs.items()
+            if (rec := _read(d / RECORD_FILE)) and rec.get("attempt") == attempt}
+    if not recs:
+        return None
+    status = next(s for s in STATUS_ORDER if any(r.get("status") == s for r in recs.values())
+                  or s == "ok")
+    missing = sorted(set(range(world_size)) - set(recs))
+    lead = 0 if 0 in recs else min(recs)
+    reason = recs[lead].get("reason")
+    tb_rank = None
+    if status != "ok":
+        bad = {r: rec for r, rec in recs.items() if rec.get("status") == status}
+        tb_rank = _root_cause(bad, dirs) if status == "failed" else min(bad)
+        reason = f"rank {tb_rank}: {bad[tb_rank].get('reason')}"
+        if missing and PEER_LOST.search(reason):  # the one that died left nothing (killed)
+            reason = f"ranks {missing} of {world_size} left no record (killed?); " + reason
+    elif missing:
+        status, reason = "failed", f"ranks {missing} of {world_size} left no record"
+    tasks = {r: _read(dirs[r] / TASK_FILE) or {} for r in dirs}
+    hardware = {r: _read(dirs[r] / HARDWARE_FILE) or {} for r in dirs}
+    nodes_hw: dict[str, Any] = {}
+    for r in sorted(hardware):
+        host = tasks[r].get("host") or hardware[r].get("hostname") or f"rank{r}"
+        nodes_hw.setdefault(host, hardware[r])
+    rec = dict(recs[lead])
+    metrics = dict(rec.get("metrics", {})) if status == "ok" else {}
+    if status == "ok":
+        metrics.update(_figures(recs))
+        metrics.update(world_size=float(world_size), nodes=float(len(nodes_hw) or 1))
+    rec.update(status=status, reason=reason, metrics=metrics, world_size=world_size,
+               nodes=len(nodes_hw) or 1, hardware=hardware.get(lead) or rec.get("hardware", {}),
+               node_hardware=nodes_hw,
+               ranks=[{"rank": r, "host": tasks.get(r, {}).get("host"),
+                       "status": recs[r].get("status") if r in recs else None,
+                       "reason": recs[r].get("reason") if r in recs else "no record"}
+                      for r in range(world_size)])
+    rec.setdefault("tags", {})["world_size"] = str(world_size)
+    if tb_rank is not None and (dirs[tb_rank] / TRACEBACK_FILE).exists():
+        rec["traceback_rank"] = tb_rank
+    return rec
+
+
+def write_run_files(run_dir: Path, rec: dict[str, Any]) -> None:
+    """The run-level files from the ranks': record, rank 0's steps and hardware, and the
+    failing rank's traceback."""
+    run_dir = Path(run_dir)
+    dirs = rank_dirs(run_dir)
+    lead = dirs.get(0) or next(iter(dirs.values()), None)
+    if lead is not None:
+        for name in (STEPS_FILE, HARDWARE_FILE):
+            if (lead / name).exists():
+                shutil.copyfile(lead / name, run_dir / name)
+    tb_rank = rec.get("traceback_rank")
+    if tb_rank is not None:
+        host = next((x["host"] for x in rec.get("ranks", []) if x["rank"] == tb_rank), None)
+        text = (dirs[tb_rank] / TRACEBACK_FILE).read_text(errors="replace")
+        write_text_atomic(run_dir / TRACEBACK_FILE, f"rank {tb_rank} ({host}):\n{text}")
+    write_record(run_dir, {k: v for k, v in rec.items() if k != RECORD_FILE})

@@ -1,0 +1,258 @@
+"""Full fine-tuning of a Llama shape sharded over the run's ranks: FSDP2 (``fully_shard``), FSDP2
+with ``CPUOffloadPolicy`` (parameters, gradients and AdamW states in host memory, the optimizer
+step on the CPU: the role DeepSpeed's ZeRO-Offload plays in the source), and torchao's
+``CPUOffloadOptimizer`` as the one-GPU peer.
+
+The model is our own small Llama (RMSNorm, RoPE attention, SwiGLU), built from a shape with
+random weights: a performance study needs the architecture, not the weights, and random tokens
+as data. The same seed gives the same model and batches whatever the world size, so a sharded
+step can be checked against one process (tests/test_distributed_workloads.py).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from hopperlab.core.rundir import SkipRun
+from hopperlab.core.stats import percentile
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    heads: int
+    ffn: int
+    vocab: int
+    layers: int
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, dtype: Any, device: Any) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + 1e-5)).to(x.dtype) * self.weight
+
+
+def rope(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of ``x`` [batch, heads, seq, head_dim]."""
+    seq, dim = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    ang = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv)
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, s: Shape, dtype: Any, device: Any) -> None:
+        super().__init__()
+        kw = {"bias": False, "dtype": dtype, "device": device}
+        self.heads = s.heads
+        self.attn_norm, self.mlp_norm = RMSNorm(s.hidden, dtype, device), RMSNorm(s.hidden, dtype, device)
+        self.qkv = nn.Linear(s.hidden, 3 * s.hidden, **kw)
+        self.o = nn.Linear(s.hidden, s.hidden, **kw)
+        self.gate_up = nn.Linear(s.hidden, 2 * s.ffn, **kw)
+        self.down = nn.Linear(s.ffn, s.hidden, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(b, t, 3, self.heads, -1).unbind(2)
+        q, k, v = rope(q.transpose(1, 2)), rope(k.transpose(1, 2)), v.transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, h))
+        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    def __init__(self, s: Shape, dtype: Any, device: Any, checkpointing: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(s.vocab, s.hidden, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(Block(s, dtype, device) for _ in range(s.layers))
+        self.norm = RMSNorm(s.hidden, dtype, device)
+        self.head = nn.Linear(s.hidden, s.vocab, bias=False, dtype=dtype, device=device)
+        self.checkpointing = checkpointing
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=False) if self.checkpointing else layer(x)
+        return self.head(self.norm(x))
+
+
+def build_model(shape: Shape, dtype: Any, device: Any, seed: int,
+                checkpointing: bool = False) -> Llama:
+    """The model with weights drawn from ``seed`` (N(0, 0.02), norms at 1): the same for every
+    world size."""
+    torch.manual_seed(seed)
+    model = Llama(shape, dtype, device, checkpointing)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.normal_(0.0, 0.02)
+    return model
+
+
+def batch(step: int, micro: int, rank: int, world: int, seq_len: int, vocab: int, seed: int,
+          device: Any) -> torch.Tensor:
+    """Rank ``rank``'s micro batch ``micro`` of ``step``: rows of the global batch by rank."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + micro * world + rank)
+    return torch.randint(0, vocab, (1, seq_len + 1), generator=g).to(device)
+
+
+def loss_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def shard(model: Llama, mode: str, cuda: bool) -> None:
+    """FSDP2 over the default process group, each decoder layer its own unit."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    kw: dict[str, Any] = {}
+    if mode == "fsdp2-cpu-offload":
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=cuda)  # pinning needs a GPU
+    for layer in model.layers:
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+
+
+def make_optimizer(model: nn.Module, mode: str, lr: float, weight_decay: float) -> Any:
+    if mode == "torchao-cpu-offload":
+        from torchao.optim import CPUOffloadOptimizer
+
+        return CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, lr=lr,
+                                   weight_decay=weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+
+def train_step(model: nn.Module, opt: Any, step: int, accum: int, rank: int, world: int,
+               seq_len: int, micro_batch: int, vocab: int, seed: int, device: Any
+               ) -> tuple[float, float]:
+    """One optimizer step over ``accum`` micro batches of ``micro_batch`` rows on each rank;
+    returns (the global batch's mean loss, seconds in opt.step())."""
+    total = torch.zeros((), device=device)
+    for m in range(accum):
+        rows = [batch(step, m * micro_batch + i, rank, world, seq_len, vocab, seed, device)
+                for i in range(micro_batch)]
+        loss = loss_of(model, torch.cat(rows)) / accum
+        loss.backward()
+        total += loss.detach()
+    t0 = time.perf_counter()
+    opt.step()
+    _sync(device)
+    opt_s = time.perf_counter() - t0
+    opt.zero_grad(set_to_none=True)
+    if world > 1:
+        dist.all_reduce(total)
+        total /= world
+    return float(total), opt_s
+
+
+def _sync(device: Any) -> None:
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Plan:
+    mode: str
+    shape: Shape
+    seq_len: int
+    micro_batch: int
+    global_batch: int
+    steps: int
+    warmup: int
+    dtype: Any
+    lr: float
+    weight_decay: float
+    seed: int
+    checkpointing: bool
+
+
+def run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] | None) -> None:
+    """Train ``plan`` on this rank, log steps and the run's figures (rank 0's are the run's)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if plan.global_batch % (plan.micro_batch * world):
+        raise ValueError(f"global_batch {plan.global_batch} is not a multiple of micro_batch "
+                         f"{plan.micro_batch} x world size {world}")
+    accum = plan.global_batch // (plan.micro_batch * world)
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    build_on = "cpu" if plan.mode == "fsdp2-cpu-offload" or not cuda else device
+    model = build_model(plan.shape, plan.dtype, build_on, plan.seed, plan.checkpointing)
+    own_group = plan.mode.startswith("fsdp2") and not dist.is_initialized()
+    if own_group:  # FSDP2 at world size 1 still shards through a process group (of one)
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
+    try:
+        _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] | None,
+         model: Llama, device: Any, rank: int, world: int, accum: int) -> None:
+    n_params = sum(p.numel() for p in model.parameters())
+    if plan.mode.startswith("fsdp2"):
+        shard(model, plan.mode, cuda)
+    elif world > 1:
+        raise ValueError(f"{plan.mode} is a one-GPU peer: run it with one task")
+    if plan.mode == "torchao-cpu-offload" and not cuda:
+        raise SkipRun("torchao's CPUOffloadOptimizer moves optimizer states between a GPU and "
+                      "host memory: it needs a CUDA device")
+    if plan.mode != "fsdp2-cpu-offload":
+        model.to(device)
+    opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    times, opt_times, losses = [], [], []
+    for step in range(plan.warmup + plan.steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        loss, opt_s = train_step(model, opt, step, accum, rank, world, plan.seq_len,
+                                 plan.micro_batch, plan.shape.vocab, plan.seed, device)
+        dt = time.perf_counter() - t0
+        recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s)
+        losses.append(loss)
+        if step >= plan.warmup:
+            times.append(dt)
+            opt_times.append(opt_s)
+    s_iter = percentile(times, 50)
+    if world > 1:  # the run is as fast as its slowest rank
+        t = torch.tensor([s_iter], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        s_iter = float(t)
+    tokens = plan.global_batch * plan.seq_len
+    elt = torch.finfo(plan.dtype).bits // 8
+    figures = {"step_time_p50_s": s_iter, "s_per_iter": s_iter, "tokens_per_s": tokens / s_iter,
+               "step_s": percentile(times, 50), "optimizer_step_s": percentile(opt_times, 50),
+               "loss_first": losses[0], "loss_last": losses[-1], "loss_drop": losses[0] - losses[-1],
+               "params_b": n_params / 1e9, "accumulation_steps": float(accum),
+               "peak_host_mem_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
+    if cuda:
+        figures["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+        figures["peak_gpu_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    if cuda and pinned_gbps and plan.mode != "fsdp2":
+        # bytes over the host link per step: parameters in (forward and again in backward
+        # under FSDP2 offload, once for torchao), gradients out, on this rank's shard
+        share = n_params * elt / (world if plan.mode.startswith("fsdp2") else 1)
+        h2d = share * (2 if plan.mode == "fsdp2-cpu-offload" else 1)
+        floor = max(h2d / (pinned_gbps[0] * 1e9), share / (pinned_gbps[1] * 1e9))
+        figures.update(link_floor_s=floor, step_over_link_floor=s_iter / floor,
+                       h2d_gb_per_step=h2d / 1e9, d2h_gb_per_step=share / 1e9)
+    recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})

@@ -1,0 +1,158 @@
+"""Runs that span several tasks: resources, site caps, the scheduler's environment, and 2-task
+runs through the local launcher (the one a GPU node uses): the record of a good run, and a rank
+that raises (``failed`` with its traceback, within the collective timeout)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hopperlab.config.matrix import load_matrix
+from hopperlab.core.errors import SpecError
+from hopperlab.run import distributed
+from tests.helpers import copy_project, edit_yaml, hopperlab
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return copy_project(tmp_path_factory.mktemp("dist") / "project")
+
+
+def _site(project: Path, name: str, **keys) -> None:
+    base = {"executor": "local", "poll_interval_s": 0.2,
+            "resources": {"smoke": {"gpus": 0, "cpus": 1, "mem_gb": 1, "time_min": 5},
+                          "full": {"gpus": 1, "cpus": 1, "mem_gb": 1, "time_min": 5}}}
+    import yaml
+    (project / "configs/sites" / f"{name}.yaml").write_text(yaml.safe_dump({**base, **keys}))
+
+
+def test_resources_resolve_tasks_and_show_in_list(project):
+    m = load_matrix(project, {"scale": "full"})
+    tp = m.get("inference/tp-long-context/prompt-31k-c1").resources
+    assert (tp.gpus, tp.nodes, tp.tasks_on_node, tp.world_size) == (4, 1, 4, 4)
+    one = m.get("finetune/full-llama2-13b-sharded/torchao-offload-1gpu").resources
+    assert (one.gpus, one.world_size) == (1, 1)
+    smoke = load_matrix(project).get("finetune/full-llama2-13b-sharded/fsdp2").resources
+    assert (smoke.gpus, smoke.world_size) == (0, 2)
+    out = hopperlab(["list", "--json", "--config", "only=inference/tp-long-context"], project)
+    rows = json.loads(out.stdout)
+    sizes = {r["variant"]: r["resources"]["world_size"] for r in rows}
+    assert sizes == {"prompt-31k-c1": 2, "prompt-3k-c8": 2, "prompt-31k-c1-1gpu": 1,
+                     "prompt-3k-c8-1gpu": 1}, out.stderr
+
+
+def test_caps_are_refused_before_submission_naming_file_and_key(project, tmp_path):
+    _site(project, "capped", max_gpus_per_node=2, max_nodes=1)
+    with pytest.raises(SpecError, match=r"experiments/inference.yaml.*tp-long-context.*"
+                                        r"gpus_per_node.*max_gpus_per_node 2.*capped.yaml"):
+        load_matrix(project, {"site": "capped", "scale": "full"})
+    # a plain `hopperlab submit` stops there too: no run directory, no job
+    out = hopperlab(["submit", "inference/tp-long-context/prompt-31k-c1", "--no-upload",
+                     "--config", "site=capped", "scale=full", f"results_dir={tmp_path}/r"],
+                    project)
+    assert out.returncode != 0 and "max_gpus_per_node" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "r").exists()
+
+
+def test_nodes_over_the_cap_and_on_the_local_executor_are_refused(project):
+    edit_yaml(project / "experiments/selftest.yaml",
+              lambda d: d["experiments"]["distributed"]["variants"].update(
+                  {"two-nodes": {"resources": {"nodes": 2}}}))
+    try:
+        _site(project, "slurm-capped", executor="slurm", max_nodes=1)
+        with pytest.raises(SpecError, match=r"two-nodes.*resources.nodes.*max_nodes 1"):
+            load_matrix(project, {"site": "slurm-capped", "families": "selftest"})
+        with pytest.raises(SpecError, match=r"two-nodes.*executor local runs on this one node"):
+            load_matrix(project, {"families": "selftest"})
+    finally:
+        edit_yaml(project / "experiments/selftest.yaml",
+                  lambda d: d["experiments"]["distributed"]["variants"].pop("two-nodes"))
+
+
+def test_task_from_the_schedulers_environment():
+    slurm = distributed.task_from_env({
+        "SLURM_JOB_ID": "4242", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "2", "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_NODELIST": "gpu[03-06]"})
+    assert (slurm.rank, slurm.world_size, slurm.local_rank, slurm.node_rank, slurm.nodes,
+            slurm.master_addr, slurm.launcher) == (5, 8, 1, 2, 4, "gpu03", "slurm")
+    local = distributed.task_from_env({"SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1",
+                                       "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_JOB_ID": "9",
+                                       distributed.MASTER_PORT_ENV: "31111"})
+    assert (local.rank, local.world_size, local.master_port, local.launcher) == (1, 2, 31111, "local")
+    assert distributed.task_from_env({}).world_size == 1
+    assert distributed.first_host("a1,b2") == "a1"
+    assert distributed.first_host("n[7,9-10]") == "n7"
+
+
+def _record(run_dir: Path) -> dict:
+    return json.loads((run_dir / "record.json").read_text())
+
+
+def test_two_tasks_through_the_local_launcher(project, tmp_path):
+    results = tmp_path / "results"
+    out = hopperlab(["submit", "selftest/distributed/ok", "--no-upload", "--config",
+                     "families=selftest", f"results_dir={results}"], project)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = results / "selftest/distributed/ok"
+    rec = _record(run_dir)
+    assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["nodes"] == 1
+    assert rec["metrics"]["value"] == 3.0  # 1 + 2: the all-reduce saw both ranks
+    assert [r["status"] for r in rec["ranks"]] == ["ok", "ok"]
+    assert rec["node_hardware"] and json.loads((run_dir / "metrics.json").read_text())
+    for r in (0, 1):
+        assert (run_dir / f"ranks/{r}/steps.jsonl").read_text().count("\n") == 4
+        assert (run_dir / f"ranks/{r}/logs/job.out").exists()
+        assert (run_dir / f"ranks/{r}/hardware.json").exists()
+
+
+def test_a_rank_that_raises_fails_the_run_with_its_traceback(project, tmp_path):
+    results = tmp_path / "results"
+    t0 = time.monotonic()
+    out = hopperlab(["submit", "selftest/distributed/rank-raises", "--no-upload", "--config",
+                     "families=selftest", f"results_dir={results}"], project, timeout=300)
+    elapsed = time.monotonic() - t0
+    assert out.returncode != 0
+    run_dir = results / "selftest/distributed/rank-raises"
+    rec = _record(run_dir)
+    assert rec["status"] == "failed" and rec["reason"].startswith("rank 1: RuntimeError"), rec
+    tb = (run_dir / "traceback.txt").read_text()
+    assert tb.startswith("rank 1") and "fails at step 1 on purpose" in tb
+    assert not (run_dir / "metrics.json").exists()  # Snakemake retries it next time
+    # the collective timeout of the variant (30 s) bounds it, with room for a slow machine
+    assert elapsed < 30 + 90, elapsed
+    assert not (results / "selftest/distributed/ok").exists()  # no other run touched
+
+
+def test_a_killed_rank_is_named(tmp_path):
+    from hopperlab.core.rundir import write_json_atomic
+    from hopperlab.run import ranks
+
+    peer = {"attempt": 1, "status": "failed", "metrics": {},
+            "reason": "RuntimeError: Connection closed by peer [127.0.0.1]:1234"}
+    write_json_atomic(tmp_path / "ranks/0/record.json", peer)
+    rec = ranks.merged_record(tmp_path, 1, 2)
+    assert rec["status"] == "failed" and rec["reason"].startswith("ranks [1] of 2 left no record")
+    assert [r["reason"] for r in rec["ranks"]][1] == "no record"
+
+
+def test_the_profile_wrapper_puts_each_task_under_its_rank(tmp_path):
+    """`profiler: nsys|torch` of a distributed run: the command names ranks/{rank}/; each task's
+    wrapper fills in its own rank (here task 1 of the local launcher)."""
+    import os
+    import subprocess
+    import sys
+
+    target = tmp_path / "ranks" / "{rank}"
+    (tmp_path / "ranks/1").mkdir(parents=True)
+    code = "import sys; open(sys.argv[1], 'w').write('seen')"
+    env = {**os.environ, "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1"}
+    out = subprocess.run([sys.executable, "-m", "hopperlab.cli", "profile", "job", "--run-dir",
+                          str(target), "--profiler", "torch", "--", sys.executable, "-c", code,
+                          str(target / "seen")], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "ranks/1/seen").read_text() == "seen"
+    assert str(tmp_path / "ranks/1") in out.stderr  # the profile was finished there

@@ -1,0 +1,123 @@
+"""The two distributed workloads on CPU over gloo, 2 processes against 1: the tensor-parallel
+decoder gives the 1-process logits; FSDP2 (and FSDP2 with CPU offload) give the 1-process loss,
+gradients and updated weights after a step. Plus both experiments at smoke scale through the
+local launcher, in the default matrix."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hopperlab.config.matrix import load_matrix
+from hopperlab.run.distributed import free_port
+from hopperlab.workloads.finetune import sharded
+from hopperlab.workloads.inference import tensor_parallel as tp
+from tests.helpers import REPO, copy_project, hopperlab
+
+TP_SHAPE = tp.Shape(hidden=64, heads=4, kv_heads=2, ffn=96, vocab=128, layers=2)
+FT_SHAPE = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=2)
+
+
+def _tp_logits(out: Path) -> None:
+    torch.manual_seed(0)
+    model = tp.build(TP_SHAPE, seed=3, dtype=torch.float64, device="cpu", cuda=False)
+    prompts = torch.randint(0, TP_SHAPE.vocab, (2, 12), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(2, 16)
+    full = model(prompts, cache, 0, last_only=False)
+    nxt = full[:, -1:].argmax(-1)
+    step = model(nxt, cache, 12)  # one decode step through the KV cache
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    torch.save({"prefill": full, "decode": step}, out / f"tp-{rank}.pt")
+
+
+def _ft_step(out: Path, mode: str, world: int) -> None:
+    model = sharded.build_model(FT_SHAPE, torch.float64, "cpu", seed=5)
+    if world > 1:
+        sharded.shard(model, mode, cuda=False)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    micro = 4 // world  # global batch 4
+    rows = [sharded.batch(0, i, rank, world, 8, FT_SHAPE.vocab, 5, "cpu") for i in range(micro)]
+    loss = sharded.loss_of(model, torch.cat(rows))
+    loss.backward()
+    full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t  # noqa: E731
+    grads = {n: full(p.grad).clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt.step()
+    weights = {n: full(p.detach()).clone() for n, p in model.named_parameters()}
+    total = loss.detach().clone()
+    if world > 1:
+        dist.all_reduce(total)
+        total /= world
+    if rank == 0:
+        torch.save({"loss": total, "grads": grads, "weights": weights},
+                   out / f"ft-{mode}-{world}.pt")
+
+
+def _worker(rank: int, world: int, port: int, out: str, job: str, mode: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        if job == "tp":
+            _tp_logits(Path(out))
+        else:
+            _ft_step(Path(out), mode, world)
+    finally:
+        dist.destroy_process_group()
+
+
+def _two(job: str, out: Path, mode: str = "") -> None:
+    mp.spawn(_worker, args=(2, free_port(), str(out), job, mode), nprocs=2, join=True)
+
+
+def test_tensor_parallel_logits_equal_one_process(tmp_path):
+    _two("tp", tmp_path)
+    one = tmp_path / "one"
+    one.mkdir()
+    _tp_logits(one)
+    ref = torch.load(one / "tp-0.pt")
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"tp-{rank}.pt")
+        torch.testing.assert_close(got["prefill"], ref["prefill"], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(got["decode"], ref["decode"], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["fsdp2", "fsdp2-cpu-offload"])
+def test_sharded_fine_tune_step_equals_one_process(tmp_path, mode):
+    _two("ft", tmp_path, mode)
+    _ft_step(tmp_path, mode, 1)
+    ref = torch.load(tmp_path / f"ft-{mode}-1.pt")
+    got = torch.load(tmp_path / f"ft-{mode}-2.pt")
+    torch.testing.assert_close(got["loss"], ref["loss"], rtol=1e-10, atol=1e-12)
+    for name in ref["grads"]:
+        torch.testing.assert_close(got["grads"][name], ref["grads"][name], rtol=1e-8, atol=1e-12)
+        torch.testing.assert_close(got["weights"][name], ref["weights"][name], rtol=1e-8,
+                                   atol=1e-12)
+
+
+SMOKE_RUNS = ("inference/tp-long-context/prompt-31k-c1", "inference/tp-long-context/prompt-3k-c8",
+              "finetune/full-llama2-13b-sharded/fsdp2", "finetune/full-llama2-13b-sharded/fsdp2-offload")
+
+
+def test_both_experiments_in_the_default_matrix_with_two_tasks():
+    m = load_matrix(REPO)
+    for key in SMOKE_RUNS:
+        assert m.get(key).resources.world_size == 2 and m.get(key).resources.gpus == 0
+
+
+@pytest.mark.parametrize("key", [SMOKE_RUNS[0], SMOKE_RUNS[3]])
+def test_smoke_runs_through_the_local_launcher(tmp_path, key):
+    project = copy_project(tmp_path / "project")
+    out = hopperlab(["submit", key, "--no-upload", "--config", f"results_dir={tmp_path}/r"],
+                    project, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rec = json.loads((tmp_path / "r" / key / "metrics.json").read_text())
+    assert rec["status"] == "ok" and rec["world_size"] == 2
+    headline = "decode_tokens_per_s" if key.startswith("inference") else "tokens_per_s"
+    assert rec["metrics"][headline] > 0 and rec["metrics"]["slowest_rank_step_s"] > 0
