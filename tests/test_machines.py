@@ -5,6 +5,8 @@ tests/fixtures/machines/ (an H200 and an H100 as lent)."""
 from __future__ import annotations
 
 import csv
+import json
+import math
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,10 +26,24 @@ from hopperlab.run.annotate import annotate_record
 from hopperlab.workloads import family_info
 from tests.helpers import REPO, copy_project, edit_yaml
 
-FIX = REPO / "tests" / "fixtures" / "machines"
+FIX = REPO / "tests" / "fixtures" / "machines"  # real runs: lent H200 and H100, 2026-11-24
 H200, H100 = "h200-141g-pcie5-x86_64", "h100-80g-pcie5-x86_64"
 MACHINES = REPO / "configs" / "machines"
 REFS = REPO / "configs" / "references"
+
+
+def _metric(folder: Path, key: str, metric: str) -> float:
+    """A run's recorded metric, read from the fixture's metrics.json."""
+    return json.loads((folder / key / "metrics.json").read_text())["metrics"][metric]
+
+
+def _drop_metric(folder: Path, key: str, metric: str) -> None:
+    """Removes a metric from a run's record (metrics.json and record.json) in a tmp copy."""
+    for name in ("metrics.json", "record.json"):
+        path = folder / key / name
+        data = json.loads(path.read_text())
+        data["metrics"].pop(metric)
+        path.write_text(json.dumps(data))
 
 
 @pytest.fixture
@@ -133,12 +149,20 @@ def _refs(tmp_path: Path, machine: str, body: dict) -> Path:
 def test_shipped_references_load_and_judge_the_fixtures():
     for path in REFS.glob("*.yaml"):
         references.load_references(path)
-    rows = collect_runs(FIX / "results-h200")
-    judged = references.judge_rows(rows, REFS)
-    verdicts = {r.key: r.reference_check for r in rows}
-    assert verdicts["membench/copy/h2d-pinned"] == "pass"
-    assert verdicts["finetune/lora-llama2-7b/baseline"] == "no-reference"
-    assert not references.regressions(judged)
+    for m in ("h200", "h100"):  # the runs the references were taken from: every one passes
+        rows = collect_runs(FIX / f"results-{m}")
+        judged = references.judge_rows(rows, REFS)
+        verdicts = {r.key: r.reference_check for r in rows}
+        assert verdicts["membench/copy/h2d-pinned"] == "pass"
+        assert verdicts["finetune/lora-llama2-7b/offload-recompute"] == "pass"
+        assert set(verdicts.values()) == {"pass"}, verdicts
+        assert not references.regressions(judged)
+
+
+def test_shipped_pinned_references_catch_a_slow_link():
+    refs = references.load_references(REFS / f"{H100}.yaml")
+    ref = refs.for_run("membench/copy/h2d-pinned")["gbps_at_largest"]
+    assert references.judge_value(13.6, ref, "higher") == "regression"  # one lent H100 gave it
 
 
 def test_a_slow_link_is_a_regression_and_a_fast_one_an_improvement():
@@ -178,7 +202,7 @@ def test_check_exit_codes_and_the_named_metric(tmp_path, fixtures, capsys):
     out = capsys.readouterr().out
     assert "REGRESSION h200-141g-pcie5-x86_64 membench/copy/h2d-pinned gbps_at_largest" in out
     # a referenced metric the run did not record is a regression naming the file
-    (fixtures["h100"] / "finetune/lora-llama2-7b/fp8").exists()
+    _drop_metric(fixtures["h100"], "finetune/lora-llama2-7b/fp8", "mfu")
     moved100 = _refs(tmp_path, H100, {"references": {"finetune/lora-llama2-7b/fp8": {
         "mfu": {"value": 0.45, "lower": -0.1, "upper": 0.1, "source": "x"}}}})
     assert main(["--root", str(REPO), "check", str(fixtures["h100"]),
@@ -242,6 +266,7 @@ def test_bad_folders(tmp_path, fixtures):
 
 # --------------------------------------------------------------------------- comparison
 def test_comparison_csv(tmp_path, fixtures):
+    _drop_metric(fixtures["h100"], "recommender/latency/gpu", "qps")
     groups = runs.load_folders([fixtures["h200"], fixtures["h100"]])
     csv_path, html_path = compare.compare(groups, tmp_path / "out",
                                           descriptions=descriptions.load_descriptions(MACHINES))
@@ -252,13 +277,16 @@ def test_comparison_csv(tmp_path, fixtures):
         return next(r for r in rows if (r["family"], r["experiment"], r["variant"], r["metric"],
                                         r["machine"]) == (fam, exp, var, metric, machine))
 
-    pinned = cell("membench/copy/h2d-pinned", "gbps_at_largest", H100)
-    assert float(pinned["ratio_to_reference"]) == pytest.approx(54.4 / 55.4)
-    assert pinned["better"] == "worse" and pinned["reference_machine"] == H200
-    assert pinned["direction"] == "higher"
-    # a metric the H100 did not record, and a run it does not have: visible, never zero
+    key = "membench/copy/h2d-pinned"
+    h100, h200 = (_metric(fixtures[m], key, "gbps_at_largest") for m in ("h100", "h200"))
+    pinned = cell(key, "gbps_at_largest", H100)
+    assert float(pinned["ratio_to_reference"]) == pytest.approx(h100 / h200, rel=1e-6)
+    assert pinned["better"] == ("worse" if h100 < h200 else "better")
+    assert pinned["reference_machine"] == H200 and pinned["direction"] == "higher"
+    # a metric the H100 did not record (dropped here), and a run it does not have (full-1b ran
+    # on the H200 only): visible, never zero
     assert cell("recommender/latency/gpu", "qps", H100)["value"] == "no data"
-    missing = cell("membench/copy/h2d-pageable", "gbps_at_largest", H100)
+    missing = cell("finetune/full-1b/bf16-compile", "tokens_per_s", H100)
     assert missing["value"] == "no data" and missing["status"] == "no run"
     # the link floor and the figure over it; the cost per unit and x cheaper
     offload = cell("finetune/lora-llama2-7b/offload-recompute", "step_time_p50_s", H100)
@@ -288,25 +316,59 @@ def _predictions(source: str, target: str) -> dict[tuple[str, str], predict.Pred
     return {(p.key, p.metric): p for p in out}
 
 
-def test_link_bound_predictions_are_within_ten_percent_both_ways():
-    for source, target in ((H100, H200), (H200, H100)):
-        preds = _predictions(source, target)
-        for key, metric in (("finetune/lora-llama2-7b/offload-recompute", "tokens_per_s"),
-                            ("inference/kv-cache/offload", "ttft_ms_p50"),
-                            ("inference/weight-streaming/stream", "decode_tokens_per_s"),
-                            ("database/tpch/host-pinned", "q1_time_ms"),
-                            ("membench/copy/h2d-pinned", "gbps_at_largest")):
-            p = preds[(key, metric)]
-            assert p.unpredictable is None, (key, p.unpredictable)
-            assert p.label == "prediction" and p.formula and p.inputs
-            assert abs(p.error) < 0.10, (source, key, p.error)
+LINK_BOUND = [("finetune/lora-llama2-7b/offload-recompute", "tokens_per_s"),
+              ("inference/kv-cache/offload", "ttft_ms_p50"),
+              ("inference/weight-streaming/stream", "decode_tokens_per_s")] + \
+    [("database/tpch/host-pinned", f"q{q}_time_ms") for q in (1, 3, 5, 6, 12, 14)]
+
+
+@pytest.mark.parametrize("source, target", [(H100, H200), (H200, H100)])
+def test_link_bound_predictions_are_within_ten_percent_both_ways(source, target):
+    """Issue 18's bound, on the real runs: each error is recomputed here from the target's own
+    metrics.json. (Both lent hosts have the same PCIe Gen5 x16 link, 54-55 GB/s: this checks
+    the model where the link barely changes; the GH200's C2C is where it matters.)"""
+    preds = _predictions(source, target)
+    folder = FIX / ("results-h200" if target == H200 else "results-h100")
+    for key, metric in LINK_BOUND:
+        p = preds[(key, metric)]
+        assert p.unpredictable is None, (key, p.unpredictable)
+        assert p.label == "prediction" and p.formula and p.inputs
+        measured = _metric(folder, key, metric)
+        assert p.measured == pytest.approx(measured)
+        error = (p.predicted - measured) / measured
+        assert p.error == pytest.approx(error)
+        assert abs(error) < 0.10, (source, key, metric, error)
+
+
+@pytest.mark.parametrize("source, target", [(H100, H200), (H200, H100)])
+def test_compute_bound_predictions_report_their_error(source, target):
+    """Not bounded (issue 18: "reported, whatever it is"): the HBM-scaled ones are off by up
+    to ~50 % on these runs (docs/benchmarks/machines.md); here only: an error for every run
+    both machines measured, and the copy model reproduces the target's description."""
+    preds = _predictions(source, target)
+    for key, metric in (("finetune/lora-llama2-7b/baseline", "tokens_per_s"),
+                        ("finetune/lora-llama2-7b/fp8", "tokens_per_s"),
+                        ("inference/kv-cache/resident", "ttft_ms_p50"),
+                        ("inference/weight-streaming/resident", "decode_tokens_per_s"),
+                        ("recommender/latency/gpu", "lat_e2e_p50_ms"),
+                        ("recommender/latency/cpu-only", "lat_e2e_p50_ms"),
+                        ("database/tpch/device", "q1_time_ms")):
+        p = preds[(key, metric)]
+        assert p.unpredictable is None and p.error is not None and math.isfinite(p.error), key
+    # the copy model *is* the target's description, which holds these very runs' figures:
+    # its zero error is by construction, not evidence
+    copy = preds[("membench/copy/h2d-pinned", "gbps_at_largest")]
+    assert copy.model == "copy" and abs(copy.error) < 0.01
 
 
 def test_prediction_states_formula_and_inputs_and_refuses_what_it_cannot():
     preds = _predictions(H100, H200)
     offload = preds[("finetune/lora-llama2-7b/offload-recompute", "tokens_per_s")]
     assert offload.model == "overlap" and "max(C*k, L_T)" in offload.formula
-    assert "sibling (the step with offload_staging: device)" in offload.inputs
+    # the subset has no offload_staging: device diagnostic: the run without offload of the
+    # same params stands for the step with the link taken out
+    assert offload.inputs["sibling (the step without offload)"] == \
+        "finetune/lora-llama2-7b/recompute-elementwise"
     assert any("host_link.pinned.h2d" in v for v in offload.inputs.values())
     assert "save_on_cpu" in preds[("finetune/lora-llama2-7b/save-on-cpu-recompute",
                                    "tokens_per_s")].unpredictable
