@@ -60,10 +60,6 @@ def test_every_run_of_the_matrix_has_a_record(smoke):
     assert host["status"] == "ok" and any(v > 0 for v in host["metrics"].values())
 
 
-def test_smoke_matrix_stays_under_five_minutes(smoke):
-    assert smoke[1] < 300
-
-
 def test_summary_and_report_cover_every_run(smoke):
     project, _ = smoke
     rows = list(csv.DictReader(open(project / "results" / "summary.csv")))
