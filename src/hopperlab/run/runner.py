@@ -8,6 +8,7 @@ that the scheduler and submitit see a failed job.
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,13 @@ from hopperlab.workloads import family_info
 
 
 def _is_oom(exc: BaseException) -> bool:
+    """Whether the run ran out of memory: host (MemoryError) or GPU (torch's OutOfMemoryError,
+    checked by type when the workload has loaded torch; the runner never imports it itself)."""
     if isinstance(exc, MemoryError):
         return True
-    name = type(exc).__name__
-    if name in ("OutOfMemoryError", "OutOfMemory"):
+    torch = sys.modules.get("torch")
+    oom_type = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    if isinstance(oom_type, type) and isinstance(exc, oom_type):
         return True
     text = str(exc)
     return "CUDA out of memory" in text or "cudaErrorMemoryAllocation" in text
