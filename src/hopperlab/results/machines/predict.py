@@ -2,28 +2,9 @@
 
 Every prediction is labelled a prediction and carries its formula and inputs (each input with
 where it comes from: the run's metric, a sibling run, or a machine description's figure and that
-figure's source). A variant the models do not cover says why instead of guessing.
-
-The models (S: source machine, T: target; ``d(M, x)``: figure x of M's description):
-
-* copy (membench copy): the copy *is* the link: ``gbps' = d(T, host_link.<memory>.<direction>)``.
-* overlap (finetune offload, inference weight streaming, database host-resident scans): the
-  measured time ``t`` splits into the part the link takes out, ``C`` (a sibling run of the same
-  experiment without the link: offload_staging device or no offload; the resident model; the
-  device placement), and the link floor ``L`` (bytes over the link at the rate the run used):
-  ``t' = max(C * k, L * r_S / r_T) + (t - max(C, L))``: both overlap, what neither explains is
-  carried over unchanged; ``k`` is the compute scale below, ``r`` the link rates.
-* compute (no host traffic): ``t' = (t - w) * k + w``, ``k = d(S, peak) / d(T, peak)`` with peak
-  the dense bf16 or FP8 TFLOP/s of the run's precision (HBM TB/s for decode and scans, which read
-  memory more than they compute); ``w`` the data-loader wait (one core's work, carried over:
-  the descriptions hold no per-core speed).
-* cpu (recommender cpu-only, all cores): ``t' = t * cores_S / cores_T``.
-* kv reload (inference kv-cache offload): ``ttft' = (ttft - R) * k + R * r_S / r_T``, ``R`` the
-  measured reload time per resumed round (reload bytes / reloads / reload GB/s).
-* recommender gpu pipelines: retrieval, ranking and top-n scale with HBM, the CPU features and
-  the 480 kB transfer are carried over.
-
-Throughputs are predicted through their times (``x' = x * t / t'``).
+figure's source). A variant the models do not cover says why instead of guessing. The models
+(copy, overlap, compute, cpu, kv reload, recommender components) and their formulas are in
+docs/benchmarks/machines.md ("Predictions"); each function below names the one it computes.
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
-"""Upload finished run directories to MLflow.
-
-The job side never talks to MLflow: a workload writes its run directory (docs/run-directory.md)
-and this module, running on the submitting side after the job or in ``hopperlab sync``, turns
-that directory into MLflow runs.
-
-Layout in MLflow::
-
-    experiment  <family>                       e.g. "membench"
-      parent run  <experiment>                 tags hopperlab.role=parent, hopperlab.family,
-                                               hopperlab.experiment
-        child run  <variant>  (or "<variant> #2" for attempt 2, ...)
-                                               tags mlflow.parentRunId, hopperlab.run_key, ...
-
-Every upload is idempotent: a child run is found again through its ``hopperlab.run_uid`` tag
-(the id ``hopperlab submit`` made with the attempt, kept in the record), and counts as complete
-only once its ``hopperlab.uploaded=true`` tag (set last) is there. The uid, not the run key
-``{family}/{experiment}/{variant}#{attempt}``, is the identity: two results folders, or a store
-copied from another folder, never share an MLflow run. ``mlflow.json`` in the run directory says
-which attempt went where; ``sync`` asks the store, not ``mlflow.json``.
-
-Credentials (``MLFLOW_TRACKING_USERNAME``/``PASSWORD``/``TOKEN``) are read by MLflow from the
-environment; this module never logs them, and strips any ``user:password@`` from the tracking
-URIs it writes or prints.
+"""Upload finished run directories to MLflow, on the submitting side (the job never talks to
+MLflow): an experiment per family, a parent run per experiment, a child run per variant and
+attempt, found again by its ``hopperlab.run_uid`` tag, so that an upload is idempotent and two
+results folders never share a run. ``client`` hardens the connection, ``layout`` names what goes
+where, ``upload`` and ``sync`` move the runs. The layout and its rules: docs/tracking.md.
 """
 
 from hopperlab.config.spec import redact_uri
