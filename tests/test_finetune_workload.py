@@ -284,7 +284,9 @@ def test_params_are_checked(bad):
 def test_experiments_resolve(scale):
     matrix = load_matrix(ROOT, {"families": ["finetune"], "scale": scale})
     runs = matrix.runs
-    assert len(runs) <= 19  # bf16-compile: the reference of lora-llama2-7b/fp8
+    # bf16-compile (the reference of lora-llama2-7b/fp8), two managed-oversubscribed (issue 21),
+    # four sharded full fine-tunes (issue 20)
+    assert len(runs) <= 25
     assert {s.experiment for s in runs.values()} == {
         "lora-llama2-7b", "full-llama2-7b", "lora-llama2-70b", "full-1b"}
     soc = runs["finetune/lora-llama2-7b/save-on-cpu"]

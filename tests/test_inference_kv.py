@@ -301,12 +301,15 @@ def test_matrix_resolves_the_smoke_runs():
 
     matrix = load_matrix(ROOT, {"families": "inference", "scale": "smoke"})
     keys = sorted(matrix.runs)
-    assert len(keys) <= 8
+    assert len(keys) <= 12  # 8 single-GPU studies + the 4 tensor-parallel rows (issue 20)
     assert "inference/kv-cache/offload" in keys and "inference/weight-streaming/accelerate" in keys
     managed = matrix.get("inference/kv-cache/managed")
     assert managed.knobs.memory == "managed" and managed.params.policy == "offload"
-    assert all(s.assets == {"model": "tiny-llama"} for s in matrix.runs.values())
+    # the tensor-parallel study builds its 70B shape in the job: it names no model asset
+    studies = [s for s in matrix.runs.values() if s.experiment != "tp-long-context"]
+    assert all(s.assets == {"model": "tiny-llama"} for s in studies)
     full = load_matrix(ROOT, {"families": "inference", "scale": "full"})
-    assert all(s.assets["model"] == "llama-2-7b-random" for s in full.runs.values())
+    assert all(s.assets["model"] == "llama-2-7b-random" for s in full.runs.values()
+               if s.experiment != "tp-long-context")
     assert full.get("inference/weight-streaming/stream").params.resident_fractions == \
         (0.75, 0.5, 0.25)
