@@ -288,7 +288,7 @@ def test_experiments_resolve(scale):
     # four sharded full fine-tunes (issue 20)
     assert len(runs) <= 25
     assert {s.experiment for s in runs.values()} == {
-        "lora-llama2-7b", "full-llama2-7b", "lora-llama2-70b", "full-1b"}
+        "lora-llama2-7b", "full-llama2-7b", "lora-llama2-70b", "full-1b", "full-llama2-13b-sharded"}
     soc = runs["finetune/lora-llama2-7b/save-on-cpu"]
     assert soc.knobs.offload == "activations" and soc.params.activation_offload == "save_on_cpu"
     assert runs["finetune/lora-llama2-70b/offload-both"].knobs.offload == "both"
