@@ -121,3 +121,28 @@ def test_smoke_runs_through_the_local_launcher(tmp_path, key):
     assert rec["status"] == "ok" and rec["world_size"] == 2
     headline = "decode_tokens_per_s" if key.startswith("inference") else "tokens_per_s"
     assert rec["metrics"][headline] > 0 and rec["metrics"]["slowest_rank_step_s"] > 0
+
+
+def test_the_compute_probe_leaves_the_model_as_it_was():
+    """The floor's compute part is measured on the model the run then trains: the probe must
+    not move a weight nor leave a gradient behind."""
+    model = sharded.build_model(FT_SHAPE, torch.float32, "cpu", seed=3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    plan = sharded.Plan(mode="fsdp2-cpu-offload", shape=FT_SHAPE, seq_len=8, micro_batch=2,
+                        global_batch=4, steps=2, warmup=0, dtype=torch.float32, lr=1e-3,
+                        weight_decay=0.0, seed=3, checkpointing=False)
+    assert sharded.measure_compute(model, plan, torch.device("cpu"), accum=2) > 0
+    assert all(p.grad is None for p in model.parameters())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_one_process_offload_run_reports_its_compute_and_optimizer_parts(tmp_path):
+    key = "finetune/full-llama2-13b-sharded/fsdp2-offload-1gpu"
+    project = copy_project(tmp_path / "project")
+    out = hopperlab(["submit", key, "--no-upload", "--config", f"results_dir={tmp_path}/r"],
+                    project, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rec = json.loads((tmp_path / "r" / key / "metrics.json").read_text())
+    assert rec["status"] == "ok"
+    assert rec["metrics"]["compute_s"] > 0 and rec["metrics"]["optimizer_step_s"] > 0

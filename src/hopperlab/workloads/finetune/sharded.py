@@ -131,12 +131,15 @@ def shard(model: Llama, mode: str, cuda: bool) -> None:
 
 
 def make_optimizer(model: nn.Module, mode: str, lr: float, weight_decay: float) -> Any:
+    """AdamW, fused on both sides: torchao fuses its CPU AdamW by default, so FSDP2's CPU step
+    (parameters in host memory under CPUOffloadPolicy) must be fused too for a fair pair; the
+    unfused (foreach) step also makes whole-model temporaries a 125 GiB host cannot spare."""
     if mode == "torchao-cpu-offload":
         from torchao.optim import CPUOffloadOptimizer
 
         return CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, lr=lr,
-                                   weight_decay=weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+                                   weight_decay=weight_decay, fused=True)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
 
 
 def train_step(model: nn.Module, opt: Any, step: int, accum: int, rank: int, world: int,
@@ -151,6 +154,7 @@ def train_step(model: nn.Module, opt: Any, step: int, accum: int, rank: int, wor
         loss = loss_of(model, torch.cat(rows)) / accum
         loss.backward()
         total += loss.detach()
+    _sync(device)  # the optimizer step is timed alone, not with backward's tail on the GPU
     t0 = time.perf_counter()
     opt.step()
     _sync(device)
@@ -160,6 +164,43 @@ def train_step(model: nn.Module, opt: Any, step: int, accum: int, rank: int, wor
         dist.all_reduce(total)
         total /= world
     return float(total), opt_s
+
+
+def measure_compute(model: nn.Module, plan: "Plan", device: Any, accum: int) -> float:
+    """Seconds of forward and backward of one optimizer step's micro batches with every
+    weight on ``device`` and no optimizer: the GPU-compute part of an offloading step's floor.
+
+    One untimed pass first (kernels, allocator), then one timed; gradients are dropped, the
+    weights are not touched, so the run that follows trains the same model.
+    """
+    seconds = 0.0
+    for timed in (False, True):
+        _sync(device)
+        t0 = time.perf_counter()
+        for m in range(accum):
+            rows = [batch(0, m * plan.micro_batch + i, 0, 1, plan.seq_len, plan.shape.vocab,
+                          plan.seed, device) for i in range(plan.micro_batch)]
+            (loss_of(model, torch.cat(rows)) / accum).backward()
+        _sync(device)
+        seconds = time.perf_counter() - t0 if timed else 0.0
+        model.zero_grad(set_to_none=True)
+    return seconds
+
+
+def pinned_host_gb() -> float | None:
+    """Pinned host memory PyTorch's caching host allocator holds, GB (None where it cannot
+    say). It rounds every block up to a power of two: for the 13B shape's weight matrices
+    that is 1.3-1.9x their bytes, which is what sizes the host memory an offload run needs."""
+    try:
+        stats = torch.cuda.host_memory_stats()
+    except (RuntimeError, AttributeError):
+        return None
+    # the key names moved between releases ("reserved_bytes.all.peak", "allocated_bytes.peak")
+    for kind in ("reserved_bytes", "allocated_bytes"):
+        for key, value in stats.items():
+            if key.startswith(kind) and key.endswith(".peak") and value:
+                return value / 1e9
+    return None
 
 
 def _sync(device: Any) -> None:
@@ -192,21 +233,30 @@ def run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] 
                          f"{plan.micro_batch} x world size {world}")
     accum = plan.global_batch // (plan.micro_batch * world)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    build_on = "cpu" if plan.mode == "fsdp2-cpu-offload" or not cuda else device
+    # at world size 1 the whole model is built on the device first: the compute part of the
+    # floor is measured there before the offloading set-up moves it
+    probe = world == 1 and plan.mode != "fsdp2"
+    build_on = "cpu" if (plan.mode == "fsdp2-cpu-offload" and not probe) or not cuda else device
     model = build_model(plan.shape, plan.dtype, build_on, plan.seed, plan.checkpointing)
+    compute_s = measure_compute(model, plan, device, accum) if probe else None
+    if probe and plan.mode == "fsdp2-cpu-offload":
+        model.to("cpu")
+        if cuda:
+            torch.cuda.empty_cache()
     own_group = plan.mode.startswith("fsdp2") and not dist.is_initialized()
     if own_group:  # FSDP2 at world size 1 still shards through a process group (of one)
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
     try:
-        _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum)
+        _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum, compute_s)
     finally:
         if own_group:
             dist.destroy_process_group()
 
 
 def _run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] | None,
-         model: Llama, device: Any, rank: int, world: int, accum: int) -> None:
+         model: Llama, device: Any, rank: int, world: int, accum: int,
+         compute_s: float | None) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     if plan.mode.startswith("fsdp2"):
         shard(model, plan.mode, cuda)
@@ -255,4 +305,14 @@ def _run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float]
         floor = max(h2d / (pinned_gbps[0] * 1e9), share / (pinned_gbps[1] * 1e9))
         figures.update(link_floor_s=floor, step_over_link_floor=s_iter / floor,
                        h2d_gb_per_step=h2d / 1e9, d2h_gb_per_step=share / 1e9)
+        if compute_s is not None:
+            # the issue's floor: GPU compute or the link each way, whichever is longer (they
+            # can overlap), plus the CPU optimizer step, which neither overlaps
+            full = max(compute_s, floor) + figures["optimizer_step_s"]
+            figures.update(floor_s=full, step_over_floor=s_iter / full)
+    if compute_s is not None:
+        figures["compute_s"] = compute_s
+    pinned = pinned_host_gb() if cuda else None
+    if pinned is not None:
+        figures["pinned_host_peak_gb"] = pinned
     recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})
