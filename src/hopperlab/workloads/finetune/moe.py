@@ -210,9 +210,11 @@ class MoeForCausalLM(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Next-token cross entropy in float32 (label -100 ignored, as transformers does)."""
-    shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
-    return F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=-100)
+    """Next-token cross entropy in float32 (label -100 ignored, as transformers does). The
+    labels are shifted, not the logits: slicing the logits would copy [T, vocab] once more."""
+    ignore = labels.new_full((labels.shape[0], 1), -100)
+    targets = torch.cat((labels[:, 1:], ignore), dim=1).reshape(-1)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets, ignore_index=-100)
 
 
 def build(config: MoeConfig, device: Any, dtype: torch.dtype, seed: int) -> MoeForCausalLM:
