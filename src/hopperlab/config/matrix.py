@@ -111,9 +111,11 @@ def _compare_to(var: Mapping[str, Any], variants: Mapping[str, Any], var_name: s
 
 
 def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: SiteSpec,
-                     known_assets: Mapping[str, str] | None = None) -> list[RunSpec]:
+                     known_assets: Mapping[str, str] | None = None,
+                     asset_specs: Mapping[str, Any] | None = None) -> list[RunSpec]:
     """The selected runs of one family; ``known_assets`` maps each asset name to the asset
-    used in its place (``asset_substitutes``, derived assets included)."""
+    used in its place (``asset_substitutes``, derived assets included); ``asset_specs`` (every
+    asset's spec, derived ones too) lets the family check the files its assets name."""
     path = root / "experiments" / f"{family}.yaml"
     source = str(path.relative_to(root))
     if family not in FAMILY_MODULES:
@@ -160,6 +162,10 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
             renames = known_assets if known_assets is not None else substitutes
             assets = {role: renames.get(name, name) for role, name in assets.items()}
             params = build_params(info, merged_params, source, f"{var_path}.params")
+            if info.check_assets is not None and asset_specs is not None:
+                info.check_assets(params, {role: asset_specs[name] for role, name in
+                                           assets.items() if name in asset_specs},
+                                  f"{source}: {var_path}")
             layers = [base_resources, exp.get("resources", {}), scale_block.get("resources", {}),
                       var.get("resources", {}), var_scale.get("resources", {})]
             resources = resolve_resources(layers)
@@ -222,15 +228,17 @@ def check_caps(res: Resources, site: SiteSpec, where: str, scale: str) -> None:
                         f"runs in-process ({site.source}: executor)")
 
 
-def _known_assets(root: Path, substitutes: Mapping[str, str]) -> dict[str, str] | None:
+def _known_assets(root: Path, substitutes: Mapping[str, str]
+                  ) -> tuple[dict[str, str] | None, dict[str, Any] | None]:
     """Every asset's name (validated) -> the asset used in its place (itself when no substitute
-    touches it); None in a project without configs/assets.yaml."""
+    touches it), and every asset's spec (derived ones too); (None, None) in a project without
+    configs/assets.yaml."""
     if not (root / "configs" / "assets.yaml").is_file():
-        return None
+        return None, None
     specs = load_assets(root)
     check_substitutes(substitutes, set(specs))
-    return {name: renamed for name, renamed in apply_substitutes(specs, substitutes)[1].items()
-            if name in specs}
+    all_specs, renames = apply_substitutes(specs, substitutes)
+    return {name: renamed for name, renamed in renames.items() if name in specs}, all_specs
 
 
 def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) -> Matrix:
@@ -239,9 +247,9 @@ def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) ->
     config = load_config(root, overrides)
     site = load_site(root, config["site"], config["results_dir"])
     runs: dict[str, RunSpec] = {}
-    known_assets = _known_assets(root, config.get("asset_substitutes") or {})
+    known_assets, asset_specs = _known_assets(root, config.get("asset_substitutes") or {})
     for family in config["families"]:
-        for spec in load_family_runs(root, family, config, site, known_assets):
+        for spec in load_family_runs(root, family, config, site, known_assets, asset_specs):
             runs[spec.key] = spec
     for sel in config.get("only") or []:
         if not any(_selected(k, [sel]) for k in runs):

@@ -79,6 +79,11 @@ class FamilyInfo:
     work_units: tuple[WorkUnit, ...] = ()
     #: figure metric -> the metric of what the host link allows it (same unit): link floors
     floors: Mapping[str, str] = field(default_factory=dict)
+    #: ``check(params, assets, where)``, called when the matrix is loaded for each run with its
+    #: asset specs by role (``hopperlab.assets``): the family checks the files an asset names
+    #: in the repository (e.g. a model config of its own) and raises SpecError at ``where``
+    #: (file and key path of the run). Cheap: it runs on the login node, before submission.
+    check_assets: Callable[[Any, Mapping[str, Any], str], None] | None = None
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
+from hopperlab.workloads.finetune.moe_config import check_assets
 
 BACKENDS = ("torch", "nemo", "sharded")
 #: backend sharded: how the full fine-tune is spread (sharded.py)
@@ -217,4 +218,5 @@ FAMILY = FamilyInfo(
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
     floors=FLOORS,
+    check_assets=check_assets,
 )

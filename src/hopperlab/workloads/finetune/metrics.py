@@ -9,8 +9,10 @@ checkpointed run shows the MFU it costs):
   their own gradient; the adapters do all three.
 
 ``N`` counts parameters that take part in matrix products (everything but the input embedding,
-whose lookup is no product; the LM head counts), ``L`` layers, ``d`` the hidden size, ``T`` the
-sequence length; ``12 L d T`` is attention's two products (``Q K^T`` and ``P V``, 2 * 2 * d * T
+whose lookup is no product; the LM head counts; for a Mixture of Experts the *active* ones:
+``N = N_total - N_embed - L * (E - k) * N_expert``, the router and ``k = top_k`` of the ``E``
+experts per layer, since each token passes through ``k`` experts only), ``L`` layers, ``d``
+the hidden size, ``T`` the sequence length; ``12 L d T`` is attention's two products (``Q K^T`` and ``P V``, 2 * 2 * d * T
 per token and layer forward, twice that backward), counted over the whole square as the PaLM
 paper's formula does (no causal halving). MFU = FLOPs per second / the GPU's dense bf16 peak
 (``PEAK_BF16_FLOPS``), for fp8 runs too, so that fp8 and bf16 compare on one scale.

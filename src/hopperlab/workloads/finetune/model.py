@@ -15,6 +15,8 @@ from typing import Any
 from hopperlab.assets.random_weights import (architecture_config, model_weights,
                                              read_architecture, weights_tags)
 from hopperlab.workloads.finetune import FinetuneParams
+from hopperlab.workloads.finetune import moe
+from hopperlab.workloads.finetune.moe_config import is_moe, moe_config
 
 
 @dataclass
@@ -23,7 +25,8 @@ class ModelCounts:
 
     total: int
     trainable: int
-    #: parameters that take part in matrix products: everything but the input embedding
+    #: parameters that take part in matrix products for one token: everything but the input
+    #: embedding; for an MoE, less the experts a token skips ((E - top_k) experts per layer)
     matmul: int
     layers: int
     hidden: int
@@ -55,6 +58,9 @@ def load_base_model(model_dir: Path, params: FinetuneParams, device: Any) -> tup
 
     dtype = getattr(torch, params.dtype)
     tags = weights_tags(model_dir)
+    if is_moe(architecture(model_dir)):
+        return _load_moe(model_dir, params, device, dtype), {
+            **tags, "model.weights": "random", "model.architecture": "hopperlab-moe"}
     if params.weights == "random":
         torch.manual_seed(params.seed)
         config = _config(model_dir, params.num_layers)
@@ -80,6 +86,17 @@ def load_base_model(model_dir: Path, params: FinetuneParams, device: Any) -> tup
     return model, tags
 
 
+def _load_moe(model_dir: Path, params: FinetuneParams, device: Any, dtype: Any) -> Any:
+    """Our MoE decoder (``moe.py``) from the asset's config.json, random weights only (the
+    spec-time check refuses the rest first; this is the job's own guard)."""
+    if params.weights != "random":
+        raise ValueError(f"weights: pretrained, but {model_dir.name} is a hopperlab-moe "
+                         f"architecture (our own module, no pretrained weights); use weights: "
+                         f"random")
+    config = moe_config(architecture(model_dir), str(model_dir / "config.json"))
+    return moe.build(config.with_layers(params.num_layers), device, dtype, params.seed)
+
+
 def make_trainable(model: Any, params: FinetuneParams) -> Any:
     """LoRA adapters on ``lora_targets`` (the base frozen), or every weight trainable."""
     if params.method == "full":
@@ -95,6 +112,8 @@ def make_trainable(model: Any, params: FinetuneParams) -> Any:
 
 
 def counts(model: Any) -> ModelCounts:
+    """Parameter counts; an MoE's ``matmul`` counts the active parameters only (the router and
+    top_k of num_experts experts per layer), as a token's FLOPs do."""
     config = getattr(model, "config")
     seen: set[int] = set()
     total = trainable = embed = 0
@@ -107,7 +126,8 @@ def counts(model: Any) -> ModelCounts:
         trainable += p.numel() if p.requires_grad else 0
         if p is emb:
             embed = p.numel()
-    return ModelCounts(total=total, trainable=trainable, matmul=total - embed,
+    inactive = model.inactive_parameters() if isinstance(model, moe.MoeForCausalLM) else 0
+    return ModelCounts(total=total, trainable=trainable, matmul=total - embed - inactive,
                        layers=int(config.num_hidden_layers), hidden=int(config.hidden_size),
                        vocab=int(config.vocab_size))
 
@@ -147,6 +167,9 @@ def build_host_layers_model(model_dir: Path, params: FinetuneParams,
 
     import torch
 
+    if is_moe(architecture(model_dir)):
+        raise ValueError("offload: parameters: not implemented for the hopperlab-moe decoder "
+                         "(its layers are not transformers layers); offload activations only")
     if params.weights != "random":
         model, tags = load_base_model(model_dir, params, "cpu")
         layers = model.get_decoder().layers
