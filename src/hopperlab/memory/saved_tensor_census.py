@@ -45,6 +45,9 @@ from hopperlab.memory.layers import decoder_layers
 
 MB = 1e6
 GB = 1e9
+#: the census's files in a run's artifacts/ folder (one row per save; the summary with them)
+CENSUS_JSON = "census.json"
+CENSUS_CSV = "census.csv"
 
 
 @dataclass(frozen=True)
