@@ -370,7 +370,9 @@ class SavedTensorCensus:
 
         if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
             return True
-        return (t.is_leaf and t.requires_grad) or id(t.untyped_storage()) in self._params
+        # not ``is_leaf and requires_grad``: a view made inside an autograd.Function's forward
+        # is one too
+        return id(t.untyped_storage()) in self._params
 
     def _record(self, t: Any) -> None:
         path, layer = self._stack[-1] if self._stack else ("", None)
