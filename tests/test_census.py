@@ -97,12 +97,12 @@ def test_a_known_function_saves_what_it_says_and_shared_memory_counts_once():
 
     class Saver(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, a, b):  # noqa: ANN001
+        def forward(ctx, a, b):
             ctx.save_for_backward(a, a, a[:2], b)
             return a.sum() + b.sum()
 
         @staticmethod
-        def backward(ctx, grad):  # noqa: ANN001
+        def backward(ctx, grad):
             a, _, _, b = ctx.saved_tensors
             return grad.expand_as(a), grad.expand_as(b)
 
