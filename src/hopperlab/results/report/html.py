@@ -22,6 +22,7 @@ from hopperlab.results.report.charts import (
     ordered,
     profile_breakdown,
 )
+from hopperlab.results.report.census import census_table
 from hopperlab.results.report.collect import (
     RunRow,
     baseline_name,
@@ -172,6 +173,7 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
                + ("" if not base or any(r.variant == base for r in runs)
                   else " <span class=\"note\">(no run)</span>") + "</p>")
     out.append(_status_table(runs, metrics))
+    out.append(census_table(runs))
     charts = []
     for m in metrics:
         if plotter is None or not any(r.status == "ok" and m in r.metrics for r in runs):

@@ -126,6 +126,9 @@ class FinetuneParams:
     #: source talk's full fine-tuning of Llama-2-7B on one GH200): run only on a Grace Hopper
     #: node or a site with allow_oversubscription: true, skipped before any allocation elsewhere
     oversubscribe: bool = False
+    #: backend torch: the saved-tensor census (memory.saved_tensor_census) of one extra,
+    #: unmeasured step after warm-up: census_* metrics, artifacts/census.json and census.csv
+    census: bool = False
     #: nemo backend: the NeMo recipe (a Llama-2-7B LoRA fine-tuning on Dolly by default)
     #: backend sharded: fsdp2 | fsdp2-cpu-offload | torchao-cpu-offload, over a random-weights
     #: Llama ``model_shape`` (SHAPES; ``num_layers`` overrides its layers) and random tokens;
@@ -147,8 +150,12 @@ class FinetuneParams:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
-        if not isinstance(self.oversubscribe, bool):
-            raise ValueError(f"oversubscribe: expected true or false, got {self.oversubscribe!r}")
+        for name in ("oversubscribe", "census"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
+        if self.census and self.backend != "torch":
+            raise ValueError(f"census: only with backend torch (the hooks run in this process), "
+                             f"not {self.backend}")
         positive = ("lora_rank", "lora_alpha", "seq_len", "micro_batch", "measured_steps")
         for name in positive:
             value = getattr(self, name)

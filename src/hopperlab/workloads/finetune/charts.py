@@ -8,6 +8,9 @@
   counted bytes over the host link, with what the link allows (``link_floor_s``, the larger
   direction at its measured rate; ``link_two_phase_s``, out in forward then back in backward)
   and the baseline's step. A bar on its two-phase tick is the link's, not the technique's.
+* **Saved-tensor census**: for the variants that measured it (``census: true``), the GB one
+  forward keeps for backward, stacked by the source's five size classes: where the bytes sit
+  (many small tensors, or a few of gigabytes) and what a size threshold would offload.
 
 matplotlib only (the report runs on the login node, without torch).
 """
@@ -16,10 +19,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from hopperlab.memory.saved_tensor_census import SIZE_CLASSES
 from hopperlab.workloads.base import FamilyChart
 
 BASELINE_COLOUR = "#2e7d32"
 VARIANT_COLOUR = "#3f6fb5"
+#: the census's size classes, small to large
+CLASS_COLOURS = ("#cfd8dc", "#90caf9", "#42a5f5", "#1565c0", "#0d2c6b")
 
 
 def _ok(runs: Sequence[Any], *metrics: str) -> list[Any]:
@@ -102,5 +108,39 @@ def step_and_link(runs: Sequence[Any]) -> FamilyChart | None:
         figure=fig)
 
 
+def census_by_class(runs: Sequence[Any]) -> FamilyChart | None:
+    from matplotlib.figure import Figure
+
+    rows = _ok(runs, "census_gb_total")
+    if not rows:
+        return None
+    fig = Figure(figsize=(max(5.0, 0.8 * len(rows) + 2.5), 3.2), dpi=80)
+    ax = fig.add_subplot()
+    bottoms = [0.0] * len(rows)
+    for cls, colour in zip(SIZE_CLASSES, CLASS_COLOURS):
+        heights = [r.metrics.get(f"census_gb_{cls.key}", 0.0) for r in rows]
+        ax.bar(range(len(rows)), heights, bottom=bottoms, width=0.7, color=colour,
+               label=cls.label)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    for i, r in enumerate(rows):
+        ax.annotate(f"{int(r.metrics['census_tensors_total'])} tensors", (i, bottoms[i]),
+                    xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
+    ax.set_ylabel("GB saved for backward (one forward)", fontsize=8)
+    ax.set_xticks(range(len(rows)), [r.variant for r in rows], rotation=30, ha="right",
+                  fontsize=8, rotation_mode="anchor")
+    ax.set_ylim(0, 1.15 * max(bottoms))
+    ax.legend(fontsize=7, frameon=False, title="size class", title_fontsize=7,
+              loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.subplots_adjust(bottom=0.35, left=0.12, right=0.75)
+    return FamilyChart(
+        title="saved-tensor census",
+        caption="GB one forward keeps for backward, stacked by the size class of each saved "
+                "tensor (decimal MB; shared memory once, parameters apart), for the variants "
+                "that measured it",
+        figure=fig)
+
+
 def charts(runs: Sequence[Any]) -> list[FamilyChart]:
-    return [c for c in (speed_against_memory(runs), step_and_link(runs)) if c is not None]
+    drawn = (speed_against_memory(runs), step_and_link(runs), census_by_class(runs))
+    return [c for c in drawn if c is not None]

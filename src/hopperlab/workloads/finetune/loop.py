@@ -88,9 +88,14 @@ def train(model: Any, optimizer: Any, batches: Iterator[tuple[Batch, float]], *,
           warmup_steps: int, measured_steps: int, techniques: Any, profiler: str = "none",
           cuda: bool = False, on_step: Callable[[StepRecord], None] | None = None,
           trace_path: Callable[[], Any] | None = None,
-          on_measure_start: Callable[[], None] | None = None) -> list[StepRecord]:
+          on_measure_start: Callable[[], None] | None = None,
+          census: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
+          ) -> list[StepRecord]:
     """Run warm-up then measured steps; return every step's record (``measured`` marks them).
 
+    ``census`` (``SavedTensorCensus.observe``) wraps the forward context of one extra step run
+    after warm-up and before ``on_measure_start``: unmeasured (``extra["census"] = 1``), so
+    neither its hooks' cost nor its memory enters the measured figures.
     ``on_measure_start`` runs between the two phases (e.g. to reset peak-memory counters);
     ``profiler: torch`` wraps the measured steps in torch.profiler and writes its Chrome trace
     to ``trace_path()``.
@@ -98,13 +103,14 @@ def train(model: Any, optimizer: Any, batches: Iterator[tuple[Batch, float]], *,
     records: list[StepRecord] = []
     model.train()
 
-    def one(step: int, measured: bool) -> None:
+    def one(step: int, measured: bool, census_context: Callable[[], Any] | None = None) -> None:
         t0 = time.perf_counter()
         batch, wait = next(batches)
         with nvtx_range(STEP):
             inputs = to_device(batch, device)
             clock = PhaseClock(cuda)
-            loss = forward_backward(model, inputs, techniques.forward_context, clock)
+            loss = forward_backward(model, inputs, census_context or techniques.forward_context,
+                                    clock)
             clock.mark("optimizer")
             with nvtx_range(OPTIMIZER):
                 optimizer.step()
@@ -114,13 +120,17 @@ def train(model: Any, optimizer: Any, batches: Iterator[tuple[Batch, float]], *,
         elapsed = time.perf_counter() - t0
         rec = StepRecord(step=step, loss=value, step_s=elapsed, data_wait_s=wait,
                          tokens=int(inputs["input_ids"].numel()), measured=measured,
-                         extra={**clock.durations(), **techniques.step_stats()})
+                         extra={**clock.durations(), **techniques.step_stats(),
+                                **({"census": 1.0} if census_context else {})})
         records.append(rec)
         if on_step is not None:
             on_step(rec)
 
     for step in range(warmup_steps):
         one(step, False)
+    if census is not None:
+        warmup_steps += 1
+        one(warmup_steps - 1, False, census(techniques.forward_context))
     if on_measure_start is not None:
         on_measure_start()
     with measured_region(), _profiler(profiler, cuda, trace_path) as prof:

@@ -18,12 +18,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
-from hopperlab.core.rundir import SkipRun
+from hopperlab.core.rundir import SkipRun, write_json_atomic, write_text_atomic
 from hopperlab.cuda import peaks
 from hopperlab.cuda.link import MIB, pinned_copy_gbps
 from hopperlab.memory.fp8 import Fp8Unavailable
 from hopperlab.memory.layers import decoder_layers
 from hopperlab.memory.managed_allocator import ManagedAllocatorError
+from hopperlab.memory.saved_tensor_census import CENSUS_CSV, CENSUS_JSON, SavedTensorCensus
 from hopperlab.workloads.base import no_cuda_reason, spec_params
 from hopperlab.workloads.finetune import HEADLINE_METRICS, SHAPES, FinetuneParams
 from hopperlab.workloads.finetune import data, loop, metrics, sharded
@@ -161,6 +162,7 @@ def train(run: TorchRun, *, optimizer: Any = None,
     if gpu_name:
         recorder.set_tag("finetune.gpu", gpu_name)
     tech.forward_context = _forward_context(run, forward_context or tech.forward_context)  # type: ignore[method-assign]
+    census = SavedTensorCensus(run.model, run.layers) if params.census else None
     try:
         records = loop.train(
             run.model, optimizer, data.timed_batches(loader), device=run.device,
@@ -168,9 +170,12 @@ def train(run: TorchRun, *, optimizer: Any = None,
             techniques=tech, profiler=str(run.spec.knobs.profiler), cuda=run.cuda,
             on_step=lambda rec: _log_step(run, rec),
             trace_path=lambda: recorder.artifact_path("profile/torch_trace.json"),
-            on_measure_start=lambda: _reset_peaks(run))
+            on_measure_start=lambda: _reset_peaks(run),
+            census=census.observe if census is not None else None)
     finally:
         tech.close()
+    if census is not None:
+        _record_census(run, census, records)
     final = metrics.summarize(records, flops_token=metrics.flops_per_token(
         counts, source.seq_len, params.method), peak=metrics.peak_flops(gpu_name))
     final.update(_per_step_extras(records))
@@ -180,6 +185,21 @@ def train(run: TorchRun, *, optimizer: Any = None,
         final["step_time_per_layer_s"] = final["step_time_p50_s"] / counts.layers
     recorder.log_metrics(final)
     return final
+
+
+def _record_census(run: TorchRun, census: SavedTensorCensus,
+                   records: list[metrics.StepRecord]) -> None:
+    """The census step's table: ``census_*`` metrics, the kinds of each class as tags, and the
+    rows in ``artifacts/census.json`` and ``artifacts/census.csv`` (uploaded with the run)."""
+    step = next(r.step for r in records if r.extra.get("census"))
+    table = census.table(step)
+    recorder = run.recorder
+    recorder.log_metrics(table.metrics())
+    recorder.log_metric("census_step", step)
+    for k, v in table.kind_tags().items():
+        recorder.set_tag(k, v)
+    write_json_atomic(recorder.artifact_path(CENSUS_JSON), table.to_json())
+    write_text_atomic(recorder.artifact_path(CENSUS_CSV), table.to_csv())
 
 
 def _record_model(run: TorchRun) -> model_mod.ModelCounts:
