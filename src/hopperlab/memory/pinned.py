@@ -28,15 +28,33 @@ def pinned_empty(nbytes: int) -> torch.Tensor:
     return buf
 
 
-class PinnedBufferPool:
-    """Reusable host buffers (uint8), keyed by exact byte size.
+#: a new buffer is rounded up to 1/GRANULE_DIVISIONS of its power-of-two range (at most 12.5 %
+#: more): tensors whose sizes change a little from step to step (the token segments of MoE
+#: experts) then find a free buffer again instead of each step pinning new ones
+GRANULE_DIVISIONS = 8
 
-    ``acquire`` returns a free buffer of that size or allocates one; ``release`` gives it back.
-    With ``pin=True`` the memory is page-locked with ``cudaHostRegister`` (exact size), so
-    device<->host copies from and to it are asynchronous DMA. With ``device`` set the buffers
-    are GPU memory instead (the ``staging="device"`` diagnostic). Counters: ``allocated_bytes``
-    (all buffers ever made and not freed), ``allocations`` (how many were made: a steady-state step
-    must not increase it), ``in_use_bytes``.
+
+def rounded_size(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of 1/8 of the power of two below it (4 KiB at least)."""
+    if nbytes <= 4096:
+        return nbytes
+    step = max(4096, (1 << (nbytes.bit_length() - 1)) // GRANULE_DIVISIONS)
+    return -(-nbytes // step) * step
+
+
+class PinnedBufferPool:
+    """Reusable host buffers (uint8).
+
+    ``acquire`` returns the smallest free buffer that holds ``nbytes`` (a view of its first
+    ``nbytes``) or allocates one of ``rounded_size(nbytes)``; ``release`` gives it back. Best fit
+    over rounded sizes, because saved tensors are not all the same size every step: an MoE
+    expert's activations follow the router, and a pool keyed by exact size would pin new memory
+    for them at every step until the host ran out.
+    With ``pin=True`` the memory is page-locked with ``cudaHostRegister`` (exact size, not
+    PyTorch's power of two), so device<->host copies from and to it are asynchronous DMA. With
+    ``device`` set the buffers are GPU memory instead (the ``staging="device"`` diagnostic).
+    Counters: ``allocated_bytes`` (all buffers made and not freed), ``allocations`` (how many
+    were made: a steady-state step must not increase it), ``in_use_bytes``.
     """
 
     def __init__(self, pin: bool, device: torch.device | None = None):
@@ -45,29 +63,35 @@ class PinnedBufferPool:
         self.pin = pin
         self.device = device
         self._free: dict[int, list[torch.Tensor]] = collections.defaultdict(list)
+        self._lent: dict[int, torch.Tensor] = {}   # data_ptr of a lent view -> its buffer
         self.allocated_bytes = 0
         self.allocations = 0
         self.in_use_bytes = 0
 
     def acquire(self, nbytes: int) -> torch.Tensor:
-        free = self._free.get(nbytes)
-        if free:
-            buf = free.pop()
+        fits = [size for size, bufs in self._free.items() if bufs and size >= nbytes]
+        if fits:
+            base = self._free[min(fits)].pop()
         else:
+            size = rounded_size(nbytes)
             if self.device is not None:
-                buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+                base = torch.empty(size, dtype=torch.uint8, device=self.device)
             elif self.pin:
-                buf = pinned_empty(nbytes)
+                base = pinned_empty(size)
             else:
-                buf = torch.empty(nbytes, dtype=torch.uint8)
-            self.allocated_bytes += nbytes
+                base = torch.empty(size, dtype=torch.uint8)
+            self.allocated_bytes += size
             self.allocations += 1
-        self.in_use_bytes += nbytes
-        return buf
+        self.in_use_bytes += base.numel()
+        view = base[:nbytes]
+        if nbytes:
+            self._lent[view.data_ptr()] = base
+        return view
 
     def release(self, buf: torch.Tensor) -> None:
-        self.in_use_bytes -= buf.numel()
-        self._free[buf.numel()].append(buf)
+        base = self._lent.pop(buf.data_ptr(), buf) if buf.numel() else buf
+        self.in_use_bytes -= base.numel()
+        self._free[base.numel()].append(base)
 
     def free_bytes(self) -> int:
         return sum(k * len(v) for k, v in self._free.items())

@@ -29,6 +29,7 @@ from hopperlab.workloads.base import no_cuda_reason, spec_params
 from hopperlab.workloads.finetune import HEADLINE_METRICS, SHAPES, FinetuneParams
 from hopperlab.workloads.finetune import data, loop, metrics, sharded
 from hopperlab.workloads.finetune import model as model_mod
+from hopperlab.workloads.finetune.master_weights import MasterWeightsAdamW
 from hopperlab.workloads.finetune.nemo import run_nemo
 from hopperlab.workloads.finetune.oversubscription import check_oversubscription
 from hopperlab.workloads.finetune.techniques import Techniques
@@ -149,7 +150,11 @@ def train(run: TorchRun, *, optimizer: Any = None,
     for k, v in tech.tags.items():
         recorder.set_tag(k, v)
     counts = _record_model(run)
-    if optimizer is None:
+    if optimizer is None and params.master_weights:
+        optimizer = MasterWeightsAdamW(run.trainable(), lr=params.learning_rate,
+                                       weight_decay=params.weight_decay, fused=run.cuda or None)
+        recorder.set_tag("finetune.optimizer", "AdamW, float32 master weights")
+    elif optimizer is None:
         optimizer = torch.optim.AdamW(run.trainable(), lr=params.learning_rate,
                                       weight_decay=params.weight_decay, fused=run.cuda or None)
     else:
