@@ -212,3 +212,22 @@ def test_pretrained_weights_of_an_moe_are_refused_at_matrix_load(project):
     edit_yaml(project / "experiments" / "finetune.yaml", change)
     message = _refused(project)
     assert "params.weights" in message and "models/moe-tiny/config.json" in message
+
+
+def test_chunked_loss_equals_the_whole_loss_and_its_gradients():
+    """``loss_chunk_tokens``: the norm, head and cross entropy in checkpointed chunks give the
+    loss and gradients of the whole computation (to float rounding: sums in another order)."""
+    config = replace(TINY, num_hidden_layers=2)
+    ids = torch.randint(0, config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    grads = []
+    for chunk in (None, 7):
+        model = moe.build(config, "cpu", torch.float64, seed=4)
+        if chunk:
+            model.use_chunked_loss(chunk)
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        grads.append((out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (whole, g_whole), (chunked, g_chunked) = grads
+    torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-12)
+    for name, g in g_whole.items():
+        torch.testing.assert_close(g_chunked[name], g, rtol=1e-9, atol=1e-12, msg=name)

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
+from hopperlab.memory.recompute_elementwise import RecomputeInBackward
 from hopperlab.workloads.finetune.moe_config import MoeConfig
 
 
@@ -92,8 +94,14 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, h))
 
 
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
 class SwiGLU(nn.Module):
-    """One expert (or a dense FFN): ``down(silu(gate(x)) * up(x))``."""
+    """One expert (or a dense FFN): ``down(silu(gate(x)) * up(x))``. ``silu(gate) * up`` saves
+    only ``gate`` and ``up`` and is recomputed in backward (as Megatron's fused SwiGLU does):
+    one [tokens, ffn] tensor less per expert than autograd's stock graph, no matmul redone."""
 
     def __init__(self, hidden: int, ffn: int) -> None:
         super().__init__()
@@ -102,7 +110,10 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(ffn, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if torch.is_grad_enabled():
+            return self.down_proj(RecomputeInBackward.apply(_silu_mul, gate, up))
+        return self.down_proj(_silu_mul(gate, up))
 
 
 class MoeFFN(nn.Module):
@@ -170,7 +181,20 @@ class MoeForCausalLM(nn.Module):
         self.layers = nn.ModuleList(MoeBlock(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        #: the loss in chunks of this many tokens (None: whole), see ``use_chunked_loss``
+        self.loss_chunk_tokens: int | None = None
         self.reset_parameters()
+
+    def use_chunked_loss(self, chunk_tokens: int) -> str:
+        """Compute the training loss (final norm, head, cross entropy) in checkpointed chunks
+        of ``chunk_tokens``: the [tokens, vocab] logits (and their float32 copy) never exist
+        whole; only the last layer's output is kept. The family's ``loss_chunk_tokens``."""
+        if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+            raise ValueError(f"loss_chunk_tokens: expected a whole number of at least 1, got "
+                             f"{chunk_tokens!r}")
+        self.loss_chunk_tokens = chunk_tokens
+        return f"{type(self).__name__}: norm, head and loss in checkpointed chunks of " \
+               f"{chunk_tokens} tokens"
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -195,12 +219,20 @@ class MoeForCausalLM(nn.Module):
         for layer in self.layers:
             x, layer_aux = layer(x, attention_mask)
             aux = aux + layer_aux
-        logits = self.lm_head(self.norm(x))
         aux = aux / len(self.layers)
+        if labels is not None and self.loss_chunk_tokens is not None:
+            loss = chunked_lm_loss(x, labels, self._token_loss_sum, self.loss_chunk_tokens)
+            return MoeOutput(loss=loss + self.config.router_aux_loss_coef * aux, logits=None,
+                             aux_loss=aux)
+        logits = self.lm_head(self.norm(x))
         loss = None
         if labels is not None:
             loss = lm_loss(logits, labels) + self.config.router_aux_loss_coef * aux
         return MoeOutput(loss=loss, logits=logits, aux_loss=aux)
+
+    def _token_loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(self.norm(hidden))
+        return F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")
 
     def inactive_parameters(self) -> int:
         """Expert parameters a token does not use: (num_experts - top_k) experts per layer."""
@@ -215,6 +247,22 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     ignore = labels.new_full((labels.shape[0], 1), -100)
     targets = torch.cat((labels[:, 1:], ignore), dim=1).reshape(-1)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets, ignore_index=-100)
+
+
+def chunked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor,
+                    loss_sum: Any, chunk_tokens: int) -> torch.Tensor:
+    """``lm_loss`` of the head over ``hidden`` [batch, seq, hidden], chunk by chunk of tokens,
+    each chunk under non-reentrant checkpointing (recomputed in backward): the same mean over
+    the tokens that have a label, to float rounding."""
+    ignore = labels.new_full((labels.shape[0], 1), -100)
+    targets = torch.cat((labels[:, 1:], ignore), dim=1).reshape(-1)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, flat.shape[0], chunk_tokens):
+        stop = start + chunk_tokens
+        total = total + checkpoint(loss_sum, flat[start:stop], targets[start:stop],
+                                   use_reentrant=False)
+    return total / (targets != -100).sum().clamp(min=1)
 
 
 def build(config: MoeConfig, device: Any, dtype: torch.dtype, seed: int) -> MoeForCausalLM:

@@ -133,8 +133,6 @@ def check_assets(params: Any, assets: Mapping[str, Any], where: str) -> None:
                    "lora: the MoE decoder is trained whole (method: full)"),
         "recompute_elementwise": (not getattr(params, "recompute_elementwise", False),
                                   "the technique restates Llama's modules, not the MoE's"),
-        "loss_chunk_tokens": (getattr(params, "loss_chunk_tokens", None) is None,
-                              "the chunked loss restates transformers' causal LMs only"),
     }
     for key, (ok, why) in checks.items():
         if not ok:

@@ -157,7 +157,10 @@ class Techniques:
                                  "(torch.compile's partitioner chooses what to recompute)")
             handle = recompute_elementwise.apply(model)
             self.tags["finetune.recomputed_modules"] = handle.describe()
-        if p.loss_chunk_tokens is not None:
+        if p.loss_chunk_tokens is not None and hasattr(model, "use_chunked_loss"):
+            # a model of our own that computes its loss itself (moe.py) chunks it itself
+            self.tags["finetune.chunked_loss"] = model.use_chunked_loss(p.loss_chunk_tokens)
+        elif p.loss_chunk_tokens is not None:
             handle = chunked_cross_entropy.apply(model, p.loss_chunk_tokens)
             self.tags["finetune.chunked_loss"] = handle.describe()
         if p.checkpointing:
