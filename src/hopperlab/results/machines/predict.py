@@ -116,8 +116,11 @@ def _membench(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
     return value, "copy", f"{metric}' = d(T, {path})"
 
 
+#: params that only say how an offload offloads: a run without offload is the sibling of every
+#: offload variant whatever they say (moe-sft's 64 MiB threshold against its no-offload step)
 _OFFLOAD_KEYS = ("activation_offload", "offload_budget_gib", "offload_staging", "offload_keep_head",
-                 "offload_max_inflight_mib", "offload_budget_caps_allocator")
+                 "offload_max_inflight_mib", "offload_budget_caps_allocator", "offload_min_bytes",
+                 "offload_keep_last_layers")
 
 
 def _without(params: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
