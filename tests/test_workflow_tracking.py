@@ -23,11 +23,11 @@ pytestmark = pytest.mark.timeout(900)
 TRIVIAL = "selftest/trivial/ok"
 
 
-def add_site(project: Path, name: str, tracking_uri: str) -> None:
-    """configs/sites/<name>.yaml: the local site with another tracking URI."""
+def add_site(project: Path, name: str, tracking_uri: str, upload: str = "each") -> None:
+    """configs/sites/<name>.yaml: the local site with another tracking URI (and upload mode)."""
     path = project / "configs" / "sites" / f"{name}.yaml"
     shutil.copy(project / "configs" / "sites" / "local.yaml", path)
-    edit_yaml(path, lambda d: d.update(tracking={"uri": tracking_uri}))
+    edit_yaml(path, lambda d: d.update(tracking={"uri": tracking_uri, "upload": upload}))
 
 
 def record(project: Path, results: str, key: str) -> dict:
@@ -83,6 +83,34 @@ def test_mlflow_down_at_the_start_only_delays_the_upload(mlflow_uri, tmp_path):
         run = MlflowClient(mlflow_uri).get_run(info["run_id"])
         assert run.data.tags["hopperlab.status"] == "ok"
         assert run.data.tags["hopperlab.run_uid"] == record(project, results, TRIVIAL)["run_uid"]
+
+
+def test_a_site_that_uploads_at_the_end_syncs_once_after_success_and_failure(mlflow_uri,
+                                                                             tmp_path):
+    """``tracking.upload: at-end`` (the local site): the jobs upload nothing, the workflow's end
+    uploads every run, after a failed run too; MLflow down only delays it, in one line."""
+    project = copy_project(tmp_path / "project")
+    add_site(project, "end", mlflow_uri, upload="at-end")
+    add_site(project, "end-down", f"http://127.0.0.1:{free_port()}", upload="at-end")
+    keys = (TRIVIAL, "selftest/faults/raises")
+    out = snakemake(["--cores", "1", "--keep-going", "--config", "families=selftest",
+                     f"only={','.join(keys)}", "site=end", "results_dir=r-end"], project)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0                                    # a run failed: onerror
+    assert [ln for ln in text.splitlines() if "[hopperlab] sync to" in ln and "2 uploaded" in ln], \
+        text[-3000:]
+    for key in keys:
+        info = json.loads((project / "r-end" / key / "mlflow.json").read_text())
+        run = MlflowClient(mlflow_uri).get_run(info["run_id"])
+        assert run.data.tags["hopperlab.run_uid"] == record(project, "r-end", key)["run_uid"]
+
+    out = snakemake(["--cores", "1", "--config", "families=selftest", f"only={TRIVIAL}",
+                     "site=end-down", "results_dir=r-down"], project)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0 and "Traceback" not in text, text[-3000:]
+    assert len([ln for ln in text.splitlines() if "hopperlab sync" in ln]) == 1, text[-3000:]
+    assert record(project, "r-down", TRIVIAL)["status"] == "ok"
+    assert not (project / "r-down" / TRIVIAL / "mlflow.json").exists()
 
 
 def _one_line_error(out, *needles: str) -> None:

@@ -24,4 +24,4 @@ rule run:
         experiment="[a-z0-9][a-z0-9._-]*",
         variant="[a-z0-9][a-z0-9._-]*",
     shell:
-        "{HOPPERLAB} submit {params.key} --config {CONFIG_ARGS}"
+        "{HOPPERLAB} submit {params.key} {UPLOAD_ARGS} --config {CONFIG_ARGS}"

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from hopperlab.assets.registry import asset_fingerprint, asset_inputs
 from hopperlab.config.spec import Matrix, spec_data_fingerprint, unknown_target_message
 from hopperlab.core import locks
-from hopperlab.core.errors import SpecError, shown
+from hopperlab.core.errors import HopperlabError, SpecError, shown
 from hopperlab.core.rundir import METRICS_FILE, RECORD_FILE
 from hopperlab.core.schema import (
     check_expansion,
@@ -20,6 +20,7 @@ from hopperlab.core.schema import (
     value_children,
 )
 from hopperlab.node.containers import resolve_site_runtime
+from hopperlab.results import tracking
 from hopperlab.results.report import build_report
 from hopperlab.run.submit import FORCED_ENV
 
@@ -203,11 +204,27 @@ def hold_results(matrix: Matrix) -> None:
 
 
 def finish_workflow(matrix: Matrix) -> None:
-    """onsuccess/onerror: refresh the report if a run is newer, then give the folder back."""
+    """onsuccess/onerror: upload the runs (a site with ``tracking.upload: at-end``), refresh the
+    report if a run is newer, then give the folder back."""
     try:
         refresh_report_if_stale(matrix)
+        if matrix.site.tracking_upload == "at-end":
+            upload_at_end(matrix)
     finally:
         locks.release(locks.results_lock_path(matrix.results_dir))
+
+
+def upload_at_end(matrix: Matrix) -> None:
+    """One ``sync`` of the results folder: what the jobs did not upload. MLflow down or
+    refusing only delays it (one line, the runs stay on disk; the next workflow or `hopperlab
+    sync` uploads them), as a per-run upload would."""
+    uri = tracking.redact_uri(matrix.site.tracking_uri)
+    try:
+        report = tracking.sync(matrix.results_dir, matrix.site.tracking_uri, progress=False)
+    except HopperlabError as exc:
+        print(f"[hopperlab] upload to {uri} left for later (`hopperlab sync`): {exc}")
+        return
+    print(f"[hopperlab] sync to {uri}: {report}")
 
 
 def check_container_runtime(matrix: Matrix) -> None:

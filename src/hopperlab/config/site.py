@@ -54,7 +54,8 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
             binds=tuple(data.get("container_binds", ())),
             image_file=str(image_path(image, root / "containers", data.get("gpu_arch")))
             if image else None),
-        tracking_uri=uri, nsys_path=data.get("nsys_path"),
+        tracking_uri=uri, tracking_upload=(data.get("tracking") or {}).get("upload", "each"),
+        nsys_path=data.get("nsys_path"),
         allow_oversubscription=bool(data.get("allow_oversubscription", False)),
         max_time_min=data.get("max_time_min"),
         max_nodes=data.get("max_nodes"), max_gpus_per_node=data.get("max_gpus_per_node"),
