@@ -626,3 +626,14 @@ def test_redact_uri():
 def test_flatten():
     assert tracking.flatten({"a": {"b": 1, "c": [1, 2], "d": {"e": None}}, "f": "x", "g": True}) \
         == {"a.b": "1", "a.c": "[1, 2]", "a.d.e": "null", "f": "x", "g": "true"}
+
+
+def test_the_ranks_of_a_distributed_run_are_not_runs_of_their_own(tmp_path):
+    """ranks/<r>/record.json are rank 0's inputs to the run's record: sync must not count them."""
+    from hopperlab.results.tracking.sync import find_run_dirs
+
+    run = tmp_path / "finetune" / "exp" / "two-ranks"
+    for rel in ("", "ranks/0", "ranks/1"):
+        (run / rel).mkdir(parents=True, exist_ok=True)
+        (run / rel / "record.json").write_text("{}")
+    assert find_run_dirs(tmp_path) == [run]

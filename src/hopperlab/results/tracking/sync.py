@@ -61,7 +61,9 @@ class SyncReport:
         return text + (" (MLflow became unreachable)" if self.unavailable else "")
 
 
-_SKIP_PARTS = {"artifacts", "logs"}
+#: folders under a run directory that hold no run of their own: its artifacts, its logs, and the
+#: per-rank records of a distributed run (merged into the run's own by rank 0)
+_SKIP_PARTS = {"artifacts", "logs", "ranks"}
 
 
 def find_run_dirs(results_dir: Path) -> list[Path]:
