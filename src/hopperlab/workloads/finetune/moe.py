@@ -244,9 +244,14 @@ class MoeForCausalLM(nn.Module):
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Next-token cross entropy in float32 (label -100 ignored, as transformers does). The
     labels are shifted, not the logits: slicing the logits would copy [T, vocab] once more."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), next_token_targets(labels),
+                           ignore_index=-100)
+
+
+def next_token_targets(labels: torch.Tensor) -> torch.Tensor:
+    """Each position's target, flat: the next label, -100 (ignored) after the last."""
     ignore = labels.new_full((labels.shape[0], 1), -100)
-    targets = torch.cat((labels[:, 1:], ignore), dim=1).reshape(-1)
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets, ignore_index=-100)
+    return torch.cat((labels[:, 1:], ignore), dim=1).reshape(-1)
 
 
 def chunked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor,
@@ -254,8 +259,7 @@ def chunked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor,
     """``lm_loss`` of the head over ``hidden`` [batch, seq, hidden], chunk by chunk of tokens,
     each chunk under non-reentrant checkpointing (recomputed in backward): the same mean over
     the tokens that have a label, to float rounding."""
-    ignore = labels.new_full((labels.shape[0], 1), -100)
-    targets = torch.cat((labels[:, 1:], ignore), dim=1).reshape(-1)
+    targets = next_token_targets(labels)
     flat = hidden.reshape(-1, hidden.shape[-1])
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, flat.shape[0], chunk_tokens):

@@ -142,11 +142,10 @@ def make_optimizer(model: nn.Module, mode: str, lr: float, weight_decay: float) 
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
 
 
-def train_step(model: nn.Module, opt: Any, step: int, accum: int, rank: int, world: int,
-               seq_len: int, micro_batch: int, vocab: int, seed: int, device: Any
-               ) -> tuple[float, float]:
-    """One optimizer step over ``accum`` micro batches of ``micro_batch`` rows on each rank;
-    returns (the global batch's mean loss, seconds in opt.step())."""
+def accumulate(model: nn.Module, step: int, accum: int, rank: int, world: int, seq_len: int,
+               micro_batch: int, vocab: int, seed: int, device: Any) -> torch.Tensor:
+    """Forward and backward of this rank's ``accum`` micro batches of ``step`` (gradients
+    accumulated); returns their mean loss (a device tensor: no sync)."""
     total = torch.zeros((), device=device)
     for m in range(accum):
         rows = [batch(step, m * micro_batch + i, rank, world, seq_len, vocab, seed, device)
@@ -154,6 +153,15 @@ def train_step(model: nn.Module, opt: Any, step: int, accum: int, rank: int, wor
         loss = loss_of(model, torch.cat(rows)) / accum
         loss.backward()
         total += loss.detach()
+    return total
+
+
+def train_step(model: nn.Module, opt: Any, step: int, accum: int, rank: int, world: int,
+               seq_len: int, micro_batch: int, vocab: int, seed: int, device: Any
+               ) -> tuple[float, float]:
+    """One optimizer step over ``accum`` micro batches of ``micro_batch`` rows on each rank;
+    returns (the global batch's mean loss, seconds in opt.step())."""
+    total = accumulate(model, step, accum, rank, world, seq_len, micro_batch, vocab, seed, device)
     _sync(device)  # the optimizer step is timed alone, not with backward's tail on the GPU
     t0 = time.perf_counter()
     opt.step()
@@ -177,10 +185,8 @@ def measure_compute(model: nn.Module, plan: "Plan", device: Any, accum: int) -> 
     for timed in (False, True):
         _sync(device)
         t0 = time.perf_counter()
-        for m in range(accum):
-            rows = [batch(0, m * plan.micro_batch + i, 0, 1, plan.seq_len, plan.shape.vocab,
-                          plan.seed, device) for i in range(plan.micro_batch)]
-            (loss_of(model, torch.cat(rows)) / accum).backward()
+        accumulate(model, 0, accum, 0, 1, plan.seq_len, plan.micro_batch, plan.shape.vocab,
+                   plan.seed, device)
         _sync(device)
         seconds = time.perf_counter() - t0 if timed else 0.0
         model.zero_grad(set_to_none=True)
