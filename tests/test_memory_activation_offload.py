@@ -366,6 +366,30 @@ def test_kept_tensors_start_the_prefetch_of_the_next_groups(lora_model, baseline
     assert first_offloaded_unpack and first_offloaded_unpack[0]   # already on its way back
 
 
+def test_the_head_reloads_nothing_when_the_last_layer_is_kept(lora_model, baseline):
+    """With the last layer kept, the next group backward needs after the head is that kept
+    layer: no offloaded group comes back during the loss's backward (the step's memory peak);
+    the layer before the kept one starts coming back at the kept layer's first unpack."""
+    model = twin(lora_model)
+    off = _offload(model, keep_last_layers=1, prefetch_groups=1)
+    seen: list[tuple[int | None, set[int]]] = []
+    original = off._unpack
+
+    def recording_unpack(packed):
+        out = original(packed)
+        seen.append((getattr(packed, "group", None), _live_groups(off)))
+        return out
+
+    off._unpack = recording_unpack
+    assert_exact(baseline, step(model, batch(), lambda: off))
+    head, last_kept = off._head_group, off._head_group - 1
+    assert sorted(off._groups) == [1, 3, 5]                  # layer 4 and the head kept
+    at_head = [live for group, live in seen if group is not None and group >= head]
+    assert at_head and all(not live for live in at_head)    # nothing reloaded under the head
+    first_kept = next(live for group, live in seen if group == last_kept)
+    assert 5 in first_kept                                   # the layer before: on its way
+
+
 def test_keep_head_keeps_only_what_follows_the_last_layer(lora_model, baseline):
     model = twin(lora_model)
     off = _offload(model, keep_head=True)

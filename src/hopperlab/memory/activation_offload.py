@@ -181,8 +181,9 @@ class ActivationOffload(OffloadBudget):
         self._active = False
         self._group = 0
         self._groups: dict[int, list[Any]] = {}
+        self._kept_groups: set[int] = set()       # groups with tensors kept on the device
         self._pending_groups: list[int] = []      # descending: the order backward needs them
-        self._order: list[int] = []
+        self._order: list[int] = []               # every group with a saved tensor, descending
         self._inflight: collections.deque[tuple[int, Any, torch.Tensor]] = collections.deque()
         self._seq = 0                             # device->host copies issued
         self._stats = OffloadStats()
@@ -264,6 +265,7 @@ class ActivationOffload(OffloadBudget):
             self.delegate.reset_stats()
         self._group = 0
         self._groups = {}
+        self._kept_groups = set()
         self._pending_groups = []
         self._by_key = {}
         self._compute = torch.cuda.current_stream(self.device) if self.cuda else None
@@ -277,7 +279,10 @@ class ActivationOffload(OffloadBudget):
         self._saved_hooks.__exit__(*exc)
         self._saved_hooks = None
         self._pending_groups = sorted(self._groups, reverse=True)
-        self._order = list(self._pending_groups)
+        # the prefetch window counts kept groups too: under the head, the next group backward
+        # needs is the kept last layer, and the reload of the layer before it starts when that
+        # layer's backward does (not during the loss's, the step's memory peak)
+        self._order = sorted(set(self._groups) | self._kept_groups, reverse=True)
         self._budget_forward_ends()
 
     def stats(self) -> OffloadStats:
@@ -345,6 +350,7 @@ class ActivationOffload(OffloadBudget):
         """A tensor left on the device; saved again by another consumer, it is counted once
         (one allocation, as on the device)."""
         kept = _Kept(t.detach(), self._group)
+        self._kept_groups.add(self._group)
         self._by_key[key] = (weakref.ref(kept), weakref.ref(t))
         return kept
 

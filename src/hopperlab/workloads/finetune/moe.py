@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hopperlab.cuda.host_readback import HostReadback
 from hopperlab.memory.recompute_elementwise import RecomputeInBackward
 from hopperlab.workloads.finetune.moe_config import MoeConfig
 
@@ -125,6 +126,7 @@ class MoeFFN(nn.Module):
         self.router = nn.Linear(c.hidden_size, c.num_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(c.hidden_size, c.intermediate_size)
                                      for _ in range(c.num_experts))
+        self.readback = HostReadback(c.num_experts)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(router probabilities [T, E] float32, top-k weights [T, k], top-k expert ids [T, k])."""
@@ -138,8 +140,9 @@ class MoeFFN(nn.Module):
         slot_expert = experts.reshape(-1)                       # [T * k]
         order = torch.argsort(slot_expert, stable=True)         # slots grouped by expert
         token = order // self.top_k                             # the token of each sorted slot
-        # one host sync per layer: the segment lengths (Megatron's grouped GEMM needs them too)
-        sizes = torch.bincount(slot_expert, minlength=self.num_experts).tolist()
+        # one host sync per layer: the segment lengths (Megatron's grouped GEMM needs them too),
+        # read past the copy engine, which activation offload keeps busy (cuda/host_readback.py)
+        sizes = self.readback.read(torch.bincount(slot_expert, minlength=self.num_experts))
         segments = x[token].split(sizes)
         out = torch.cat([expert(seg) for expert, seg in zip(self.experts, segments)])
         out = out * weights.reshape(-1)[order].unsqueeze(-1).to(out.dtype)
