@@ -4,8 +4,9 @@
 
 Queues ``--copies`` copies of ``--mib`` MiB from device memory to pinned host memory on a side
 stream (as activation offload does), then, at once, reads a 2-element tensor of the compute
-stream on the host: with ``tolist()`` (a 16-byte device->host cudaMemcpyAsync) and with
-``HostReadback`` (a kernel stores into mapped pinned memory). Prints how long the host waited for
+stream on the host: with ``tolist()`` (a 16-byte device->host cudaMemcpyAsync), with
+``HostReadback`` (a kernel stores into mapped pinned memory), and through ``torch.bincount``
+(which reads its input's largest value back to size its output). Prints how long the host waited for
 each, against the same read on an idle link and against the time the queued copies take. If
 ``tolist()`` waits about as long as the copies, the small copy queues behind them, and an MoE
 layer's routing read stalls the forward of a step that offloads (docs/benchmarks/moe.md).
@@ -44,7 +45,9 @@ def main() -> None:
         with torch.cuda.stream(side):
             for _ in range(args.copies):
                 dst.copy_(src, non_blocking=True)
-        return side.record_event()
+        done = torch.cuda.Event(enable_timing=True)
+        done.record(side)
+        return done
 
     def timed(read, busy: bool) -> tuple[float, float]:
         torch.cuda.synchronize()
@@ -61,7 +64,8 @@ def main() -> None:
             copies_s = start.elapsed_time(done) / 1e3
         return waited, copies_s
 
-    reads = {"tolist": small.tolist, "HostReadback": lambda: readback.read(small)}
+    reads = {"tolist": small.tolist, "HostReadback": lambda: readback.read(small),
+             "bincount": lambda: (torch.bincount(small), [3, 5])[1]}
     for name, read in reads.items():
         timed(read, busy=True)  # warm-up (allocations, first launch)
         idle = statistics.median(timed(read, busy=False)[0] for _ in range(args.repeats))

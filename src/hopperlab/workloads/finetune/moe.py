@@ -140,19 +140,29 @@ class MoeFFN(nn.Module):
         slot_expert = experts.reshape(-1)                       # [T * k]
         order = torch.argsort(slot_expert, stable=True)         # slots grouped by expert
         token = order // self.top_k                             # the token of each sorted slot
+        counts = expert_counts(slot_expert, self.num_experts)
         # one host sync per layer: the segment lengths (Megatron's grouped GEMM needs them too),
         # read past the copy engine, which activation offload keeps busy (cuda/host_readback.py)
-        sizes = self.readback.read(torch.bincount(slot_expert, minlength=self.num_experts))
+        sizes = self.readback.read(counts)
         segments = x[token].split(sizes)
         out = torch.cat([expert(seg) for expert, seg in zip(self.experts, segments)])
         out = out * weights.reshape(-1)[order].unsqueeze(-1).to(out.dtype)
         y = torch.zeros_like(x).index_add_(0, token, out.to(x.dtype))
-        return y, self.balance_loss(probs, slot_expert)
+        return y, self.balance_loss(probs, counts)
 
-    def balance_loss(self, probs: torch.Tensor, slot_expert: torch.Tensor) -> torch.Tensor:
-        """Switch/GShard: ``E * sum_e f_e * P_e``; 1 when the load is even (its minimum)."""
-        f = torch.bincount(slot_expert, minlength=self.num_experts).float() / slot_expert.numel()
+    def balance_loss(self, probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Switch/GShard: ``E * sum_e f_e * P_e``; 1 when the load is even (its minimum).
+        ``counts``: token-slots per expert (``expert_counts``)."""
+        f = counts.float() / counts.sum()
         return self.num_experts * (f * probs.mean(dim=0)).sum()
+
+
+def expert_counts(slot_expert: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Token-slots per expert, with no host synchronisation: ``torch.bincount`` on CUDA reads the
+    largest id back to size its output (a device->host copy that, under activation offload,
+    queues behind gigabytes of copies and stalls forward: docs/benchmarks/moe.md)."""
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=slot_expert.device)
+    return counts.scatter_add_(0, slot_expert, torch.ones_like(slot_expert))
 
 
 class MoeBlock(nn.Module):
