@@ -4,14 +4,14 @@
 # 1. benchmarks/sync_behind_copies.py: does a tiny device->host read wait behind big copies?
 # 2. the workflow (PROFILER=none) over RUNS ("-": none) (default: no-offload, offload-64mib, offload-64mib-6l
 #    of finetune/moe-sft), its table in OUT/table.txt and its runs in OUT/runs.tgz;
-# 3. the workflow with nsys over NSYS_RUN (default offload-64mib), then the anatomy of a measured
+# 3. the workflow with nsys over NSYS_RUN (default offload-64mib; "": none), then the anatomy of a measured
 #    forward and backward (benchmarks/phase_anatomy.py on the full SQLite export) in
 #    OUT/anatomy.txt. Each part has its own time limit (PROBE_S, RUNS_S, NSYS_S).
 set -uo pipefail
 OUT=${1:?OUT}
 E=finetune/moe-sft
 RUNS=${2:-$E/no-offload,$E/offload-64mib,$E/offload-64mib-6l}
-NSYS_RUN=${3:-$E/offload-64mib}
+NSYS_RUN=${3-$E/offload-64mib}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 echo "== probe" | tee "$OUT/probe.txt"
