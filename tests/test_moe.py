@@ -71,6 +71,16 @@ def test_sorted_dispatch_equals_a_token_by_token_mixture():
     assert aux.item() >= 1.0 - 1e-6          # E * sum f_e P_e is at least 1 (even load: 1)
 
 
+def test_expert_counts_equal_bincount():
+    """The sync-free count (scatter_add_) is bincount's, empty experts included."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 5, (257,))
+    ids[ids == 3] = 4                        # expert 3 gets no token
+    counts = moe.expert_counts(ids, 6)
+    assert counts.tolist() == torch.bincount(ids, minlength=6).tolist()
+    assert counts[3] == 0 and counts[5] == 0 and counts.dtype == torch.int64
+
+
 def test_active_parameters_count_top_k_experts():
     model = tiny_model()
     expert = sum(p.numel() for p in model.layers[0].mlp.experts[0].parameters())
