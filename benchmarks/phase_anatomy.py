@@ -19,16 +19,7 @@ import sqlite3
 from collections import defaultdict
 
 from hopperlab.profiling.nsys_sqlite import copy_direction
-
-
-def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
+from hopperlab.profiling.timeline import union
 
 
 def _clip(intervals: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
@@ -69,7 +60,7 @@ def main() -> None:
     lo, hi = ranges[args.nth]
     print(f"{args.range} #{args.nth % len(ranges)} of {len(ranges)}: {(hi - lo) / 1e6:.1f} ms "
           "(host-side NVTX span)")
-    kernels = _union(_clip([(s, e) for s, e in db.execute(
+    kernels = union(_clip([(s, e) for s, e in db.execute(
         'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL')], lo, hi + 2_000_000_000))
     copies: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
     kinds = dict(db.execute("SELECT id, label FROM ENUM_CUDA_MEMCPY_OPER")) if db.execute(
@@ -92,8 +83,8 @@ def main() -> None:
     print(f"GPU side (first to last kernel launched in it): {(ghi - glo) / 1e6:.1f} ms, "
           f"starts {(glo - lo) / 1e6:+.1f} ms from the range")
     k = _clip(kernels, glo, ghi)
-    d2h = _union(_clip([(s, e) for s, e, _ in copies["memcpy_d2h"]], glo, ghi))
-    h2d = _union(_clip([(s, e) for s, e, _ in copies["memcpy_h2d"]], glo, ghi))
+    d2h = union(_clip([(s, e) for s, e, _ in copies["memcpy_d2h"]], glo, ghi))
+    h2d = union(_clip([(s, e) for s, e, _ in copies["memcpy_h2d"]], glo, ghi))
     d2h_bytes = sum(b for s, e, b in copies["memcpy_d2h"] if glo <= s < ghi)
     h2d_bytes = sum(b for s, e, b in copies["memcpy_h2d"] if glo <= s < ghi)
     span = ghi - glo

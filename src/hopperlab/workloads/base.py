@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 P = TypeVar("P")
 
@@ -99,6 +99,16 @@ class FamilyChart:
     title: str
     caption: str
     figure: Any
+
+
+def frame_variants(fig: Any, ax: Any, variants: Sequence[str], right: float = 0.98) -> None:
+    """The frame the families' per-variant charts share: one slot per variant along x (names
+    rotated, anchored at their end), no top or right spine, and fixed margins with room for the
+    rotated names (``right`` below 1 leaves room for a legend outside the axes)."""
+    ax.set_xticks(range(len(variants)), list(variants), rotation=30, ha="right", fontsize=8,
+                  rotation_mode="anchor")
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.subplots_adjust(bottom=0.35, left=0.12, right=right)
 
 
 def _load(ref: str) -> Callable[..., Any]:

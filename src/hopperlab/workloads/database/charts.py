@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from hopperlab.workloads.base import FamilyChart
+from hopperlab.workloads.base import FamilyChart, frame_variants
 from hopperlab.workloads.database import QUERIES
 
 
@@ -45,12 +45,9 @@ def query_chart(runs: Sequence[Any], query: str) -> FamilyChart | None:
                    label="DuckDB (all cores)")
     ax.set_yscale("log")
     ax.set_ylabel("ms (median)", fontsize=8)
-    ax.set_xticks(range(len(runs)), [r.variant for r in runs], rotation=30, ha="right",
-                  fontsize=8, rotation_mode="anchor")
     ax.set_title(f"TPC-H {query.upper()}", fontsize=9)
     ax.legend(fontsize=7, frameon=False)
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.subplots_adjust(bottom=0.35, left=0.12, right=0.98)
+    frame_variants(fig, ax, [r.variant for r in runs])
     return FamilyChart(
         title=f"{query} time per placement",
         caption=f"{query.upper()}: time per variant (log scale; red: answer differs from "

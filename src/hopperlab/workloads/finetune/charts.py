@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hopperlab.memory.saved_tensor_census import SIZE_CLASSES
-from hopperlab.workloads.base import FamilyChart
+from hopperlab.workloads.base import FamilyChart, frame_variants
 
 BASELINE_COLOUR = "#2e7d32"
 VARIANT_COLOUR = "#3f6fb5"
@@ -95,11 +95,8 @@ def step_and_link(runs: Sequence[Any]) -> FamilyChart | None:
         ax.axhline(base[0].metrics["step_time_p50_s"], color=BASELINE_COLOUR, linestyle="--",
                    linewidth=1, label=f"baseline step ({base[0].variant})")
     ax.set_ylabel("s a step (median)", fontsize=8)
-    ax.set_xticks(range(len(rows)), [r.variant for r in rows], rotation=30, ha="right",
-                  fontsize=8, rotation_mode="anchor")
     ax.legend(fontsize=7, frameon=False)
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.subplots_adjust(bottom=0.35, left=0.12, right=0.98)
+    frame_variants(fig, ax, [r.variant for r in rows])
     return FamilyChart(
         title="step time and the host link",
         caption="median step of each variant that moves counted bytes over the host link; "
@@ -126,13 +123,10 @@ def census_by_class(runs: Sequence[Any]) -> FamilyChart | None:
         ax.annotate(f"{int(r.metrics['census_tensors_total'])} tensors", (i, bottoms[i]),
                     xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
     ax.set_ylabel("GB saved for backward (one forward)", fontsize=8)
-    ax.set_xticks(range(len(rows)), [r.variant for r in rows], rotation=30, ha="right",
-                  fontsize=8, rotation_mode="anchor")
     ax.set_ylim(0, 1.15 * max(bottoms))
     ax.legend(fontsize=7, frameon=False, title="size class", title_fontsize=7,
               loc="center left", bbox_to_anchor=(1.0, 0.5))
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.subplots_adjust(bottom=0.35, left=0.12, right=0.75)
+    frame_variants(fig, ax, [r.variant for r in rows], right=0.75)
     return FamilyChart(
         title="saved-tensor census",
         caption="GB one forward keeps for backward, stacked by the size class of each saved "
