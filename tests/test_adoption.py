@@ -52,10 +52,53 @@ def test_a_failed_run_is_never_adopted_and_leaves_no_snakemake_output(project, s
     assert adoptable_record(matrix, matrix.get("selftest/faults/ok"), run_dir) is None
 
 
-def test_an_attempt_that_never_ended_is_not_adopted(project):
+def test_an_ok_record_whose_submitter_never_ended_it_is_adopted(project):
+    """Issue 28 item 3: Ctrl-C to the process group can stop `hopperlab submit` after its job
+    wrote its `ok` record and before the history's `end` line: that run is finished."""
     matrix = load_matrix(project, CONFIG)
     run_dir = _finished(matrix, "selftest/faults/ok", ended=False)
-    assert adoptable_record(matrix, matrix.get("selftest/faults/ok"), run_dir) is None
+    rec = adoptable_record(matrix, matrix.get("selftest/faults/ok"), run_dir)
+    assert rec is not None and rec["status"] == "ok"
+
+
+def test_an_attempt_without_record_or_end_is_passed_over_for_the_finished_one(project):
+    """Issue 28 items 1 and 2: a killed `hopperlab run` (or a submission that never reached
+    the scheduler) leaves attempt 2 with a spec and no outcome; attempt 1 finished ok."""
+    matrix = load_matrix(project, CONFIG)
+    spec = matrix.get("selftest/faults/ok")
+    run_dir = _finished(matrix, spec.key)
+    (run_dir / "attempts/1").mkdir(parents=True)
+    for name in ("spec.json", "record.json", "metrics.json"):
+        (run_dir / name).rename(run_dir / "attempts/1" / name)
+    record.write_json_atomic(run_dir / record.SPEC_FILE, {**spec.to_dict(), "attempt": 2})
+    (run_dir / "steps.jsonl").write_text('{"step": 0')  # torn by the kill
+    with open(run_dir / record.HISTORY_FILE, "a") as fh:
+        fh.write(json.dumps({"attempt": 2, "event": "start"}) + "\n")
+    rec = adoptable_record(matrix, spec, run_dir)
+    assert rec is not None and rec["attempt"] == 1
+
+
+def test_a_later_failed_attempt_is_retried_not_covered_by_an_older_success(project):
+    matrix = load_matrix(project, CONFIG)
+    spec = matrix.get("selftest/faults/ok")
+    run_dir = _finished(matrix, spec.key)
+    (run_dir / "attempts/1").mkdir(parents=True)
+    for name in ("spec.json", "record.json", "metrics.json"):
+        (run_dir / name).rename(run_dir / "attempts/1" / name)
+    record.write_json_atomic(run_dir / record.SPEC_FILE, {**spec.to_dict(), "attempt": 2})
+    record.write_record(run_dir, {"key": spec.key, "attempt": 2, "status": "failed"})
+    assert adoptable_record(matrix, spec, run_dir) is None
+
+
+@pytest.mark.parametrize("bad", ["[1, 2]", "null", "\"text\"", "{torn"])
+def test_a_wrong_typed_spec_or_record_never_crashes_adoption(project, bad):
+    """Issue 28 item 10: such a file made every `hopperlab submit` crash until removed."""
+    matrix = load_matrix(project, CONFIG)
+    spec = matrix.get("selftest/faults/ok")
+    for name in (record.SPEC_FILE, record.RECORD_FILE):
+        run_dir = _finished(matrix, spec.key)
+        (run_dir / name).write_text(bad)
+        assert adoptable_record(matrix, spec, run_dir) is None
 
 
 def test_a_changed_spec_is_not_adopted(project):

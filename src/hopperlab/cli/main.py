@@ -26,6 +26,7 @@ from hopperlab.config.spec import Matrix
 from hopperlab.core.errors import HopperlabError, SpecError
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
+from hopperlab.run.scheduler import Interrupted
 from hopperlab.run.submit import forced_by_workflow, submit
 from hopperlab.workloads.base import KNOB_DEFAULTS
 
@@ -82,8 +83,12 @@ def _uploader(args: argparse.Namespace):
 
 def cmd_submit(args: argparse.Namespace) -> int:
     # a finished run of the same spec is adopted unless the workflow was told to redo it
-    return submit(_matrix(args), args.key, upload=_uploader(args),
-                  adopt=not forced_by_workflow(args.key))
+    try:
+        return submit(_matrix(args), args.key, upload=_uploader(args),
+                      adopt=not forced_by_workflow(args.key))
+    except Interrupted as exc:  # the job was cancelled and the attempt settled
+        print(f"hopperlab: {args.key}: stopped by {exc}", file=sys.stderr)
+        return 128 + exc.signum
 
 
 def cmd_run(args: argparse.Namespace) -> int:

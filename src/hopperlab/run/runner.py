@@ -59,6 +59,18 @@ def _size_threads(spec: RunSpec, rec: Recorder) -> None:
     rec.hardware["threads"] = plan.as_record()
 
 
+def _still_current(spec_path: Path, uid: str | None) -> bool:
+    """Whether ``spec_path`` still names this job's attempt (its ``run_uid``): a job that
+    outlived its submitter must never write its record over a later attempt's."""
+    if uid is None:
+        return True
+    try:
+        data = read_json(spec_path)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get(record.RUN_UID) == uid
+
+
 def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     """Run the spec at ``spec_path`` (a run directory's spec.json); return the record.
 
@@ -71,7 +83,9 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     identity = {k: spec_data[k] for k in ("key", "family", "experiment", "variant")}
     if record.RUN_UID in spec_data:  # the attempt's identity in MLflow, made by submit
         identity[record.RUN_UID] = spec_data[record.RUN_UID]
-    rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)))
+    uid = spec_data.get(record.RUN_UID)
+    rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)),
+                   may_write=lambda: _still_current(Path(spec_path), uid))
     rec.slurm = slurm_identity()
     try:
         rec.hardware = hardware.fingerprint()
@@ -86,7 +100,8 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001 - every way out must leave a record
         if _is_oom(exc):
             return rec.finish("oom", f"{type(exc).__name__}: {exc}"[:2000])
-        write_text_atomic(run_dir / record.TRACEBACK_FILE, traceback.format_exc())
+        if rec.may_write():
+            write_text_atomic(run_dir / record.TRACEBACK_FILE, traceback.format_exc())
         rec.finish("failed", f"{type(exc).__name__}: {exc}"[:2000])
         raise
     return rec.finish("ok")
