@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ import pytest
 
 from hopperlab.cli.workflow import forced_run_keys
 from hopperlab.config.matrix import load_matrix
+from hopperlab.config.spec import spec_data_fingerprint
 from hopperlab.core import rundir as record
 from hopperlab.run.submit import FORCED_ENV, adoptable_record, forced_by_workflow
 from tests.helpers import copy_project, edit_yaml
@@ -152,3 +154,48 @@ def test_forced_runs_follow_forcerun_force_and_forceall(project, monkeypatch):
     assert forced_by_workflow("selftest/assets/table")
     monkeypatch.delenv(FORCED_ENV)
     assert not forced_by_workflow("selftest/faults/ok")
+
+
+def _fingerprints(project, config=CONFIG):
+    matrix = load_matrix(project, config)
+    return {key: spec_data_fingerprint(spec.to_dict()) for key, spec in matrix.runs.items()}
+
+
+def test_what_does_not_change_a_result_does_not_change_the_fingerprint(tmp_path):
+    """Issue 28 item 5: the polling interval, the price, the tracking URI or a moved checkout
+    planned every finished run again (and a second MLflow run of each)."""
+    first = copy_project(tmp_path / "first")
+    before = _fingerprints(first)
+    moved = copy_project(tmp_path / "elsewhere" / "moved")
+    assert _fingerprints(moved) == before
+
+    def site(d):
+        d.update(poll_interval_s=7, cost={"per_node_hour": 9.5, "currency": "EUR"},
+                 tracking={"uri": "http://user:pw@mlflow.example.org:5000", "upload": "each"},
+                 description="another words")
+    edit_yaml(moved / "configs/sites/local.yaml", site)
+    assert _fingerprints(moved) == before
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d.update(env={"OMP_NUM_THREADS": "1"}),
+    lambda d: d.update(executor="slurm", slurm={"partition": "other"}),
+])
+def test_what_changes_a_result_changes_the_fingerprint(tmp_path, change):
+    project = copy_project(tmp_path / "project")
+    before = _fingerprints(project)
+    edit_yaml(project / "configs/sites/local.yaml", change)
+    after = _fingerprints(project)
+    assert all(after[k] != before[k] for k in before)
+
+
+def test_a_finished_run_is_adopted_in_a_moved_checkout(tmp_path):
+    first = copy_project(tmp_path / "first")
+    matrix = load_matrix(first, CONFIG)
+    run_dir = _finished(matrix, "selftest/faults/ok")
+    moved = copy_project(tmp_path / "elsewhere" / "moved")
+    shutil.copytree(first / "results", moved / "results")
+    moved_matrix = load_matrix(moved, CONFIG)
+    spec = moved_matrix.get("selftest/faults/ok")
+    assert run_dir != moved / spec.run_dir
+    assert adoptable_record(moved_matrix, spec, moved / spec.run_dir) is not None
