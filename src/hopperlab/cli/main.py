@@ -149,7 +149,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     matrix = _matrix(args)
-    csv_path, html_path = build_report(matrix.results_dir)
+    csv_path, html_path = build_report(matrix.results_dir, price_now=True,
+                                       cost=matrix.site.cost)
     print(f"[hopperlab] wrote {csv_path} and {html_path}")
     return 0
 
