@@ -26,7 +26,7 @@ from hopperlab.profiling import profiler_prefix
 from hopperlab.profiling.command import site_settings
 from hopperlab.profiling.finish import finish_profile
 from hopperlab.core.errors import NodeError
-from hopperlab.run import distributed, ranks, scheduler
+from hopperlab.run import distributed, jobenv, ranks, scheduler
 
 #: Slurm states that mean "ran out of its time limit" (submitit reports them as uncompleted).
 TIMEOUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
@@ -243,7 +243,8 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
 
     executor = make_executor(spec, run_dir, log)
     try:
-        job = executor.submit(func, *args)
+        with jobenv.job_environment(spec.site.env):  # the site's env: in, secrets: out
+            job = executor.submit(func, *args)
     except Exception as exc:  # noqa: BLE001 - sbatch refused: nothing runs, nothing to settle
         raise NotSubmitted(_submit_error(spec, exc)) from exc
     job_id = str(job.job_id)

@@ -53,7 +53,11 @@ def slurm_identity() -> dict[str, Any] | None:
 def _size_threads(spec: RunSpec, rec: Recorder) -> None:
     """Size the thread pools from the CPUs this job was given (node.threads), before the
     workload imports anything that starts a pool; the plan goes into the hardware record."""
-    plan = threads.job_threads(getattr(spec.resources, "threads", None) or {})
+    overrides = dict(getattr(spec.resources, "threads", None) or {})
+    omp = str(spec.site.env.get("OMP_NUM_THREADS", ""))
+    if omp.isdigit() and int(omp) > 0:  # the site's env sizes the intra-op pool
+        overrides.setdefault("intra_op", int(omp))
+    plan = threads.job_threads(overrides)
     threads.apply(plan)
     rec.hardware["cpus_given"] = plan.cpus
     rec.hardware["threads"] = plan.as_record()
@@ -91,6 +95,7 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
         rec.hardware = hardware.fingerprint()
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
         spec = RunSpec.from_dict(spec_data)
+        os.environ.update(spec.site.env)  # as submitted; again for an in-process (debug) run
         _size_threads(spec, rec)
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
         workload = family_info(spec.family).load_entry()

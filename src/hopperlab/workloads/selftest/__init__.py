@@ -26,6 +26,9 @@ class SelftestParams:
     #: ``fail_step`` (-1: none), for the distributed fault path
     fail_rank: int = -1
     fail_step: int = 1
+    #: comma-separated environment variables the run records as tags ``selftest.env.<NAME>``
+    #: (unset: ``<unset>``): what a job's environment really held
+    env_names: str = ""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
