@@ -8,6 +8,7 @@ type or an archive named by hand must never stop the next submission (item 10 of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -139,6 +140,8 @@ def restore(run_dir: Path, folder: Path) -> None:
     for path in list(Path(folder).iterdir()):
         shutil.move(str(path), Path(run_dir) / path.name)
     Path(folder).rmdir()
+    with contextlib.suppress(OSError):  # the archive folder goes with its last attempt
+        (Path(run_dir) / ATTEMPTS_DIR).rmdir()
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,9 @@ TAG_UPLOADED = "hopperlab.uploaded"
 
 
 TAG_PARENT = "mlflow.parentRunId"
+#: set when an upload starts: ``host pid epoch-seconds`` of the uploader; a run without
+#: ``TAG_UPLOADED`` is another uploader's work in progress while this is fresh
+TAG_UPLOADING = "hopperlab.uploading"
 
 
 def run_key(family: str, experiment: str, variant: str, attempt: int) -> str:
