@@ -233,15 +233,17 @@ def test_sigint_or_sigterm_to_the_submitter_cancels_its_slurm_job(tmp_path, slur
     _site(project, "slurm-test", slurm_cluster.partition)
     _slow_variant(project, 40)
     run_dir = project / "results/selftest/faults/slow40"
+    seen: set[str] = set()
     for attempt, sig in ((1, signal.SIGINT), (2, signal.SIGTERM)):
         proc = _submit_slow(project, slurm_cluster)
         try:
             deadline = time.monotonic() + 120
-            while len({p.name for p in (run_dir / "submitit").glob("*_submitted.pkl")}) < attempt:
+            while not (ids := {p.name.split("_")[0] for p in (run_dir / "submitit").glob(
+                    "*_submitted.pkl")} - seen):
                 assert time.monotonic() < deadline, "no job submitted"
                 time.sleep(0.5)
-            job_id = max(p.name.split("_")[0] for p in (run_dir / "submitit").glob(
-                "*_submitted.pkl"))
+            job_id = ids.pop()
+            seen.add(job_id)
             _wait_running(slurm_cluster, job_id)
             proc.send_signal(sig)
             out = proc.communicate(timeout=180)[0]

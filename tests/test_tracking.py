@@ -697,3 +697,32 @@ def test_another_hosts_fresh_upload_in_progress_is_never_deleted(mlflow_uri, tmp
     assert client.get_run(theirs[fresh]).info.lifecycle_stage == "active"
     assert client.get_run(theirs[stale]).info.lifecycle_stage == "deleted"
     assert report.busy == [f"{family}/e/fresh#1"] and report.uploaded == [f"{family}/e/stale#1"]
+
+
+# -- issue 28 item 7 ------------------------------------------------------------------------------
+def test_compare_shows_only_the_runs_of_this_results_folder(mlflow_uri, tmp_path):
+    """On a shared server `hopperlab compare` returned runs of two other folders (one a variant
+    this folder never ran)."""
+    from urllib.parse import unquote
+
+    from tests.helpers import copy_project, edit_yaml, hopperlab
+
+    project = copy_project(tmp_path / "project")
+    edit_yaml(project / "configs/sites/local.yaml",
+              lambda d: d.update(tracking={"uri": mlflow_uri}))
+    experiment = f"faults{uid()}"  # an experiment of its own on the shared server
+    edit_yaml(project / "experiments/selftest.yaml", lambda d: d["experiments"].__setitem__(
+        experiment, {**d["experiments"]["faults"]}))
+    mine = make_run(project / "results", "selftest", experiment, "ok", run_uid=uuid.uuid4().hex)
+    ours = tracking.upload_run(mine, mlflow_uri)
+    theirs = []
+    for other in ("other-a", "other-b"):
+        for variant in ("ok", "raises"):
+            run_dir = make_run(tmp_path / other, "selftest", experiment, variant,
+                               run_uid=uuid.uuid4().hex)
+            theirs.append(tracking.upload_run(run_dir, mlflow_uri))
+    out = hopperlab(["compare", f"selftest/{experiment}", "--config", "families=selftest"],
+                    project)
+    assert out.returncode == 0, out.stderr[-2000:]
+    url = unquote(out.stdout)
+    assert ours in url and not any(run_id in url for run_id in theirs), url

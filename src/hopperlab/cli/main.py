@@ -26,6 +26,8 @@ from hopperlab.config.spec import Matrix
 from hopperlab.core.errors import HopperlabError, SpecError
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
+from hopperlab.core.rundir import RECORD_FILE, RUN_UID, SPEC_FILE
+from hopperlab.run import attempts
 from hopperlab.run.scheduler import Interrupted
 from hopperlab.run.submit import forced_by_workflow, submit
 from hopperlab.workloads.base import KNOB_DEFAULTS
@@ -136,6 +138,22 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def _folder_run_uids(matrix: Matrix, family: str, experiment: str) -> set[str]:
+    """The attempts of an experiment that this results folder's records name (current and
+    archived): what `compare` shows of a server that other folders upload to as well."""
+    uids: set[str] = set()
+    for spec in matrix.runs.values():
+        if (spec.family, spec.experiment) != (family, experiment):
+            continue
+        run_dir = matrix.root / spec.run_dir
+        for folder in [run_dir, *attempts.archived(run_dir)]:
+            for name in (RECORD_FILE, SPEC_FILE):
+                uid = (attempts.read_object(folder / name) or {}).get(RUN_UID)
+                if isinstance(uid, str) and uid:
+                    uids.add(uid)
+    return uids
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     matrix = _matrix(args)
     family, _, experiment = args.experiment.partition("/")
@@ -143,7 +161,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         known = ", ".join(f"{f}/{e}" for f, e in matrix.experiments())
         raise SpecError(f"{args.experiment}: no such experiment in the matrix; it has: {known}")
     print(tracking.experiment_compare_url(matrix.site.tracking_uri, family, experiment,
-                                          ui_uri=args.ui))
+                                          ui_uri=args.ui,
+                                          run_uids=_folder_run_uids(matrix, family, experiment)))
     return 0
 
 
