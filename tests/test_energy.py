@@ -332,3 +332,17 @@ def test_the_fingerprint_line_says_power_limit_clocks_and_temperatures():
     line = gpu_state_line({"gpu_state": res.gpu_state})
     assert line == "power limit 700 W, SM 1980 MHz, memory 2619 MHz at end, 40->43 C"
     assert gpu_state_line({}) is None
+
+
+def test_measured_region_is_the_energy_window_with_or_without_cuda():
+    pytest.importorskip("torch")
+    from hopperlab.cuda.nvtx import measured_region, profiled_region
+
+    heard = []
+    with window.listening(lambda e, n: heard.append((e, n))):
+        with measured_region():
+            heard.append(("inside", ""))
+        with profiled_region("none", None):
+            pass
+    assert heard == [("start", "measured"), ("inside", ""), ("end", "measured"),
+                     ("start", "measured"), ("end", "measured")]
