@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import resource
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import percentile
+from hopperlab.cuda.nvtx import measured_region
 from hopperlab.workloads.finetune import shard_init, step_floor
 
 
@@ -315,17 +317,20 @@ def _run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float]
         torch.cuda.reset_peak_memory_stats(device)
     times, opt_times, losses = [], [], []
     recorder.mark_setup_done()  # set-up ends where the first step begins (setup_s)
-    for step in range(plan.warmup + plan.steps):
-        _sync(device)
-        t0 = time.perf_counter()
-        loss, opt_s = train_step(model, opt, step, accum, rank, world, plan.seq_len,
-                                 plan.micro_batch, plan.shape.vocab, plan.seed, device)
-        dt = time.perf_counter() - t0
-        recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s)
-        losses.append(loss)
-        if step >= plan.warmup:
-            times.append(dt)
-            opt_times.append(opt_s)
+    with ExitStack() as measured:  # the measured window: the steps after warm-up
+        for step in range(plan.warmup + plan.steps):
+            if step == plan.warmup:
+                measured.enter_context(measured_region())
+            _sync(device)
+            t0 = time.perf_counter()
+            loss, opt_s = train_step(model, opt, step, accum, rank, world, plan.seq_len,
+                                     plan.micro_batch, plan.shape.vocab, plan.seed, device)
+            dt = time.perf_counter() - t0
+            recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s)
+            losses.append(loss)
+            if step >= plan.warmup:
+                times.append(dt)
+                opt_times.append(opt_s)
     s_iter = percentile(times, 50)
     if world > 1:  # the run is as fast as its slowest rank
         t = torch.tensor([s_iter], dtype=torch.float64, device=device)
