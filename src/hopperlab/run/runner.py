@@ -53,7 +53,8 @@ def slurm_identity() -> dict[str, Any] | None:
 def _size_threads(spec: RunSpec, rec: Recorder) -> None:
     """Size the thread pools from the CPUs this job was given (node.threads), before the
     workload imports anything that starts a pool; the plan goes into the hardware record."""
-    plan = threads.job_threads(getattr(spec.resources, "threads", None) or {})
+    plan = threads.job_threads(getattr(spec.resources, "threads", None) or {},
+                               requested=spec.resources.cpus)
     threads.apply(plan)
     rec.hardware["cpus_given"] = plan.cpus
     rec.hardware["threads"] = plan.as_record()
