@@ -15,6 +15,7 @@ from typing import Any
 
 from hopperlab.config.spec import RunSpec
 from hopperlab.core import rundir as record
+from hopperlab.core.quiet import silence_known_noise
 from hopperlab.core.rundir import (
     Recorder,
     SkipRun,
@@ -65,6 +66,7 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
 
     A task of a job with several (``distributed.task_from_env``) runs as one rank, recording
     into ``ranks/<r>/`` (``run_dir``) through this same function."""
+    silence_known_noise()
     if run_dir is None and (task := distributed.task_from_env()).world_size > 1:
         return distributed.execute_rank(spec_path, task, execute)
     spec_data = read_json(Path(spec_path))
