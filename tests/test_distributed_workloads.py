@@ -26,6 +26,7 @@ FT_SHAPE = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=2)
 
 def _tp_logits(out: Path) -> None:
     torch.manual_seed(0)
+    tp._MIN_SLICE_TOKENS = 2  # prefill's all-reduces in slices, overlapped, as at 31k tokens
     model = tp.build(TP_SHAPE, seed=3, dtype=torch.float64, device="cpu", cuda=False)
     prompts = torch.randint(0, TP_SHAPE.vocab, (2, 12), generator=torch.Generator().manual_seed(1))
     cache = model.new_cache(2, 16)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from hopperlab.config.cost import cost_direction
+from hopperlab.config.energy import energy_direction
 from hopperlab.core.errors import SpecError
 from hopperlab.core.schema import load_yaml, typed_from_mapping
 from hopperlab.workloads import family_info
@@ -102,7 +103,7 @@ def references_for(folder: Path, machine: str | None) -> References | None:
 
 def direction(family: str, metric: str) -> str | None:
     """``higher`` or ``lower`` as the family (or pricing) declares it; None: not declared."""
-    declared = cost_direction(metric)
+    declared = cost_direction(metric) or energy_direction(metric)
     if declared:
         return declared
     try:
