@@ -15,6 +15,7 @@ from typing import Any
 
 from hopperlab.config.spec import RunSpec
 from hopperlab.core import rundir as record
+from hopperlab.core.quiet import silence_known_noise
 from hopperlab.core.rundir import (
     Recorder,
     SkipRun,
@@ -56,7 +57,8 @@ def slurm_identity() -> dict[str, Any] | None:
 def _size_threads(spec: RunSpec, rec: Recorder) -> None:
     """Size the thread pools from the CPUs this job was given (node.threads), before the
     workload imports anything that starts a pool; the plan goes into the hardware record."""
-    plan = threads.job_threads(getattr(spec.resources, "threads", None) or {})
+    plan = threads.job_threads(getattr(spec.resources, "threads", None) or {},
+                               requested=spec.resources.cpus)
     threads.apply(plan)
     rec.hardware["cpus_given"] = plan.cpus
     rec.hardware["threads"] = plan.as_record()
@@ -113,6 +115,7 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
 
     A task of a job with several (``distributed.task_from_env``) runs as one rank, recording
     into ``ranks/<r>/`` (``run_dir``) through this same function."""
+    silence_known_noise()
     if run_dir is None and (task := distributed.task_from_env()).world_size > 1:
         return distributed.execute_rank(spec_path, task, execute)
     spec_data = read_json(Path(spec_path))
@@ -120,7 +123,8 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     identity = {k: spec_data[k] for k in ("key", "family", "experiment", "variant")}
     if record.RUN_UID in spec_data:  # the attempt's identity in MLflow, made by submit
         identity[record.RUN_UID] = spec_data[record.RUN_UID]
-    rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)))
+    rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)),
+                   job_started=record.process_started_at())
     rec.slurm = slurm_identity()
     try:
         rec.hardware = hardware.fingerprint()
