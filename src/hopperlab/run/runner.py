@@ -23,7 +23,7 @@ from hopperlab.core.rundir import (
     write_text_atomic,
 )
 from hopperlab.node import hardware, threads
-from hopperlab.run import distributed
+from hopperlab.run import distributed, repeats
 from hopperlab.workloads import family_info
 
 
@@ -79,8 +79,8 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
         spec = RunSpec.from_dict(spec_data)
         _size_threads(spec, rec)
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
-        workload = family_info(spec.family).load_entry()
-        workload(spec, rec)
+        info = family_info(spec.family)
+        repeats.measure(info.load_entry(), spec, rec, info)
     except SkipRun as exc:
         return rec.finish("skipped", str(exc))
     except BaseException as exc:  # noqa: BLE001 - every way out must leave a record
