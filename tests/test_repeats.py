@@ -13,9 +13,14 @@ import pytest
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import read_samples
-from hopperlab.core.stats import aggregate_samples, median_ci_ranks, robust_spread, summarize
+from hopperlab.core.stats import (
+    aggregate_samples,
+    median_ci_ranks,
+    robust_spread,
+    summarize,
+)
 
-from .helpers import REPO, copy_project, edit_yaml, hopperlab
+from .helpers import copy_project, edit_yaml, hopperlab
 
 
 def test_median_interval_ranks_are_the_exact_binomial_ones():

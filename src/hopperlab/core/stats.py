@@ -7,8 +7,8 @@ count) and GB = 1e9 (what bandwidths are quoted in: GB/s = 1e9 bytes per second)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -72,7 +72,7 @@ class Summary:
 
 def _binom_cdf_half(k: int, n: int) -> float:
     """P(Binomial(n, 1/2) <= k), exactly (n is small: repeats, not steps)."""
-    return sum(math.comb(n, i) for i in range(0, k + 1)) / 2 ** n
+    return sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
 
 
 def median_ci_ranks(n: int, confidence: float = CONFIDENCE) -> tuple[int, int, float]:

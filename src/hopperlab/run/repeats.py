@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hopperlab.core.rundir import Recorder
 from hopperlab.core.stats import aggregate_samples
