@@ -52,13 +52,19 @@ def measure(workload: Callable[[Any, Recorder], None], spec: Any, rec: Recorder,
         return
     rec.set_tag("repeats", repeats)
     rec.set_tag("repeat_unit", info.repeat_unit)
+    first = 0
     if info.repeat_unit == "windows":
         workload(spec, rec)
-        if len(rec.samples) != repeats:
+        if rec.samples and len(rec.samples) != repeats:
             raise RuntimeError(f"{info.name} measures repeats as windows but recorded "
                                f"{len(rec.samples)} samples for repeats={repeats}")
-    else:
-        for i in range(repeats):
+        if not rec.samples:  # a path of the family without windows (e.g. another backend)
+            rec.set_tag("repeat_unit", "reruns")
+            rec.add_sample(rec.metrics)
+            _release_memory()
+            first = 1
+    if not rec.samples or first:
+        for i in range(first, repeats):
             rec.repeat = i
             rec.metrics.clear()
             workload(spec, rec)
