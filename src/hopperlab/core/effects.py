@@ -9,8 +9,9 @@ sample (a reference's measured one, or the larger of the two sides' own from 3 s
 (``core.stats.median_se_factor``) and ``z`` Student's t quantile for the degrees of freedom the
 spread was estimated with (0.37 per sample for a median absolute deviation). The change counts
 only when the interval excludes no change *and* the change is at least the minimum effect worth
-reporting: a regression must be both real and big enough to matter. A change at least that big whose interval still includes no change is
-``inconclusive`` (repeat to tell); a smaller one is ``same``.
+reporting: a regression must be both real and big enough to matter. A change at least that
+big whose interval still includes no change is ``inconclusive`` (repeat to tell); a smaller one
+is ``same``.
 """
 
 from __future__ import annotations
