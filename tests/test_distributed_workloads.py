@@ -29,9 +29,9 @@ def _tp_logits(out: Path) -> None:
     model = tp.build(TP_SHAPE, seed=3, dtype=torch.float64, device="cpu", cuda=False)
     prompts = torch.randint(0, TP_SHAPE.vocab, (2, 12), generator=torch.Generator().manual_seed(1))
     cache = model.new_cache(2, 16)
-    full = model(prompts, cache, 0, last_only=False)
+    full = model.prefill(prompts, cache, last_only=False)
     nxt = full[:, -1:].argmax(-1)
-    step = model(nxt, cache, 12)  # one decode step through the KV cache
+    step = model.decode_step(nxt, cache, torch.tensor([12]))  # one step through the KV cache
     rank = dist.get_rank() if dist.is_initialized() else 0
     torch.save({"prefill": full, "decode": step}, out / f"tp-{rank}.pt")
 

@@ -176,6 +176,9 @@ def test_cuda_only_variants_run_their_bookkeeping(assets, tmp_path):
     fp8 = run_it(assets, tmp_path / "f", replace(SMOKE, measured_steps=2), precision="fp8")
     assert int(fp8.tags["finetune.fp8_linears"]) == 2 * 7  # 2 layers x 7 frozen projections
     assert fp8.tags["finetune.compiled_layers"] == "2 (eager)"
+    # issue 28, item 11: what a CPU run of the variant leaves out is said in its record
+    assert "inductor code generation" in fp8.tags["finetune.compile_skipped"]
+    assert "emulated on the CPU" in fp8.tags["finetune.fp8_matmul"]
 
 
 def test_missing_data_becomes_synthetic_only_when_allowed(assets, tmp_path):

@@ -309,9 +309,33 @@ def gpu_free_memory_bytes(device: int | None = None) -> int | None:
         return None
 
 
+#: the GPU state the energy meter adds at the start and end of the workload (``gpu_state``:
+#: ``{"start": [...], "end": [...]}``, one dict per GPU, None where NVML refused a reading)
+GPU_STATE_KEYS = ("index", "uuid", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz",
+                  "temperature_c")
+
+
+def gpu_state_line(fp: Mapping[str, Any]) -> str | None:
+    """``power limit 700 W, SM 1980 MHz, 41->63 C`` of the first GPU (None: not recorded)."""
+    state = fp.get("gpu_state") or {}
+    start, end = (state.get("start") or [{}])[0], (state.get("end") or [{}])[0]
+    if not start and not end:
+        return None
+    parts = []
+    if (limit := start.get("power_limit_w") or end.get("power_limit_w")) is not None:
+        parts.append(f"power limit {limit:g} W")
+    if end.get("sm_clock_mhz") is not None:
+        parts.append(f"SM {end['sm_clock_mhz']} MHz, memory {end.get('mem_clock_mhz')} MHz at end")
+    if start.get("temperature_c") is not None or end.get("temperature_c") is not None:
+        parts.append(f"{start.get('temperature_c')}->{end.get('temperature_c')} C")
+    return ", ".join(parts) or None
+
+
 def summary_line(fp: Mapping[str, Any]) -> str:
     """One line for logs: ``GPU x n (mem) on CPU, link, driver``."""
     gpu = f"{fp.get('gpu_model')} x{fp.get('gpu_count')}" if fp.get("gpu_count") else "no GPU"
+    state = gpu_state_line(fp)
     return (f"{gpu}, {fp.get('gpu_memory_gb')} GiB; {fp.get('cpu_model')} ({fp.get('cpu_arch')}, "
             f"{fp.get('cpu_cores')} cores); link {fp.get('host_link')}; driver {fp.get('driver')}; "
-            f"torch {fp.get('torch_version')} cuda {fp.get('cuda_runtime')}")
+            f"torch {fp.get('torch_version')} cuda {fp.get('cuda_runtime')}"
+            + (f"; {state}" if state else ""))

@@ -73,6 +73,39 @@ def _figures(recs: dict[int, dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+_GPU_ENERGY = re.compile(r"(^|_)energy_gpu_j$")
+_HOST_ENERGY = re.compile(r"(^|_)energy_(host|module)_j$")
+
+
+def _energy(recs: dict[int, dict[str, Any]], metrics: dict[str, float],
+            tags: dict[str, str]) -> None:
+    """Energy of the whole run: each rank measured its own GPU (summed: a rank without a
+    figure makes the sum "not measured", never a smaller number) and local rank 0 of each
+    node its host (summed over the ranks that measured it); peak power the highest rank's."""
+    names = {n for rec in recs.values() for n in rec.get("metrics", {})}
+    for name in sorted(names):
+        values = [rec["metrics"].get(name) for rec in recs.values()]
+        have = [v for v in values if v is not None]
+        if _GPU_ENERGY.search(name):
+            if len(have) == len(values):
+                metrics[name] = sum(have)
+            else:
+                metrics.pop(name, None)
+                lacking = [r for r, rec in recs.items() if name not in rec.get("metrics", {})]
+                prefix = name[: -len("energy_gpu_j")]
+                tags[f"{prefix}energy.gpu"] = (f"not measured: ranks {lacking} have no GPU "
+                                               "energy (" + "; ".join(
+                                                   str(recs[r].get("tags", {}).get(
+                                                       f"{prefix}energy.gpu")) for r in lacking)
+                                               + ")")[:500]
+        elif _HOST_ENERGY.search(name):
+            metrics[name] = sum(have)
+        elif name.endswith("power_gpu_peak_w"):
+            metrics[name] = max(have)
+        elif name.endswith("power_gpu_mean_w") and len(have) == len(values):
+            metrics[name] = sum(have) / len(have)
+
+
 def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any] | None:
     """The run's record from its ranks' records of ``attempt`` (None: no rank wrote one)."""
     dirs = rank_dirs(run_dir)
@@ -104,6 +137,7 @@ def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any
     metrics = dict(rec.get("metrics", {})) if status == "ok" else {}
     if status == "ok":
         metrics.update(_figures(recs))
+        _energy(recs, metrics, rec.setdefault("tags", {}))
         metrics.update(world_size=float(world_size), nodes=float(len(nodes_hw) or 1))
     rec.update(status=status, reason=reason, metrics=metrics, world_size=world_size,
                nodes=len(nodes_hw) or 1, hardware=hardware.get(lead) or rec.get("hardware", {}),

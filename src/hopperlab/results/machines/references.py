@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from hopperlab.config.cost import cost_direction
+from hopperlab.config.energy import energy_direction
 from hopperlab.core import effects
 from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import read_samples
@@ -179,7 +180,7 @@ def references_for(folder: Path, machine: str | None) -> References | None:
 
 def direction(family: str, metric: str) -> str | None:
     """``higher`` or ``lower`` as the family (or pricing) declares it; None: not declared."""
-    declared = cost_direction(metric)
+    declared = cost_direction(metric) or energy_direction(metric)
     if declared:
         return declared
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import resource
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import percentile
+from hopperlab.cuda.nvtx import measured_region
 
 
 @dataclass(frozen=True)
@@ -277,17 +279,20 @@ def _run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float]
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     times, opt_times, losses = [], [], []
-    for step in range(plan.warmup + plan.steps):
-        _sync(device)
-        t0 = time.perf_counter()
-        loss, opt_s = train_step(model, opt, step, accum, rank, world, plan.seq_len,
-                                 plan.micro_batch, plan.shape.vocab, plan.seed, device)
-        dt = time.perf_counter() - t0
-        recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s)
-        losses.append(loss)
-        if step >= plan.warmup:
-            times.append(dt)
-            opt_times.append(opt_s)
+    with ExitStack() as measured:  # the measured window: the steps after warm-up
+        for step in range(plan.warmup + plan.steps):
+            if step == plan.warmup:
+                measured.enter_context(measured_region())
+            _sync(device)
+            t0 = time.perf_counter()
+            loss, opt_s = train_step(model, opt, step, accum, rank, world, plan.seq_len,
+                                     plan.micro_batch, plan.shape.vocab, plan.seed, device)
+            dt = time.perf_counter() - t0
+            recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s)
+            losses.append(loss)
+            if step >= plan.warmup:
+                times.append(dt)
+                opt_times.append(opt_s)
     s_iter = percentile(times, 50)
     if world > 1:  # the run is as fast as its slowest rank
         t = torch.tensor([s_iter], dtype=torch.float64, device=device)

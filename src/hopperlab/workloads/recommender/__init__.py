@@ -96,7 +96,8 @@ METRIC_DIRECTIONS = {"lat_e2e_p50_ms": LOWER, "qps": HIGHER,
               **{f"lat_{c}_p50_ms": LOWER for c in COMPONENTS},
               "recall_at_k": HIGHER, "rank_auc": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1m_recommendations", "per 1M recommendations", 1e6, "per_s",
-                       "qps", scale_param="top_n"),)
+                       "qps", scale_param="top_n", work_per_j="recommendations_per_j",
+                       work_label="recommendations per joule"),)
 
 FAMILY = FamilyInfo(
     name="recommender",
