@@ -123,7 +123,8 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     identity = {k: spec_data[k] for k in ("key", "family", "experiment", "variant")}
     if record.RUN_UID in spec_data:  # the attempt's identity in MLflow, made by submit
         identity[record.RUN_UID] = spec_data[record.RUN_UID]
-    rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)))
+    rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)),
+                   job_started=record.process_started_at())
     rec.slurm = slurm_identity()
     try:
         rec.hardware = hardware.fingerprint()

@@ -120,7 +120,7 @@ def _compared_note(run: RunRow, runs: Sequence[RunRow]) -> str:
 
 def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
     show_knobs = any(r.knobs for r in runs)
-    head = ["variant", "status", "attempt", "scale", "host", "duration s"]
+    head = ["variant", "status", "attempt", "scale", "host", "duration s", "set-up s"]
     head += ["knobs"] if show_knobs else []
     others = any(r.compare_to and r.compare_to != baseline_name(runs) for r in runs)
     show_check = any(r.reference_check not in (None, "no-reference") for r in runs)
@@ -142,6 +142,7 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
             f"<td>{_e(r.scale)}</td>",
             f"<td>{_e(r.hostname)}</td>",
             f'<td class="num">{_e(r.duration_s)}</td>',
+            f'<td class="num">{_e(r.setup_s)}</td>',
         ]
         if show_knobs:
             cells.append(f'<td class="wrap"><code>{_e(_knobs(r.knobs))}</code></td>')

@@ -22,7 +22,7 @@ SUMMARY_FILE = "summary.csv"
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "family", "experiment", "variant", "attempt", "status", "reason", "scale",
-    "hostname", "gpu_model", "cpu_arch", "host_link", "duration_s", "compared_to", "machine", "reference_check",
+    "hostname", "gpu_model", "cpu_arch", "host_link", "duration_s", "setup_s", "compared_to", "machine", "reference_check",
 )
 
 
@@ -46,7 +46,7 @@ def summary_rows(runs: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
         for r in group:
             base = reference_run(r, group)
             fixed = [r.family, r.experiment, r.variant, r.attempt, r.status, r.reason, r.scale,
-                     r.hostname, r.gpu_model, r.cpu_arch, r.host_link, r.duration_s,
+                     r.hostname, r.gpu_model, r.cpu_arch, r.host_link, r.duration_s, r.setup_s,
                      reference_name(r, group), r.machine, r.reference_check]
             values = [r.metrics.get(m) for m in metrics]
             ratios = [ratio_to(r.metrics.get(m), base, m) for m in metrics]
