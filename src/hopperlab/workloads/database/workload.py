@@ -180,7 +180,7 @@ def run(spec: Any, recorder: Any) -> None:
         with _profiling(profiler, device, recorder):
             for w in range(windows):  # repeat_unit "windows": each after its warm-up
                 recorder.repeat = w if windows > 1 else None
-                window: dict[str, float] = {}
+                figures_w: dict[str, float] = {}
                 for qi, q in enumerate(params.queries):
                     def sample(i: int, ms: float, qi: int = qi) -> None:
                         nonlocal step
@@ -194,14 +194,14 @@ def run(spec: Any, recorder: Any) -> None:
                                            link_gbps=link if not no_gpu else None,
                                            host_resident=params.placement in HOST_RESIDENT)
                     recorder.log_metrics(figures.metrics())
-                    window.update(figures.metrics())
+                    figures_w.update(figures.metrics())
                     answers[q] = {"correct": not diffs, "differences": diffs,
                                   "duckdb": [list(map(str, r)) for r in expected[q]],
                                   "plan": [list(map(str, r)) for r in result.rows]}
                     if diffs:
                         failures.append(f"{q}: " + "; ".join(diffs))
                 if windows > 1:
-                    recorder.add_sample(window)
+                    recorder.add_sample(figures_w)
             recorder.repeat = None
     finally:
         source.close()
