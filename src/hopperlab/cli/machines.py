@@ -16,8 +16,10 @@ from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import (
     compare,
     descriptions,
+    junit,
     mlflow_source,
     predict,
+    reference_update,
     references,
     runs,
 )
@@ -74,7 +76,28 @@ def cmd_check(args: argparse.Namespace) -> int:
     machines = sorted({r.machine or "unknown" for r in rows})
     print(f"[hopperlab] check {results} ({', '.join(machines)}): "
           + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
-    return EXIT_REGRESSION if lines else 0
+    if args.junit:
+        path = junit.write(Path(args.junit), f"hopperlab check {results}", rows, judgements)
+        print(f"[hopperlab] wrote {path}")
+    failing = {references.REGRESSION} | ({references.INCONCLUSIVE} if args.strict else set())
+    return EXIT_REGRESSION if any(j.verdict in failing for j in judgements.values()) else 0
+
+
+def cmd_references(args: argparse.Namespace) -> int:
+    root = _root(args)
+    refs_dir = Path(args.references) if args.references else root / references.REFERENCES_DIR
+    report = reference_update.update(Path(args.results_dir), refs_dir, machine=args.machine,
+                                     min_effect=args.min_effect)
+    for line in report.skipped:
+        print(f"[hopperlab] skipped {line}")
+    for name, path in report.written.items():
+        n = sum(1 for u in report.updated if u.startswith(name + " "))
+        print(f"[hopperlab] references of {name}: {n} metric(s) written to {path}")
+    if not report.written:
+        raise SpecError(f"{args.results_dir}: no reference written (every run had too few "
+                        f"samples: measure with --config repeats=N, N >= "
+                        f"{reference_update.MIN_SAMPLES})")
+    return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -135,6 +158,17 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
                                 "exit 1 on a regression")
     p.add_argument("results_dir", nargs="?", help="default: the config's results_dir")
     p.add_argument("--references", help="folder of reference files (default configs/references)")
+    p.add_argument("--strict", action="store_true",
+                   help="an inconclusive run (a change within the noise) fails the check too")
+    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one test case per run)")
+    p = add("references", cmd_references, "references from repeated runs: "
+            "`hopperlab references update RESULTS_DIR`")
+    p.add_argument("action", choices=("update",))
+    p.add_argument("results_dir", help="a results folder whose runs measured with repeats")
+    p.add_argument("--machine", help="the machine the references are for (default: each run's)")
+    p.add_argument("--references", help="folder of reference files (default configs/references)")
+    p.add_argument("--min-effect", type=float, help="the smallest change worth reporting, a "
+                   "fraction (default: the file's, else 0.05)")
     p = add("predict", cmd_predict, "predict a results folder's figures on another machine")
     p.add_argument("results_dir")
     p.add_argument("--machine", required=True, help="target (configs/machines/ name or alias)")

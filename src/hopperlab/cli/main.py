@@ -24,6 +24,7 @@ from hopperlab.cli import profile as profile_cli
 from hopperlab.config.matrix import find_root, load_matrix, parse_overrides
 from hopperlab.config.spec import Matrix
 from hopperlab.core.errors import HopperlabError, SpecError
+from hopperlab.core.quiet import silence_known_noise
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
 from hopperlab.run.submit import forced_by_workflow, submit
@@ -188,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    silence_known_noise()
     try:
         return args.func(args)
     except SpecError as exc:

@@ -34,7 +34,7 @@ from hopperlab.core.rundir import (
     write_record,
 )
 from hopperlab.profiling import check_profiler
-from hopperlab.run import launch, ranks, runner
+from hopperlab.run import launch, ranks, runner, slurm_energy
 from hopperlab.run.annotate import annotate_record
 
 ATTEMPTS_DIR = "attempts"
@@ -301,6 +301,11 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
     if outcome.job_id:
         rec["slurm"] = {**(rec.get("slurm") or {}), "job_id": outcome.job_id,
                         "state": outcome.state}
+        if spec.site.executor == "slurm":
+            joules, note = slurm_energy.consumed_energy(outcome.job_id)
+            rec.setdefault("tags", {})[slurm_energy.TAG] = note
+            if joules is not None:
+                rec.setdefault("metrics", {})[slurm_energy.METRIC] = joules
     annotate_record(rec, spec)
     return rec
 

@@ -131,7 +131,8 @@ METRIC_DIRECTIONS = {"gbps_peak": HIGHER, "gbps_at_largest": HIGHER, "h2d_gbps_a
               "busbw_gbps_at_largest": HIGHER, "latency_us_small": LOWER,
               "latency_us_decode_b1": LOWER, "latency_us_decode_b8": LOWER}
 WORK_UNITS = (WorkUnit("cost_per_tb_copied", "per TB copied (at the largest size)", 1e12 / 1e9,
-                       "per_s", "gbps_at_largest"),)
+                       "per_s", "gbps_at_largest", work_per_j="gb_copied_per_j",
+                       work_label="GB copied per joule"),)
 
 FAMILY = FamilyInfo(
     name="membench",
