@@ -24,6 +24,8 @@ from hopperlab.results.machines import (
 from hopperlab.results.report.collect import collect_runs
 
 EXIT_REGRESSION = 1
+#: ``check --strict`` when no run had a reference (CI that must have checked something)
+EXIT_NOTHING_CHECKED = 3
 
 
 def _root(args: argparse.Namespace) -> Path:
@@ -74,7 +76,28 @@ def cmd_check(args: argparse.Namespace) -> int:
     machines = sorted({r.machine or "unknown" for r in rows})
     print(f"[hopperlab] check {results} ({', '.join(machines)}): "
           + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
-    return EXIT_REGRESSION if lines else 0
+    if lines:
+        return EXIT_REGRESSION
+    if set(counts) <= {references.NO_REFERENCE}:
+        print(nothing_checked(refs_dir, machines, root))
+        return EXIT_NOTHING_CHECKED if args.strict else 0
+    return 0
+
+
+def nothing_checked(refs_dir: Path, machines: list[str], root: Path) -> str:
+    """What `check` says when no run had a reference: which files it looked for, which exist,
+    and how a reference file is made."""
+    have = sorted(p.stem for p in refs_dir.glob("*.yaml")) if refs_dir.is_dir() else []
+    example = (refs_dir / f"{have[0]}.yaml") if have else refs_dir / "<machine>.yaml"
+    try:
+        example = example.relative_to(root)
+    except ValueError:
+        pass
+    return (f"[hopperlab] check: nothing was checked: no reference for "
+            f"{', '.join(machines)} in {refs_dir} (it has: {', '.join(have) or 'none'}). "
+            f"A reference file is written by hand from a known-good run of this machine: "
+            f"{refs_dir}/<machine>.yaml, per run and metric a value, tolerances and a source "
+            f"(as in {example}); --strict makes this exit {EXIT_NOTHING_CHECKED}")
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -135,6 +158,9 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
                                 "exit 1 on a regression")
     p.add_argument("results_dir", nargs="?", help="default: the config's results_dir")
     p.add_argument("--references", help="folder of reference files (default configs/references)")
+    p.add_argument("--strict", action="store_true",
+                   help=f"exit {EXIT_NOTHING_CHECKED} when no run had a reference "
+                        f"(nothing was checked); 1 stays a regression")
     p = add("predict", cmd_predict, "predict a results folder's figures on another machine")
     p.add_argument("results_dir")
     p.add_argument("--machine", required=True, help="target (configs/machines/ name or alias)")
