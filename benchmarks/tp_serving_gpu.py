@@ -42,6 +42,7 @@ def main() -> None:
     for row in sys.argv[1:]:
         prompt, new, batch, *layers = (int(x) for x in row.split(":"))
         params = InferenceParams(study="tensor-parallel", model_shape="llama-2-70b",
+                                 compile_kernels=os.environ.get("TP_COMPILE", "1") == "1",
                                  dtype="bfloat16", prompt_tokens=prompt, decode_tokens=new,
                                  concurrency=batch, requests=3, warmup=1,
                                  num_layers=layers[0] if layers else 0)

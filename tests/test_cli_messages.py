@@ -97,7 +97,7 @@ def test_check_without_references_says_so_and_fails_when_strict(project, tmp_pat
     make_run(results, "fam", "copy", "one")
     assert main(["--root", str(project), "check", str(results)]) == 0
     out = capsys.readouterr().out
-    assert "nothing was checked" in out and "written by hand" in out
+    assert "nothing was checked" in out and "hopperlab references update" in out
     assert main(["--root", str(project), "check", str(results), "--strict"]) == 3
 
 

@@ -19,7 +19,10 @@ def _model() -> tp.TPDecoder:
     return tp.build(SHAPE, seed=4, dtype=torch.float64, device="cpu", cuda=False)
 
 
-def test_decode_steps_through_the_static_cache_equal_prefilling_the_whole_sequence():
+@pytest.mark.parametrize("kv_slice", [4, 256])
+def test_decode_steps_through_the_static_cache_equal_prefilling_the_whole_sequence(
+        monkeypatch, kv_slice):
+    monkeypatch.setattr(tp, "KV_SLICE", kv_slice)  # 4: the weighted sum in 4 slices of 4
     model = _model()
     seq = torch.randint(0, SHAPE.vocab, (2, 10), generator=torch.Generator().manual_seed(2))
     whole = model.prefill(seq, model.new_cache(2, 10), last_only=False)

@@ -76,6 +76,9 @@ class InferenceParams:
     num_layers: int = 0
     concurrency: int = 1
     requests: int = 2
+    #: tensor-parallel on a GPU: fuse the block's pieces between collectives with torch.compile
+    #: (False: eager kernels, as on the CPU)
+    compile_kernels: bool = True
 
     def __post_init__(self) -> None:
         choices = {"study": STUDIES, "policy": POLICIES, "streamer": STREAMERS, "dtype": DTYPES,
@@ -141,4 +144,7 @@ FAMILY = FamilyInfo(
     headline_metrics=HEADLINE_METRICS,
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
+    # loading the model takes longer than serving its sessions: windows, each with its own
+    # warm-up sessions, on the one loaded model (tensor-parallel runs fall back to reruns)
+    repeat_unit="windows",
 )

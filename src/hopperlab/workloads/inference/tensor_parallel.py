@@ -52,43 +52,35 @@ class Shape:
 
 
 class AllReduce:
-    """Sums partial results over the ranks; counts the calls and, while ``timed`` (eager decode
-    only: events cannot be recorded inside a graph), the time from the call until the sum is
-    there, which is the collective plus the wait for the slowest peer."""
+    """Sums partial results over the ranks, counting the calls; disabled, it leaves them as
+    they are (to time a step without its collectives)."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
-        self.timed = False
+        self.enabled = True
         self.calls = 0
-        self.events: list[tuple[Any, Any]] = []
-        self.cpu_s = 0.0
+
+    def _active(self) -> bool:
+        return self.enabled and dist.is_initialized() and dist.get_world_size() > 1
+
+    def start(self, x: torch.Tensor) -> Any:
+        """Starts summing ``x`` in place without waiting (prefill overlaps it with the next
+        slice's compute); ``finish`` makes the current stream wait for it."""
+        if not self._active():
+            return None
+        self.calls += 1
+        return dist.all_reduce(x, async_op=True)
+
+    @staticmethod
+    def finish(work: Any) -> None:
+        if work is not None:
+            work.wait()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not dist.is_initialized() or dist.get_world_size() == 1:
-            return x
-        self.calls += 1
-        if not self.timed:
+        if self._active():
+            self.calls += 1
             dist.all_reduce(x)
-        elif self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dist.all_reduce(x)
-            end.record()
-            self.events.append((start, end))
-        else:
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            self.cpu_s += time.perf_counter() - t0
         return x
-
-    def take_timed_s(self) -> float:
-        """Seconds the timed calls took (synchronises the GPU), then start again."""
-        if self.cuda:
-            torch.cuda.synchronize()
-            self.cpu_s += sum(s.elapsed_time(e) for s, e in self.events) / 1e3
-            self.events = []
-        out, self.cpu_s = self.cpu_s, 0.0
-        return out
 
 
 def _rank_world() -> tuple[int, int]:
@@ -109,8 +101,9 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
-    w = _wide(x)
-    return (w * torch.rsqrt(w.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
+    """RMS norm (no weight: the random model's are ones), in float32 or wider inside one fused
+    kernel where torch has it."""
+    return F.rms_norm(x, (x.shape[-1],), eps=1e-5)
 
 
 def rope_tables(positions: int, dim: int, dtype: Any, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,14 +121,27 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
+#: decode attention sums the weighted values in slices of this many positions, one matrix
+#: product each, then adds the slices: a single [group, positions] x [positions, head_dim]
+#: product per kv head runs on a handful of SMs and reads a 31k-token cache at a tenth of HBM
+#: speed (measured: docs/benchmarks/distributed.md). The cache length is a multiple of it.
+KV_SLICE = 256
+
+#: prefill sums each block half's partial results in this many slices of the prompt, so that
+#: one slice's all-reduce overlaps the next slice's projections
+PREFILL_SLICES = 4
+_MIN_SLICE_TOKENS = 512
+
+
 class KVCache:
-    """Keys and values of every layer for ``batch`` sequences of up to ``max_len`` tokens,
-    allocated once (zeros: attention multiplies the masked tail by 0, and 0 x NaN is NaN)."""
+    """Keys and values of every layer for ``batch`` sequences of up to ``max_len`` tokens
+    (rounded up to a whole number of ``KV_SLICE``), allocated once (zeros: attention multiplies
+    the masked tail by 0, and 0 x NaN is NaN)."""
 
     def __init__(self, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
                  dtype: Any, device: Any) -> None:
-        shape = (batch, kv_heads, max_len, head_dim)
-        self.max_len = max_len
+        self.max_len = -(-max_len // KV_SLICE) * KV_SLICE
+        shape = (batch, kv_heads, self.max_len, head_dim)
         self.layers = [(torch.zeros(shape, dtype=dtype, device=device),
                         torch.zeros(shape, dtype=dtype, device=device)) for _ in range(layers)]
 
@@ -143,17 +149,77 @@ class KVCache:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
 
 
+def qkv_rope(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             heads: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Normed ``x`` [b, t, hidden] through the fused q/k/v slice; q and k rotated.
+    ``heads``: (query heads, kv heads, head_dim) of this rank."""
+    hq, hk, d = heads
+    b, t, _ = x.shape
+    qkv = (rms_norm(x) @ w.T).view(b, t, hq + 2 * hk, d).transpose(1, 2)
+    q, k, v = qkv.split((hq, hk, hk), dim=1)
+    return rope(q, cos, sin), rope(k, cos, sin), v
+
+
+def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                     valid: torch.Tensor) -> torch.Tensor:
+    """Attention of one query per sequence [b, hq, 1, d] over the whole cache [b, hk, L, d],
+    positions not ``valid`` masked: each kv head serves its group of query heads from one read
+    (no expanded copy); the weighted sum runs in ``KV_SLICE`` slices added up in float32."""
+    b, hq, _, d = q.shape
+    hk, length = kc.shape[1], kc.shape[2]
+    group = hq // hk
+    qg = q.view(b, hk, group, d)
+    scores = _wide(qg @ kc.transpose(-1, -2)) * d ** -0.5                      # [b, hk, g, L]
+    p = scores.masked_fill(~valid, float("-inf")).softmax(-1).to(q.dtype)
+    slices = length // KV_SLICE
+    p = p.view(b, hk, group, slices, KV_SLICE).transpose(2, 3)                  # [b, hk, s, g, S]
+    partial = p @ vc.view(b, hk, slices, KV_SLICE, d)                            # [b, hk, s, g, d]
+    return _wide(partial).sum(2).to(q.dtype).view(b, hq, 1, d)
+
+
+def ffn(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """This rank's partial sum of the SwiGLU FFN of normed ``x``."""
+    gate, up = (rms_norm(x) @ gate_up.T).chunk(2, dim=-1)
+    return (F.silu(gate) * up) @ down.T
+
+
+class Kernels:
+    """The block's pieces between collectives, eager or compiled (``torch.compile`` fuses the
+    norms, rotations, masking and softmax: a decode step of 80 layers otherwise launches ~3,600
+    small kernels, whose minimum time alone is most of a TP-4 step's floor)."""
+
+    def __init__(self, compile_them: bool) -> None:
+        wrap = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if compile_them \
+            else (lambda f: f)
+        self.compiled = compile_them
+        self.qkv_rope, self.decode_attention, self.ffn = (
+            wrap(qkv_rope), wrap(decode_attention), wrap(ffn))
+
+
+def _prefill_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention by the fastest fused kernel torch has for it here (cuDNN's on Hopper,
+    else flash; the CPU's math kernel)."""
+    if q.is_cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                 SDPBackend.EFFICIENT_ATTENTION]
+        with sdpa_kernel(order, set_priority=True):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class TPBlock:
     """One decoder block; this rank's slice of the heads and of the FFN."""
 
     def __init__(self, s: Shape, index: int, seed: int, dtype: Any, device: Any,
-                 reduce: AllReduce) -> None:
+                 reduce: AllReduce, kernels: Kernels) -> None:
         rank, world = _rank_world()
         if s.heads % world or s.kv_heads % world or s.ffn % world:
             raise ValueError(f"heads {s.heads}, kv heads {s.kv_heads} and ffn {s.ffn} must "
                              f"divide by the world size {world}")
         d, hq, hk, f = s.head_dim, s.heads // world, s.kv_heads // world, s.ffn // world
-        self.hq, self.hk, self.d, self.reduce = hq, hk, d, reduce
+        self.hq, self.hk, self.d, self.reduce, self.k = hq, hk, d, reduce, kernels
         base = index * 16
 
         def rows(tag: int, n_rows: int, part: int) -> torch.Tensor:  # column-parallel slice
@@ -170,29 +236,32 @@ class TPBlock:
         self.gate_up = torch.cat([rows(4, s.ffn, f), rows(5, s.ffn, f)])
         self.down = cols(6, s.ffn, f)
 
-    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, t, _ = x.shape
-        qkv = (rms_norm(x) @ self.qkv.T).view(b, t, self.hq + 2 * self.hk, self.d).transpose(1, 2)
-        q, k, v = qkv.split((self.hq, self.hk, self.hk), dim=1)
-        return rope(q, cos, sin), rope(k, cos, sin), v
-
-    def _finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        x = x + self.reduce(attn.transpose(1, 2).reshape(b, t, -1) @ self.o.T)
-        gate, up = (rms_norm(x) @ self.gate_up.T).chunk(2, dim=-1)
-        return x + self.reduce((F.silu(gate) * up) @ self.down.T)
-
     def prefill(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
                 cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        t = x.shape[1]
-        q, k, v = self._qkv(x, cos[:t], sin[:t])
+        b, t, _ = x.shape
+        q, k, v = self.k.qkv_rope(x, self.qkv, cos[:t], sin[:t], (self.hq, self.hk, self.d))
         kc, vc = cache
         kc[:, :, :t], vc[:, :, :t] = k, v
-        if self.hk != self.hq:  # flash attention wants as many kv heads as query heads
+        if self.hk != self.hq:  # fused attention kernels want as many kv heads as query heads
             k = k.repeat_interleave(self.hq // self.hk, dim=1)
             v = v.repeat_interleave(self.hq // self.hk, dim=1)
-        return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        attn = _prefill_sdpa(q, k, v).transpose(1, 2).reshape(b, t, -1)
+        slices = PREFILL_SLICES if t >= PREFILL_SLICES * _MIN_SLICE_TOKENS else 1
+        xs, attns = x.chunk(slices, dim=1), attn.chunk(slices, dim=1)
+        # every slice's o projection, its all-reduce running behind the next slice's
+        outs = [a @ self.o.T for a in attns]
+        pending = [self.reduce.start(o) for o in outs]
+        mids, ffn_outs, ffn_pending = [], [], []
+        for xi, oi, work in zip(xs, outs, pending):
+            self.reduce.finish(work)
+            mid = xi + oi
+            part = self.k.ffn(mid, self.gate_up, self.down)
+            mids.append(mid)
+            ffn_outs.append(part)
+            ffn_pending.append(self.reduce.start(part))
+        for work in ffn_pending:
+            self.reduce.finish(work)
+        return torch.cat([m + p for m, p in zip(mids, ffn_outs)], dim=1)
 
     def decode(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
                cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
@@ -200,25 +269,26 @@ class TPBlock:
         """One token per sequence at position ``pos`` (a device tensor [1]); ``valid`` [max_len]
         marks the cache positions up to and including ``pos``."""
         b = x.shape[0]
-        q, k, v = self._qkv(x, cos, sin)
+        q, k, v = self.k.qkv_rope(x, self.qkv, cos, sin, (self.hq, self.hk, self.d))
         kc, vc = cache
         kc.index_copy_(2, pos, k)
         vc.index_copy_(2, pos, v)
-        group = self.hq // self.hk
-        qg = q.view(b, self.hk, group, self.d)  # each kv head with the query heads it serves
-        scores = _wide(qg @ kc.transpose(-1, -2)) * self.d ** -0.5
-        p = scores.masked_fill(~valid, float("-inf")).softmax(-1).to(x.dtype)
-        return self._finish(x, (p @ vc).view(b, self.hq, 1, self.d))
+        attn = self.k.decode_attention(q, kc, vc, valid).transpose(1, 2).reshape(b, 1, -1)
+        x = x + self.reduce(attn @ self.o.T)
+        return x + self.reduce(self.k.ffn(x, self.gate_up, self.down))
 
 
 class TPDecoder:
     """The model on this rank: replicated embedding, norms and head; a slice of every block."""
 
-    def __init__(self, s: Shape, seed: int, dtype: Any, device: Any, cuda: bool) -> None:
+    def __init__(self, s: Shape, seed: int, dtype: Any, device: Any, cuda: bool,
+                 compile_kernels: bool = False) -> None:
         self.shape, self.dtype, self.device = s, dtype, torch.device(device)
         self.reduce = AllReduce(cuda)
+        self.kernels = Kernels(compile_kernels)
         self.embed = full_weight(seed, 10**6, s.vocab, s.hidden, dtype, device)
-        self.blocks = [TPBlock(s, i, seed, dtype, device, self.reduce) for i in range(s.layers)]
+        self.blocks = [TPBlock(s, i, seed, dtype, device, self.reduce, self.kernels)
+                       for i in range(s.layers)]
         self.head = full_weight(seed, 10**6 + 1, s.vocab, s.hidden, dtype, device)
         self._cos = self._sin = torch.empty(0, device=device)
 
@@ -259,8 +329,9 @@ class TPDecoder:
         return _wide(rms_norm(x) @ self.head.T)
 
 
-def build(shape: Shape, seed: int, dtype: Any, device: Any, cuda: bool) -> TPDecoder:
-    return TPDecoder(shape, seed, dtype, device, cuda)
+def build(shape: Shape, seed: int, dtype: Any, device: Any, cuda: bool,
+          compile_kernels: bool = False) -> TPDecoder:
+    return TPDecoder(shape, seed, dtype, device, cuda, compile_kernels)
 
 
 class Server:
@@ -275,10 +346,18 @@ class Server:
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         self.step_index = torch.zeros(1, dtype=torch.long, device=dev)
-        self.out = torch.zeros(batch, max_len, dtype=torch.long, device=dev)
+        self.out = torch.zeros(batch, self.cache.max_len, dtype=torch.long, device=dev)
         self.graph: Any = None
+        #: the same step without its all-reduces (several ranks only): what they cost in a step
+        self.graph_alone: Any = None
         if graphs:
-            self._capture()
+            self.graph = self._capture()
+            if model.reduce._active():
+                model.reduce.enabled = False
+                try:
+                    self.graph_alone = self._capture()
+                finally:
+                    model.reduce.enabled = True
 
     def _step(self) -> None:
         nxt = self.model.decode_step(self.token, self.cache, self.pos).argmax(-1)
@@ -287,20 +366,21 @@ class Server:
         self.pos.add_(1)
         self.step_index.add_(1)
 
-    def _capture(self) -> None:
+    def _capture(self) -> Any:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: lazy inits must not happen inside the capture
-            for _ in range(2):
+        with torch.cuda.stream(side):  # warm-up: lazy inits and compiles happen outside capture
+            for _ in range(3):
                 self._step()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self.pos.zero_()
         self.step_index.zero_()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             self._step()
         torch.cuda.synchronize()
+        return graph
 
     def prefill(self, prompts: torch.Tensor) -> None:
         """Fills the cache with the prompts; their first generated token waits on the device."""
@@ -319,19 +399,20 @@ class Server:
     def generated(self, steps: int) -> torch.Tensor:
         return self.out[:, :steps]
 
-    def timed_decode_allreduce_s(self, steps: int) -> tuple[float, int]:
-        """Seconds and calls of the all-reduces of ``steps`` eager decode steps, each timed from
-        the call until the sum is there (the collective plus the wait for the slowest peer)."""
-        reduce = self.model.reduce
-        calls = reduce.calls
-        reduce.take_timed_s()
-        reduce.timed = True
-        try:
-            for _ in range(steps):
-                self._step()
-            return reduce.take_timed_s(), reduce.calls - calls
-        finally:
-            reduce.timed = False
+    def step_seconds(self, start_pos: int, steps: int, alone: bool = False) -> float:
+        """Mean seconds of ``steps`` graph replays from ``start_pos`` (``alone``: the step
+        without its all-reduces, which leaves the cache's tail and the tokens wrong)."""
+        graph = self.graph_alone if alone else self.graph
+        self.pos.fill_(start_pos)
+        self.step_index.zero_()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / steps
 
 
 def serve(server: Server, prompts: torch.Tensor, new_tokens: int, sync: Any) -> dict[str, float]:

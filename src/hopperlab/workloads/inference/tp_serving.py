@@ -6,8 +6,9 @@ Figures: request latency, time to first token (the prefill), decode tokens/s (al
 the batch), each beside its floor on this node (``tp_floor.py``: HBM, matmul and all-reduce
 rates measured at the start of the run) as ``decode_over_floor`` and ``prefill_over_floor``;
 the all-reduce share of a request from the collective's own time x calls, and apart from it
-the wait for the slowest peer (eager decode steps timed around each all-reduce, minus the
-collective's own time); each GPU's peak memory while serving, and what it holds.
+what the all-reduces cost a decode step beyond that (the step's graph replayed with and
+without them: the wait for the slowest peer and lost overlap); each GPU's peak memory while
+serving, and what it holds.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from hopperlab.workloads.inference.tp_floor import (NodeRates, TPShape, decode_f
                                                     layers_that_fit, prefill_allreduce_floor_s,
                                                     prefill_floor_s)
 
-#: eager decode steps timed around each all-reduce, for the wait for the slowest peer
-_WAIT_PROBE_STEPS = 4
+#: decode steps replayed with and without their all-reduces, for what the collectives cost
+_COLLECTIVE_PROBE_STEPS = 20
 
 
 def _rates(torch: Any, device: Any, floor: TPShape, batch: int, tokens: int) -> NodeRates:
@@ -83,7 +84,9 @@ def run(spec: Any, recorder: Any, params: InferenceParams) -> None:
         recorder.set_tag("inference.no_cuda_reason", why)
         recorder.set_tag("inference.floors", "not measured: no GPU (the floors need HBM and "
                          "matmul rates)")
-    model = tp.build(shape, params.seed, dtype, device, cuda)
+    compiled = cuda and params.compile_kernels
+    recorder.set_tag("inference.kernels", "torch.compile" if compiled else "eager")
+    model = tp.build(shape, params.seed, dtype, device, cuda, compile_kernels=compiled)
     server = tp.Server(model, batch, max_len, graphs=cuda)
 
     def sync() -> None:
@@ -94,7 +97,7 @@ def run(spec: Any, recorder: Any, params: InferenceParams) -> None:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     g = torch.Generator().manual_seed(params.seed + 7)
-    lat, ttft, dec, wait = [], [], [], []
+    lat, ttft, dec = [], [], []
     for i in range(params.warmup + params.requests):
         prompts = torch.randint(0, vocab, (batch, params.prompt_tokens), generator=g).to(device)
         t = tp.serve(server, prompts, params.decode_tokens, sync)
@@ -107,11 +110,15 @@ def run(spec: Any, recorder: Any, params: InferenceParams) -> None:
         lat.append(t["latency_s"])
         ttft.append(t["ttft_s"])
         dec.append(t["decode_s"] / max(params.decode_tokens - 1, 1))
-    if world > 1 and rates is not None:  # after the timed requests: the eager steps overwrite the cache's tail
-        steps = min(_WAIT_PROBE_STEPS, params.decode_tokens)
-        server.prefill(prompts)
-        timed_s, calls = server.timed_decode_allreduce_s(steps)
-        wait.append(max(0.0, (timed_s - calls * rates.allreduce_decode_s) / steps))
+    collectives: dict[str, float] = {}
+    if server.graph_alone is not None and rates is not None:  # after the timed requests
+        steps = min(_COLLECTIVE_PROBE_STEPS, params.decode_tokens)
+        with_s = server.step_seconds(params.prompt_tokens, steps)
+        alone_s = server.step_seconds(params.prompt_tokens, steps, alone=True)
+        pure_s = 2 * n_layers * rates.allreduce_decode_s
+        collectives = {"decode_alone_ms_per_token": alone_s * 1e3,
+                       "allreduce_cost_ms_per_token": (with_s - alone_s) * 1e3,
+                       "allreduce_wait_ms_per_token": max(0.0, with_s - alone_s - pure_s) * 1e3}
     figures = {"request_latency_ms_p50": percentile(lat, 50) * 1e3,
                "ttft_ms_p50": percentile(ttft, 50) * 1e3, "ttft_ms_p99": percentile(ttft, 99) * 1e3,
                "decode_tokens_per_s": batch / percentile(dec, 50),
@@ -121,8 +128,7 @@ def run(spec: Any, recorder: Any, params: InferenceParams) -> None:
                "concurrency": float(batch),
                "weights_gb_per_gpu": model.weight_bytes() / GB,
                "kv_cache_gb_per_gpu": server.cache.nbytes() / GB}
-    if wait:
-        figures["allreduce_wait_ms_per_token"] = wait[0] * 1e3
+    figures.update(collectives)
     if rates is not None:
         figures.update(_floor_figures(floor, rates, params, figures))
     if cuda:
