@@ -109,6 +109,8 @@ def _overlap(t: float, c: float, link: float, k: float, r_ratio: float) -> float
 
 # ----------------------------------------------------------------------------- families
 def _membench(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
+    if ctx.params.get("test", "copy") == "collective":
+        raise _Unsupported("the GPU-GPU link (NVLink, network) is in no machine description yet")
     if ctx.params.get("test", "copy") != "copy":
         raise _Unsupported("allocation cost and first touch depend on the driver and the OS, "
                            "which no machine description holds")
