@@ -2,7 +2,7 @@
 
 Each rank of a distributed run records itself like a one-process run, in ``ranks/<r>/``. The
 run's own record is rank 0's figures plus what only all ranks together say: world size and
-nodes, per-GPU peak memory max and min, the slowest rank's step, each node's fingerprint, and
+nodes, per-GPU peak memory max and min, the slowest rank's step and set-up, each node's fingerprint, and
 when the run failed, the rank that failed first (not the peers that lost it) with its traceback.
 Rank 0 writes it at the end of a run that went well; the submitting side writes it from the
 same files when the job ended otherwise. No torch here: both sides import it.
@@ -18,6 +18,7 @@ from typing import Any
 from hopperlab.core.rundir import (
     HARDWARE_FILE,
     RECORD_FILE,
+    SETUP_METRIC,
     STEPS_FILE,
     TRACEBACK_FILE,
     read_json,
@@ -70,6 +71,8 @@ def _figures(recs: dict[int, dict[str, Any]]) -> dict[str, float]:
             out[f"{name}_max"], out[f"{name}_min"] = max(values), min(values)
         if name in ("step_s", "s_per_iter", "step_ms"):
             out[f"slowest_rank_{name}"] = max(values)
+        if name == SETUP_METRIC:  # the run is set up when its last rank is
+            out[name] = max(values)
     return out
 
 

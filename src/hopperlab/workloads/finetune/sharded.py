@@ -5,8 +5,12 @@ step on the CPU: the role DeepSpeed's ZeRO-Offload plays in the source), and tor
 
 The model is our own small Llama (RMSNorm, RoPE attention, SwiGLU), built from a shape with
 random weights: a performance study needs the architecture, not the weights, and random tokens
-as data. The same seed gives the same model and batches whatever the world size, so a sharded
-step can be checked against one process (tests/test_distributed_workloads.py).
+as data. Every variant is built on the meta device and each rank materialises its own shard
+only, drawn where it will live (``shard_init``): the same seed gives the same model and batches
+whatever the world size, so a sharded step can be checked against one process
+(tests/test_distributed_workloads.py). Each run logs its step against the step's floor
+(``step_floor``): GPU compute measured alone on a probe, host-link bytes at the measured pinned
+rate, the optimizer step.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import percentile
 from hopperlab.cuda.nvtx import measured_region
+from hopperlab.workloads.finetune import shard_init, step_floor
 
 
 @dataclass(frozen=True)
@@ -97,15 +102,31 @@ class Llama(nn.Module):
 
 def build_model(shape: Shape, dtype: Any, device: Any, seed: int,
                 checkpointing: bool = False) -> Llama:
-    """The model with weights drawn from ``seed`` (N(0, 0.02), norms at 1): the same for every
-    world size."""
-    torch.manual_seed(seed)
-    model = Llama(shape, dtype, device, checkpointing)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.endswith("norm.weight"):
-                p.normal_(0.0, 0.02)
+    """The whole model on ``device``, built on the meta device and filled from ``seed``
+    (``shard_init``: norms at 1, the rest N(0, 0.02)): the model every sharded build of the
+    same seed holds a shard of."""
+    model = Llama(shape, dtype, "meta", checkpointing)
+    model.to_empty(device=device)
+    shard_init.init_weights(model, seed, device)
     return model
+
+
+def build_sharded(shape: Shape, dtype: Any, mode: str, seed: int, device: Any, cuda: bool,
+                  checkpointing: bool = False) -> tuple[Llama, list[Any]]:
+    """This rank's part of the model of ``seed``, never the whole of it on any rank.
+
+    FSDP2 modes: built on the meta device, sharded there, then only this rank's shard gets
+    memory (host memory under CPU offload: exact-size pinned where there is a GPU) and values,
+    drawn on ``device`` (the GPU when there is one). torchao: the whole model on ``device``.
+    Returns the model and the pinned buffers it lives in (keep them as long as the model)."""
+    if not mode.startswith("fsdp2"):
+        return build_model(shape, dtype, device, seed, checkpointing), []
+    model = Llama(shape, dtype, "meta", checkpointing)
+    shard(model, mode, cuda)
+    offload = mode == "fsdp2-cpu-offload"
+    bases = shard_init.materialise(model, "cpu" if offload else device, pin=offload and cuda)
+    shard_init.init_weights(model, seed, device)
+    return model, bases
 
 
 def batch(step: int, micro: int, rank: int, world: int, seq_len: int, vocab: int, seed: int,
@@ -116,8 +137,11 @@ def batch(step: int, micro: int, rank: int, world: int, seq_len: int, vocab: int
 
 
 def loss_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy, in float32 at least (float64 stays float64: the tests compare
+    world sizes there)."""
     logits = model(tokens[:, :-1])
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
 def shard(model: Llama, mode: str, cuda: bool) -> None:
@@ -239,46 +263,60 @@ def run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] 
     if plan.global_batch % (plan.micro_batch * world):
         raise ValueError(f"global_batch {plan.global_batch} is not a multiple of micro_batch "
                          f"{plan.micro_batch} x world size {world}")
+    if not plan.mode.startswith("fsdp2") and world > 1:
+        raise ValueError(f"{plan.mode} is a one-GPU peer: run it with one task")
+    if plan.mode == "torchao-cpu-offload" and not cuda:
+        raise SkipRun("torchao's CPUOffloadOptimizer moves optimizer states between a GPU and "
+                      "host memory: it needs a CUDA device")
     accum = plan.global_batch // (plan.micro_batch * world)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    # at world size 1 the whole model is built on the device first: the compute part of the
-    # floor is measured there before the offloading set-up moves it
-    probe = world == 1 and plan.mode != "fsdp2"
-    build_on = "cpu" if (plan.mode == "fsdp2-cpu-offload" and not probe) or not cuda else device
-    model = build_model(plan.shape, plan.dtype, build_on, plan.seed, plan.checkpointing)
-    compute_s = measure_compute(model, plan, device, accum) if probe else None
-    if probe and plan.mode == "fsdp2-cpu-offload":
-        model.to("cpu")
-        if cuda:
-            torch.cuda.empty_cache()
     own_group = plan.mode.startswith("fsdp2") and not dist.is_initialized()
     if own_group:  # FSDP2 at world size 1 still shards through a process group (of one)
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
     try:
-        _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum, compute_s)
+        t0 = time.perf_counter()
+        model, pinned = build_sharded(plan.shape, plan.dtype, plan.mode, plan.seed, device, cuda,
+                                      plan.checkpointing)
+        _sync(device)
+        recorder.log_metric("build_s", time.perf_counter() - t0)
+        if pinned:
+            recorder.log_metric("pinned_exact_gb", sum(b.numel() for b in pinned) / 1e9)
+        _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum)
     finally:
         if own_group:
             dist.destroy_process_group()
 
 
+def probe_compute(plan: Plan, device: Any, accum: int) -> float:
+    """The floor's compute part: forward and backward of this rank's micro batches of one step
+    on a model whole on ``device`` (``measure_compute``), with up to 4 decoder layers so that it
+    fits beside the run; more layers are extrapolated from probes of 2 and 4."""
+    from dataclasses import replace
+
+    layers = plan.shape.layers
+    sizes = (layers,) if layers <= 4 else (2, 4)
+    times = []
+    for n in sizes:
+        probe = build_model(replace(plan.shape, layers=n), plan.dtype, device, plan.seed,
+                            plan.checkpointing)
+        times.append(measure_compute(probe, plan, device, accum))
+        del probe
+        if getattr(device, "type", "") == "cuda":
+            torch.cuda.empty_cache()
+    if len(times) == 1:
+        return times[0]
+    return step_floor.extrapolate_layers(times[0], times[1], sizes[0], sizes[1], layers)
+
+
 def _run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] | None,
-         model: Llama, device: Any, rank: int, world: int, accum: int,
-         compute_s: float | None) -> None:
-    n_params = sum(p.numel() for p in model.parameters())
-    if plan.mode.startswith("fsdp2"):
-        shard(model, plan.mode, cuda)
-    elif world > 1:
-        raise ValueError(f"{plan.mode} is a one-GPU peer: run it with one task")
-    if plan.mode == "torchao-cpu-offload" and not cuda:
-        raise SkipRun("torchao's CPUOffloadOptimizer moves optimizer states between a GPU and "
-                      "host memory: it needs a CUDA device")
-    if plan.mode != "fsdp2-cpu-offload":
-        model.to(device)
+         model: Llama, device: Any, rank: int, world: int, accum: int) -> None:
+    n_params = sum(p.numel() for p in model.parameters())  # global sizes, sharded or not
     opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     times, opt_times, losses = [], [], []
+    recorder.mark_setup_done()  # set-up ends where the first step begins (setup_s)
     with ExitStack() as measured:  # the measured window: the steps after warm-up
         for step in range(plan.warmup + plan.steps):
             if step == plan.warmup:
@@ -308,22 +346,14 @@ def _run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float]
     if cuda:
         figures["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         figures["peak_gpu_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    if cuda and pinned_gbps and plan.mode != "fsdp2":
-        # bytes over the host link per step: parameters in (forward and again in backward
-        # under FSDP2 offload, once for torchao), gradients out, on this rank's shard
-        share = n_params * elt / (world if plan.mode.startswith("fsdp2") else 1)
-        h2d = share * (2 if plan.mode == "fsdp2-cpu-offload" else 1)
-        floor = max(h2d / (pinned_gbps[0] * 1e9), share / (pinned_gbps[1] * 1e9))
-        figures.update(link_floor_s=floor, step_over_link_floor=s_iter / floor,
-                       h2d_gb_per_step=h2d / 1e9, d2h_gb_per_step=share / 1e9)
-        if compute_s is not None:
-            # the issue's floor: GPU compute or the link each way, whichever is longer (they
-            # can overlap), plus the CPU optimizer step, which neither overlaps
-            full = max(compute_s, floor) + figures["optimizer_step_s"]
-            figures.update(floor_s=full, step_over_floor=s_iter / full)
-    if compute_s is not None:
-        figures["compute_s"] = compute_s
     pinned = pinned_host_gb() if cuda else None
     if pinned is not None:
         figures["pinned_host_peak_gb"] = pinned
+    # the floor's compute part is measured after the run (not in its set-up), on a probe model
+    compute_s = probe_compute(plan, device, accum)
+    rates = pinned_gbps if cuda and pinned_gbps else (None, None)
+    floor = step_floor.step_floor(step_floor.FloorInputs(
+        mode=plan.mode, params=n_params, elt_bytes=elt, world=world, compute_s=compute_s,
+        optimizer_s=figures["optimizer_step_s"], h2d_gbps=rates[0], d2h_gbps=rates[1]))
+    figures.update(compute_s=compute_s, **floor, **step_floor.over_floor(s_iter, floor))
     recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})
