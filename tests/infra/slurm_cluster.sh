@@ -27,7 +27,7 @@
 #   node names to their veth addresses); its spool, pid and log files carry its name (%n). Where no
 #   namespace can be made (or SLURM_CLUSTER_NODES=1) the cluster is the one node on 127.0.0.1.
 #   Jobs spanning both nodes need GLOO_SOCKET_IFNAME=IFNAME (this host's name resolves to 127.0.0.1);
-#   `start` prints it as SLURM_IFNAME=..., with SLURM_NODES=<node,...>.
+#   `start` prints it as HOPPERLAB_SLURM_IFNAME=..., with HOPPERLAB_SLURM_NODES=<node,...>.
 set -euo pipefail
 
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
@@ -443,8 +443,8 @@ cmd_start() {
   wait_for 30 sacct sacct_answers || { show_logs; die "sacct does not answer"; }
   log "cluster up in $((SECONDS - t0))s (SLURM_CONF=$SLURM_CONF)"
   echo "SLURM_CONF=$SLURM_CONF"
-  if ((two)); then echo "SLURM_NODES=$host,$NODE2"; echo "SLURM_IFNAME=$IFNAME"
-  else echo "SLURM_NODES=$host"; fi
+  if ((two)); then echo "HOPPERLAB_SLURM_NODES=$host,$NODE2"; echo "HOPPERLAB_SLURM_IFNAME=$IFNAME"
+  else echo "HOPPERLAB_SLURM_NODES=$host"; fi
 }
 
 # ---------------------------------------------------------------- stop / status
