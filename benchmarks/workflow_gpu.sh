@@ -10,6 +10,9 @@
 # back; RESULTS names the results folder (results-gpu). Wheels missing from the node's image: in
 # $WHEELS (.whl-wf). At the end: a short table of the runs (benchmarks/run_table.py), `hopperlab
 # check`, and $OUT/runs.tgz with each run's small files (no profiles), for docs and fixtures.
+# GPUS: the GPUs snakemake may hand out (default 1; a multi-GPU node's runs need them all);
+# CORES: snakemake's cores (default all; 1 runs one job at a time, so that runs do not share
+# the node's GPUs, host memory and CPU cores while they are timed).
 set -uo pipefail
 OUT=${1:?OUT}; RUNS=${2:?RUNS}; SUBS=${3:-}
 WHEELS=${WHEELS:-.whl-wf}
@@ -29,7 +32,7 @@ for _ in $(seq 120); do
     2>/dev/null && break; sleep 1
 done
 echo "[workflow_gpu] mlflow server up after ${SECONDS}s"
-timeout "${SNAKEMAKE_TIMEOUT_S:-0}" python3 -m snakemake --cores all --resources gpus=1 --scheduler greedy \
+timeout "${SNAKEMAKE_TIMEOUT_S:-0}" python3 -m snakemake --cores "${CORES:-all}" --resources "gpus=${GPUS:-1}" --scheduler greedy \
   --config "site=${SITE:-gpu-node}" "scale=${SCALE:-full}" "profiler=${PROFILER:-nsys}" \
   results_dir="${RESULTS:-results-gpu}" "only=$RUNS" \
   ${SUBS:+"asset_substitutes=$SUBS"} 2>&1 | tee "$OUT/snakemake.log" | \
