@@ -6,6 +6,8 @@
 #   bash benchmarks/workflow_gpu.sh OUT RUNS [SUBSTITUTES]
 # RUNS: comma-separated run keys (the `only` config key). SUBSTITUTES: asset_substitutes, for a
 # node without the Hugging Face Hub. SITE, SCALE, PROFILER override gpu-node, full, nsys;
+# GPUS (1) is snakemake's --resources gpus= (4 on a 4-GPU node for its multi-GPU runs), CORES (all)
+# its --cores (1: one job at a time, e.g. so that a link measurement has the node to itself);
 # SNAKEMAKE_TIMEOUT_S stops snakemake after that long (0: never), so that what ran is still read
 # back; RESULTS names the results folder (results-gpu). Wheels missing from the node's image: in
 # $WHEELS (.whl-wf). At the end: a short table of the runs (benchmarks/run_table.py), `hopperlab

@@ -320,3 +320,18 @@ def test_torch_profiler_traces_the_measured_steps(assets, tmp_path):
     trace = tmp_path / "run" / "artifacts" / "profile" / "torch_trace.json"
     names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     assert {"step", "forward", "backward", "optimizer", "data.wait"} <= names
+
+
+def test_repeats_are_windows_of_measured_steps_after_one_warm_up(assets, tmp_path):
+    """repeats: 3 builds the model once and measures 3 x measured_steps (issue 29)."""
+    from hopperlab.run import repeats
+    from hopperlab.workloads.finetune import FAMILY as FT
+
+    s = spec(assets, replace(SMOKE, measured_steps=2), tmp_path / "run")
+    s.repeats, s.headline_metrics = 3, FT.headline_metrics
+    rec = Recorder(tmp_path / "run")
+    repeats.measure(run, s, rec, FT)
+    assert len(rec.samples) == 3 and rec.tags["repeat_unit"] == "windows"
+    assert all(smp["measured_steps"] == 2 for smp in rec.samples)
+    assert rec.metrics["tokens_per_s_n"] == 3
+    assert len(read_steps(tmp_path / "run")) == SMOKE.warmup_steps + 6

@@ -16,14 +16,18 @@ from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import (
     compare,
     descriptions,
+    junit,
     mlflow_source,
     predict,
+    reference_update,
     references,
     runs,
 )
 from hopperlab.results.report.collect import collect_runs
 
 EXIT_REGRESSION = 1
+#: ``check --strict`` when no run had a reference (CI that must have checked something)
+EXIT_NOTHING_CHECKED = 3
 
 
 def _root(args: argparse.Namespace) -> Path:
@@ -74,7 +78,49 @@ def cmd_check(args: argparse.Namespace) -> int:
     machines = sorted({r.machine or "unknown" for r in rows})
     print(f"[hopperlab] check {results} ({', '.join(machines)}): "
           + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
-    return EXIT_REGRESSION if lines else 0
+    if args.junit:
+        path = junit.write(Path(args.junit), f"hopperlab check {results}", rows, judgements)
+        print(f"[hopperlab] wrote {path}")
+    failing = {references.REGRESSION} | ({references.INCONCLUSIVE} if args.strict else set())
+    if any(j.verdict in failing for j in judgements.values()):
+        return EXIT_REGRESSION
+    if set(counts) <= {references.NO_REFERENCE}:
+        print(nothing_checked(refs_dir, machines, root))
+        return EXIT_NOTHING_CHECKED if args.strict else 0
+    return 0
+
+
+def nothing_checked(refs_dir: Path, machines: list[str], root: Path) -> str:
+    """What `check` says when no run had a reference: which files it looked for, which exist,
+    and how a reference file is made."""
+    have = sorted(p.stem for p in refs_dir.glob("*.yaml")) if refs_dir.is_dir() else []
+    example = (refs_dir / f"{have[0]}.yaml") if have else refs_dir / "<machine>.yaml"
+    try:
+        example = example.relative_to(root)
+    except ValueError:
+        pass
+    return (f"[hopperlab] check: nothing was checked: no reference for "
+            f"{', '.join(machines)} in {refs_dir} (it has: {', '.join(have) or 'none'}). "
+            f"References are made from known-good runs measured with repeats: snakemake "
+            f"--config repeats=5, then hopperlab references update RESULTS_DIR (or by hand, "
+            f"as in {example}); --strict makes this exit {EXIT_NOTHING_CHECKED}")
+
+
+def cmd_references(args: argparse.Namespace) -> int:
+    root = _root(args)
+    refs_dir = Path(args.references) if args.references else root / references.REFERENCES_DIR
+    report = reference_update.update(Path(args.results_dir), refs_dir, machine=args.machine,
+                                     min_effect=args.min_effect)
+    for line in report.skipped:
+        print(f"[hopperlab] skipped {line}")
+    for name, path in report.written.items():
+        n = sum(1 for u in report.updated if u.startswith(name + " "))
+        print(f"[hopperlab] references of {name}: {n} metric(s) written to {path}")
+    if not report.written:
+        raise SpecError(f"{args.results_dir}: no reference written (every run had too few "
+                        f"samples: measure with --config repeats=N, N >= "
+                        f"{reference_update.MIN_SAMPLES})")
+    return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -135,6 +181,19 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
                                 "exit 1 on a regression")
     p.add_argument("results_dir", nargs="?", help="default: the config's results_dir")
     p.add_argument("--references", help="folder of reference files (default configs/references)")
+    p.add_argument("--strict", action="store_true",
+                   help="an inconclusive run (a change within the noise) fails the check "
+                        f"too (exit 1), and so does a check of nothing: no run had a "
+                        f"reference (exit {EXIT_NOTHING_CHECKED})")
+    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one test case per run)")
+    p = add("references", cmd_references, "references from repeated runs: "
+            "`hopperlab references update RESULTS_DIR`")
+    p.add_argument("action", choices=("update",))
+    p.add_argument("results_dir", help="a results folder whose runs measured with repeats")
+    p.add_argument("--machine", help="the machine the references are for (default: each run's)")
+    p.add_argument("--references", help="folder of reference files (default configs/references)")
+    p.add_argument("--min-effect", type=float, help="the smallest change worth reporting, a "
+                   "fraction (default: the file's, else 0.05)")
     p = add("predict", cmd_predict, "predict a results folder's figures on another machine")
     p.add_argument("results_dir")
     p.add_argument("--machine", required=True, help="target (configs/machines/ name or alias)")

@@ -29,6 +29,8 @@ METRICS_FILE = "metrics.json"
 #: and before a forced rerun; ``record.json`` stays (and moves to ``attempts/<n>/`` with the rest).
 RECORD_FILE = "record.json"
 STEPS_FILE = "steps.jsonl"
+#: one line per repeat of a run measured several times (``repeats``): that repeat's metrics
+SAMPLES_FILE = "samples.jsonl"
 SPEC_FILE = "spec.json"
 HARDWARE_FILE = "hardware.json"
 TRACEBACK_FILE = "traceback.txt"
@@ -119,6 +121,10 @@ class Recorder:
         self.job_started = time.time() if job_started is None else job_started
         self._setup_done: float | None = None
         self._steps = open(self.run_dir / STEPS_FILE, "a")
+        #: the repeat being measured (``repeats`` > 1): step lines carry it
+        self.repeat: int | None = None
+        #: each repeat's metrics, in order (``add_sample``)
+        self.samples: list[dict[str, float]] = []
 
     # -- during the run -------------------------------------------------------------------
     def mark_setup_done(self) -> None:
@@ -130,7 +136,10 @@ class Recorder:
         """Append one step's metrics to ``steps.jsonl`` (flushed: survives a crash)."""
         clean = {k: _number(k, v) for k, v in metrics.items()}
         self.mark_setup_done()  # a no-op once the workload has said where its steps begin
-        line = json.dumps({"step": int(step), "time": time.time(), "metrics": clean})
+        entry: dict[str, Any] = {"step": int(step), "time": time.time(), "metrics": clean}
+        if self.repeat is not None:
+            entry["repeat"] = self.repeat
+        line = json.dumps(entry)
         self._steps.write(line + "\n")
         self._steps.flush()
 
@@ -140,6 +149,15 @@ class Recorder:
     def log_metrics(self, metrics: Mapping[str, float] | None = None, **kw: float) -> None:
         for k, v in {**(metrics or {}), **kw}.items():
             self.log_metric(k, v)
+
+    def add_sample(self, metrics: Mapping[str, float]) -> None:
+        """Record one repeat's metrics (a window after warm-up, or a rerun): appended to
+        ``samples.jsonl`` at once, so that a killed run keeps the repeats it finished."""
+        clean = {k: _number(k, v) for k, v in metrics.items()}
+        self.samples.append(clean)
+        finite = {k: v for k, v in clean.items() if math.isfinite(v)}
+        with open(self.run_dir / SAMPLES_FILE, "a") as fh:
+            fh.write(json.dumps({"repeat": len(self.samples) - 1, "metrics": finite}) + "\n")
 
     def set_tag(self, name: str, value: Any) -> None:
         self.tags[name] = str(value)
@@ -201,6 +219,21 @@ def load_record(run_dir: Path) -> dict[str, Any] | None:
         if path.exists():
             return read_json(path)
     return None
+
+
+def read_samples(run_dir: Path) -> list[dict[str, float]]:
+    """Each repeat's metrics from ``samples.jsonl`` (empty: the run was measured once); a torn
+    last line (a killed job) is skipped."""
+    path = Path(run_dir) / SAMPLES_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(dict(json.loads(line)["metrics"]))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    return out
 
 
 def read_steps(run_dir: Path) -> list[dict[str, Any]]:

@@ -148,8 +148,37 @@ def _cpu() -> dict[str, Any]:
             if v and v != "-1":
                 pkgs.add(v)
         sockets = len(pkgs) or None
-    return {"cpu_model": model, "cpu_arch": platform.machine() or None,
+    return {"cpu_model": model, "cpu_signature": cpu_signature(info),
+            "cpu_arch": platform.machine() or None,
             "cpu_cores": os.cpu_count(), "cpu_sockets": sockets}
+
+
+def cpu_signature(cpuinfo: str) -> str | None:
+    """Vendor, family, model and stepping of the first CPU (x86), or implementer, part and
+    variant (Arm): it tells apart hosts whose model name a hypervisor reduced to
+    "Intel(R) Xeon(R) Processor" (two lent H100 hosts of 2026-11-26 differed by 38 % in
+    the recommender's CPU figures under that one name)."""
+    def field(name: str) -> str | None:
+        m = re.search(rf"^{name}\s*:\s*(.+)$", cpuinfo, re.MULTILINE)
+        return m.group(1).strip() if m else None
+
+    vendor, family, model = field("vendor_id"), field("cpu family"), field("model")
+    if vendor and family and model:
+        return f"{vendor} {family}-{model}-{field('stepping') or '?'}"
+    implementer, part = field("CPU implementer"), field("CPU part")
+    if implementer and part:
+        return f"arm {implementer}-{part}-{field('CPU variant') or '?'}"
+    return None
+
+
+def host_cpu(hardware: Mapping[str, Any]) -> str | None:
+    """The host CPU a run's CPU-driven figures are keyed by: the model name, with the
+    signature when the fingerprint has one (None: no CPU recorded)."""
+    model = hardware.get("cpu_model")
+    if not model:
+        return None
+    sig = hardware.get("cpu_signature")
+    return f"{model} [{sig}]" if sig else str(model)
 
 
 def _mem_total_gb() -> float | None:

@@ -27,7 +27,7 @@ from hopperlab.core.window import errors as window_errors
 from hopperlab.core.window import listening
 from hopperlab.node import hardware, threads
 from hopperlab.node.energy.meter import EnergyMeter, Result, open_meter
-from hopperlab.run import distributed
+from hopperlab.run import distributed, repeats
 from hopperlab.workloads import family_info
 
 
@@ -132,8 +132,10 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
         spec = RunSpec.from_dict(spec_data)
         _size_threads(spec, rec)
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
-        workload = family_info(spec.family).load_entry()
-        _run_metered(workload, spec, rec)
+        info = family_info(spec.family)
+        entry = info.load_entry()
+        # the meter spans every repeat: energy is the whole run's
+        _run_metered(lambda s, r: repeats.measure(entry, s, r, info), spec, rec)
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
     except SkipRun as exc:
         return rec.finish("skipped", str(exc))

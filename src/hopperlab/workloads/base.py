@@ -99,6 +99,14 @@ class FamilyInfo:
     #: in the repository (e.g. a model config of its own) and raises SpecError at ``where``
     #: (file and key path of the run). Cheap: it runs on the login node, before submission.
     check_assets: Callable[[Any, Mapping[str, Any], str], None] | None = None
+    #: what one of a run's ``repeats`` is (docs/benchmarks/noise.md): ``reruns`` (the runner
+    #: calls the entry ``repeats`` times in the job's process, each call with its own set-up and
+    #: warm-up) or ``windows`` (the entry sets up and warms up once, then measures
+    #: ``spec.repeats`` windows and records each with ``recorder.add_sample``)
+    repeat_unit: str = "reruns"
+    #: metrics (shell globs) a host's CPU drives, judged only against references of the same
+    #: host CPU (``hopperlab.node.hardware.host_cpu``)
+    host_cpu_metrics: tuple[str, ...] = ()
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)

@@ -174,26 +174,35 @@ def run(spec: Any, recorder: Any) -> None:
 
     answers: dict[str, Any] = {}
     failures: list[str] = []
+    windows = int(getattr(spec, "repeats", 1) or 1)
     step = 0
     try:
         with _profiling(profiler, device, recorder):
-            for qi, q in enumerate(params.queries):
-                def sample(i: int, ms: float, qi: int = qi) -> None:
-                    nonlocal step
-                    recorder.log_step(step, query_index=qi, repeat=i, time_ms=ms)
-                    step += 1
+            for w in range(windows):  # repeat_unit "windows": each after its warm-up
+                recorder.repeat = w if windows > 1 else None
+                figures_w: dict[str, float] = {}
+                for qi, q in enumerate(params.queries):
+                    def sample(i: int, ms: float, qi: int = qi) -> None:
+                        nonlocal step
+                        recorder.log_step(step, query_index=qi, repeat=i, time_ms=ms)
+                        step += 1
 
-                result = run_query(source, q, cfg.warmup, cfg.repeats, sample)
-                diffs = compare(expected[q], result.rows)
-                figures = QueryFigures(q, result.time_ms, result.bytes_read, duck_ms[q],
-                                       correct=not diffs, link_gbps=link if not no_gpu else None,
-                                       host_resident=params.placement in HOST_RESIDENT)
-                recorder.log_metrics(figures.metrics())
-                answers[q] = {"correct": not diffs, "differences": diffs,
-                              "duckdb": [list(map(str, r)) for r in expected[q]],
-                              "plan": [list(map(str, r)) for r in result.rows]}
-                if diffs:
-                    failures.append(f"{q}: " + "; ".join(diffs))
+                    result = run_query(source, q, cfg.warmup, cfg.repeats, sample)
+                    diffs = compare(expected[q], result.rows)
+                    figures = QueryFigures(q, result.time_ms, result.bytes_read, duck_ms[q],
+                                           correct=not diffs,
+                                           link_gbps=link if not no_gpu else None,
+                                           host_resident=params.placement in HOST_RESIDENT)
+                    recorder.log_metrics(figures.metrics())
+                    figures_w.update(figures.metrics())
+                    answers[q] = {"correct": not diffs, "differences": diffs,
+                                  "duckdb": [list(map(str, r)) for r in expected[q]],
+                                  "plan": [list(map(str, r)) for r in result.rows]}
+                    if diffs:
+                        failures.append(f"{q}: " + "; ".join(diffs))
+                if windows > 1:
+                    recorder.add_sample(figures_w)
+            recorder.repeat = None
     finally:
         source.close()
     recorder.log_metric("all_correct", 0.0 if failures else 1.0)

@@ -234,4 +234,7 @@ FAMILY = FamilyInfo(
     work_units=WORK_UNITS,
     floors=FLOORS,
     check_assets=check_assets,
+    # building a 7B model takes longer than its measured steps: windows of measured steps
+    # (the torch backend; sharded and NeMo runs fall back to reruns)
+    repeat_unit="windows",
 )

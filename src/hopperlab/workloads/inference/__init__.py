@@ -144,4 +144,7 @@ FAMILY = FamilyInfo(
     headline_metrics=HEADLINE_METRICS,
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
+    # loading the model takes longer than serving its sessions: windows, each with its own
+    # warm-up sessions, on the one loaded model (tensor-parallel runs fall back to reruns)
+    repeat_unit="windows",
 )

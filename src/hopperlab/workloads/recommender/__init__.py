@@ -112,4 +112,8 @@ FAMILY = FamilyInfo(
     charts="hopperlab.workloads.recommender.charts:charts",
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
+    # training takes 10 s, a window of queries well under one: windows after one warm-up
+    repeat_unit="windows",
+    # the pipeline's CPU parts (features, launches) follow the host's CPU (issue 29)
+    host_cpu_metrics=("lat_*", "qps"),
 )
