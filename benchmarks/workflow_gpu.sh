@@ -12,9 +12,6 @@
 # back; RESULTS names the results folder (results-gpu). Wheels missing from the node's image: in
 # $WHEELS (.whl-wf). At the end: a short table of the runs (benchmarks/run_table.py), `hopperlab
 # check`, and $OUT/runs.tgz with each run's small files (no profiles), for docs and fixtures.
-# GPUS: the GPUs snakemake may hand out (default 1; a multi-GPU node's runs need them all);
-# CORES: snakemake's cores (default all; 1 runs one job at a time, so that runs do not share
-# the node's GPUs, host memory and CPU cores while they are timed).
 set -uo pipefail
 OUT=${1:?OUT}; RUNS=${2:?RUNS}; SUBS=${3:-}
 WHEELS=${WHEELS:-.whl-wf}
