@@ -182,3 +182,13 @@ def test_pages_show_work_per_joule_in_chromium(folders, tmp_path):
             page.get_by_text("(PREDICTION, upper bound)").first.wait_for(timeout=20_000)
         finally:
             browser.close()
+
+
+def test_hopperlab_predict_prints_the_energy_line(folders, capsys):
+    from hopperlab.cli.main import main
+
+    rc = main(["--root", str(REPO), "predict", str(folders[0]), "--machine", "gh200-96gb"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    line = next(ln for ln in out.splitlines() if "energy:" in ln and "training tokens" in ln)
+    assert "(PREDICTION, upper bound)" in line and "P_module = 1000 W" in line

@@ -155,7 +155,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"    model {p.model}: {p.formula}")
         for k, v in p.inputs.items():
             print(f"    {k} = {v}")
+        if p.energy is not None:
+            print(f"    energy: {_energy_text(p.energy)}")
     return 0
+
+
+def _energy_text(e: Any) -> str:
+    if e.joules is None:
+        return f"not predicted: {e.unpredictable}"
+    text = f"{e.joules:.4g} {e.label}; {e.formula}; " + "; ".join(
+        f"{k} = {v}" for k, v in (e.inputs or {}).items())
+    if e.measured is not None and e.error is not None:
+        text += f"; measured on target {e.measured:.4g} J, error {e.error:+.1%}"
+    return text
 
 
 def _pred_dict(p: predict.Prediction) -> dict[str, Any]:
@@ -163,7 +175,11 @@ def _pred_dict(p: predict.Prediction) -> dict[str, Any]:
             "target_machine": p.target_machine, "source_value": p.source_value,
             "predicted": p.predicted, "measured": p.measured, "error": p.error,
             "model": p.model, "formula": p.formula, "inputs": p.inputs,
-            "unpredictable": p.unpredictable}
+            "unpredictable": p.unpredictable,
+            "energy": None if p.energy is None else {
+                "joules": p.energy.joules, "label": p.energy.label, "formula": p.energy.formula,
+                "inputs": p.energy.inputs, "measured": p.energy.measured,
+                "error": p.energy.error, "unpredictable": p.energy.unpredictable}}
 
 
 def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
