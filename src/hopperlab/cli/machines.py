@@ -29,6 +29,8 @@ from hopperlab.results.machines import (
 from hopperlab.results.report.collect import collect_runs
 
 EXIT_REGRESSION = 1
+#: ``check --strict`` when no run had a reference (CI that must have checked something)
+EXIT_NOTHING_CHECKED = 3
 
 
 def _root(args: argparse.Namespace) -> Path:
@@ -83,7 +85,28 @@ def cmd_check(args: argparse.Namespace) -> int:
         path = junit.write(Path(args.junit), f"hopperlab check {results}", rows, judgements)
         print(f"[hopperlab] wrote {path}")
     failing = {references.REGRESSION} | ({references.INCONCLUSIVE} if args.strict else set())
-    return EXIT_REGRESSION if any(j.verdict in failing for j in judgements.values()) else 0
+    if any(j.verdict in failing for j in judgements.values()):
+        return EXIT_REGRESSION
+    if set(counts) <= {references.NO_REFERENCE}:
+        print(nothing_checked(refs_dir, machines, root))
+        return EXIT_NOTHING_CHECKED if args.strict else 0
+    return 0
+
+
+def nothing_checked(refs_dir: Path, machines: list[str], root: Path) -> str:
+    """What `check` says when no run had a reference: which files it looked for, which exist,
+    and how a reference file is made."""
+    have = sorted(p.stem for p in refs_dir.glob("*.yaml")) if refs_dir.is_dir() else []
+    example = (refs_dir / f"{have[0]}.yaml") if have else refs_dir / "<machine>.yaml"
+    try:
+        example = example.relative_to(root)
+    except ValueError:
+        pass
+    return (f"[hopperlab] check: nothing was checked: no reference for "
+            f"{', '.join(machines)} in {refs_dir} (it has: {', '.join(have) or 'none'}). "
+            f"References are made from known-good runs measured with repeats: snakemake "
+            f"--config repeats=5, then hopperlab references update RESULTS_DIR (or by hand, "
+            f"as in {example}); --strict makes this exit {EXIT_NOTHING_CHECKED}")
 
 
 def cmd_references(args: argparse.Namespace) -> int:
@@ -170,7 +193,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"    model {p.model}: {p.formula}")
         for k, v in p.inputs.items():
             print(f"    {k} = {v}")
+        if p.energy is not None:
+            print(f"    energy: {_energy_text(p.energy)}")
     return 0
+
+
+def _energy_text(e: Any) -> str:
+    if e.joules is None:
+        return f"not predicted: {e.unpredictable}"
+    text = f"{e.joules:.4g} {e.label}; {e.formula}; " + "; ".join(
+        f"{k} = {v}" for k, v in (e.inputs or {}).items())
+    if e.measured is not None and e.error is not None:
+        text += f"; measured on target {e.measured:.4g} J, error {e.error:+.1%}"
+    return text
 
 
 def _pred_dict(p: predict.Prediction) -> dict[str, Any]:
@@ -178,7 +213,11 @@ def _pred_dict(p: predict.Prediction) -> dict[str, Any]:
             "target_machine": p.target_machine, "source_value": p.source_value,
             "predicted": p.predicted, "measured": p.measured, "error": p.error,
             "model": p.model, "formula": p.formula, "inputs": p.inputs,
-            "unpredictable": p.unpredictable}
+            "unpredictable": p.unpredictable,
+            "energy": None if p.energy is None else {
+                "joules": p.energy.joules, "label": p.energy.label, "formula": p.energy.formula,
+                "inputs": p.energy.inputs, "measured": p.energy.measured,
+                "error": p.energy.error, "unpredictable": p.energy.unpredictable}}
 
 
 def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -197,7 +236,9 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("results_dir", nargs="?", help="default: the config's results_dir")
     p.add_argument("--references", help="folder of reference files (default configs/references)")
     p.add_argument("--strict", action="store_true",
-                   help="an inconclusive run (a change within the noise) fails the check too")
+                   help="an inconclusive run (a change within the noise) fails the check "
+                        f"too (exit 1), and so does a check of nothing: no run had a "
+                        f"reference (exit {EXIT_NOTHING_CHECKED})")
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one test case per run)")
     p = add("references", cmd_references, "references from repeated runs: "
             "`hopperlab references update RESULTS_DIR`")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from hopperlab.cli import machines as machines_cli
 from hopperlab.cli import profile as profile_cli
 from hopperlab.config.matrix import find_root, load_matrix, parse_overrides
 from hopperlab.config.spec import Matrix
-from hopperlab.core.errors import HopperlabError, SpecError
+from hopperlab.core.errors import HopperlabError, SpecError, one_line
 from hopperlab.core.quiet import silence_known_noise
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
@@ -32,6 +33,8 @@ from hopperlab.workloads.base import KNOB_DEFAULTS
 
 #: exit status of an expected error (a config mistake, a missing asset, a node that cannot...)
 EXIT_EXPECTED_ERROR = 2
+#: exit status when the reader of our output went away (128 + SIGPIPE, as a shell reports it)
+EXIT_BROKEN_PIPE = 141
 
 
 def _matrix(args: argparse.Namespace) -> Matrix:
@@ -156,15 +159,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_root(p: argparse.ArgumentParser) -> None:
+    """``--root`` after the verb too (``hopperlab check --root X``), as the errors suggest it;
+    unset, it leaves the main parser's value alone."""
+    p.add_argument("--root", default=argparse.SUPPRESS,
+                   help="project root (default: found upward from the cwd)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hopperlab", description=__doc__.split("\n")[0])
-    parser.add_argument("--root", help="project root (default: found upward from the cwd)")
+    parser.add_argument("--root", help="project root (default: found upward from the cwd); "
+                                       "also accepted after the verb")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, func, help_: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_)
         p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                        help="override configs/config.yaml keys, as snakemake --config does")
+        add_root(p)
         p.set_defaults(func=func)
         return p
 
@@ -202,13 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     silence_known_noise()
     try:
-        return args.func(args)
-    except SpecError as exc:
-        print(f"hopperlab: config error:\n{exc}", file=sys.stderr)
-        return EXIT_EXPECTED_ERROR
+        rc = args.func(args)
+        sys.stdout.flush()
+        return rc
     except HopperlabError as exc:
-        print(f"hopperlab: {exc}", file=sys.stderr)
+        print(one_line(exc), file=sys.stderr)
         return EXIT_EXPECTED_ERROR
+    except BrokenPipeError:
+        # `hopperlab ... | head`: the reader has gone; stop quietly, as a SIGPIPE'd tool would
+        # (stdout pointed at /dev/null so that the interpreter's last flush cannot raise again)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -273,6 +273,17 @@ def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) ->
             runs[spec.key] = spec
     for sel in config.get("only") or []:
         if not any(_selected(k, [sel]) for k in runs):
+            family = sel.split("/")[0]
+            if family not in config["families"]:
+                where = ("is not a known family" if family not in FAMILY_MODULES else
+                         "is not in families")
+                raise SpecError(
+                    f"configs/config.yaml: only: {shown(sel)} selects no run: {shown(family)} "
+                    f"{where} ({', '.join(config['families'])}); add it, e.g. --config "
+                    f"families={','.join([*config['families'], family])} only={sel}"
+                    if family in FAMILY_MODULES else
+                    f"configs/config.yaml: only: {shown(sel)} selects no run: {shown(family)} "
+                    f"{where} (known: {', '.join(sorted(FAMILY_MODULES))})")
             raise SpecError(f"configs/config.yaml: only: {shown(sel)} selects no run")
     return Matrix(runs=runs, config=config, site=site, root=root)
 
@@ -284,4 +295,5 @@ def find_root(start: Path | None = None) -> Path:
         if (folder / "configs" / "config.yaml").exists() and (folder / "Snakefile").exists():
             return folder
     raise SpecError(f"{here}: not inside a hopperlab project (no configs/config.yaml + Snakefile "
-                    f"found upward); pass --root")
+                    f"found upward); run it inside the project or pass --root PROJECT "
+                    f"(before or after the verb: hopperlab check --root PROJECT)")

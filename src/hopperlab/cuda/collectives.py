@@ -184,3 +184,20 @@ def collective_latency(nbytes: int, iters: int = 20, *, group: Any = None,
     hidden-size message. ``graph=True`` (NCCL only) times a CUDA-graph replay of the calls.
     """
     return time_collective("all_reduce", nbytes, iters, group=group, graph=graph).seconds
+
+
+def check_collective(op: str, nbytes: int, *, group: Any = None) -> bool:
+    """Whether ``op`` of ``nbytes`` gives the right answer on this rank (nccl-tests checks
+    every result too: a call that moved nothing would look fast). Rank r sends r + 1."""
+    import torch
+    import torch.distributed as dist
+
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    on_cuda = str(dist.get_backend(group)) == "nccl"
+    x, out, _ = _buffers(torch, op, nbytes, n, on_cuda)
+    x.fill_(rank + 1)
+    _caller(dist, op, x, out, group)()
+    if op == "all_reduce":
+        return bool((out == n * (n + 1) / 2).all())
+    want = torch.arange(1, n + 1, dtype=out.dtype, device=out.device).repeat_interleave(x.numel())
+    return bool(torch.equal(out, want))

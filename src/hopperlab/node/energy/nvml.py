@@ -79,8 +79,9 @@ class NvmlGpus:
 
     def power_w(self, i: int) -> float | None:
         if self.power_kind == "instant":
+            field = getattr(self._nvml, "NVML_FI_DEV_POWER_INSTANT", FI_POWER_INSTANT)
             values = self._call("power instant", self._nvml.nvmlDeviceGetFieldValues,
-                                self.handles[i], [FI_POWER_INSTANT])
+                                self.handles[i], [field])
             if values and getattr(values[0], "nvmlReturn", 1) == 0:
                 return float(values[0].value.uiVal) / 1e3
             self.power_kind = "average"  # this driver has no instant power: 1 s average

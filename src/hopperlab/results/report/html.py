@@ -23,6 +23,7 @@ from hopperlab.results.report.charts import (
     profile_breakdown,
 )
 from hopperlab.results.report.census import census_table
+from hopperlab.results.report.energy import energy_section
 from hopperlab.results.report.collect import (
     RunRow,
     baseline_name,
@@ -175,6 +176,7 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
                   else " <span class=\"note\">(no run)</span>") + "</p>")
     out.append(_status_table(runs, metrics))
     out.append(census_table(runs))
+    out.append(energy_section(runs, charts=plotter is not None))
     charts = []
     for m in metrics:
         if plotter is None or not any(r.status == "ok" and m in r.metrics for r in runs):
