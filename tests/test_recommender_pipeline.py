@@ -198,3 +198,19 @@ def test_run_on_gpu(tmp_path, data_dir, memory, profiler):
     if profiler == "torch":
         trace = tmp_path / "run" / "artifacts" / "profile" / "torch_trace.json"
         assert "pipeline.ranking" in trace.read_text()
+
+
+def test_repeats_are_windows_of_queries_after_one_training(tmp_path, data_dir):
+    """repeats: 3 trains once and measures 3 windows of ``queries`` each (issue 29)."""
+    from hopperlab.run import repeats
+    from hopperlab.workloads.recommender import FAMILY
+
+    s = _spec(data_dir, pipeline="cpu")
+    s.repeats, s.headline_metrics = 3, FAMILY.headline_metrics
+    rec = Recorder(tmp_path / "run")
+    repeats.measure(workload.run, s, rec, FAMILY)
+    assert len(rec.samples) == 3 and rec.tags["repeat_unit"] == "windows"
+    m = rec.metrics
+    assert m["lat_e2e_p50_ms_n"] == 3
+    assert m["lat_e2e_p50_ms_ci_low"] <= m["lat_e2e_p50_ms"] <= m["lat_e2e_p50_ms_ci_high"]
+    assert len(read_steps(tmp_path / "run")) == 3 * SMOKE["queries"]

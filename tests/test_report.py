@@ -151,9 +151,9 @@ def test_summary_csv(results: Path) -> None:
     metrics = ["alloc_us_p50", "alloc_us_p99", "d2h_gbps_peak", "h2d_gbps_64mb", "h2d_gbps_peak"]
     assert header == [
         "family", "experiment", "variant", "attempt", "status", "reason", "scale", "hostname",
-        "gpu_model", "cpu_arch", "host_link", "duration_s", "compared_to", "machine", "reference_check",
-        *metrics, *(m + "_vs_baseline" for m in metrics),
-    ]
+        "gpu_model", "cpu_arch", "host_link", "duration_s", "setup_s", "compared_to", "machine",
+        "reference_check", *metrics, *(m + "_vs_baseline" for m in metrics),
+    ]  # setup_s (every record with a step has it) is a column, never a compared metric
     assert [(r["experiment"], r["variant"], r["status"]) for r in rows] == [
         ("alloc", "caching", "skipped"), ("alloc", "expandable", "ok"),
         ("copy", "managed", "failed"), ("copy", "pageable", "ok"),
@@ -172,6 +172,7 @@ def test_summary_csv(results: Path) -> None:
 
     assert float(base["h2d_gbps_peak_vs_baseline"]) == 1.0
     assert float(base["duration_s"]) >= 0.0
+    assert 0.0 <= float(base["setup_s"]) <= float(base["duration_s"]) + 1.0
     # An oom run keeps what it measured before running out; its ratio is against the baseline.
     assert huge["h2d_gbps_peak"] == "" and huge["h2d_gbps_peak_vs_baseline"] == ""
     assert float(huge["h2d_gbps_64mb_vs_baseline"]) == 21.0 / 11.0
@@ -206,6 +207,7 @@ def test_report_html(results: Path) -> None:
     assert "http://" not in text and "https://" not in text
     assert "<script" not in text and "<link" not in text
     assert "6 runs" in visible
+    assert "set-up s" in visible
     for variant in ("pageable", "pinned", "pinned-huge", "managed", "caching", "expandable"):
         assert variant in visible
     for status in ("ok", "oom", "failed", "skipped"):

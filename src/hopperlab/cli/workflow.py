@@ -5,13 +5,14 @@ from __future__ import annotations
 import atexit
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 from hopperlab.assets.registry import asset_fingerprint, asset_inputs
 from hopperlab.config.spec import Matrix, spec_data_fingerprint, unknown_target_message
 from hopperlab.core import locks
-from hopperlab.core.errors import HopperlabError, SpecError, shown
+from hopperlab.core.errors import HopperlabError, SpecError, one_line, shown
 from hopperlab.core.rundir import METRICS_FILE, RECORD_FILE
 from hopperlab.core.schema import (
     check_expansion,
@@ -239,3 +240,10 @@ def check_container_runtime(matrix: Matrix) -> None:
     loading the spec never looks at PATH, the workflow does once."""
     c = matrix.site.container
     resolve_site_runtime(matrix.site.source, c.runtime, c.image)
+
+
+def exit_on_config_error(exc: HopperlabError) -> None:
+    """Stop the Snakefile as ``hopperlab`` stops: one line on stderr and exit status 2
+    (a WorkflowError would add Snakemake's file, line and traceback lines and exit 1)."""
+    print(one_line(exc), file=sys.stderr)
+    raise SystemExit(2)

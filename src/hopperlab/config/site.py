@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from hopperlab.config.cost import CostSpec
 from hopperlab.config.spec import ContainerSettings, SiteSpec, SlurmSettings
@@ -92,3 +92,13 @@ def _env(env: Any, source: str) -> dict[str, str]:
 def site_resources(root: Path, site: SiteSpec, scale: str) -> dict[str, Any]:
     data = load_yaml(Path(site.source), "site")
     return dict((data.get("resources") or {}).get(scale) or {})
+
+
+def site_repeats(root: Path, site: SiteSpec, scale: str) -> int | None:
+    """The site's ``repeats`` at ``scale`` (a number for every scale, or one per scale);
+    None: the site says nothing."""
+    data = load_yaml(Path(site.source), "site")
+    value = data.get("repeats")
+    if isinstance(value, Mapping):
+        value = value.get(scale)
+    return value

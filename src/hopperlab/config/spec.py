@@ -143,6 +143,14 @@ class RunSpec:
     assets: dict[str, str] = field(default_factory=dict)
     #: the variant this run's ratios are taken against (``compare_to``); None: the baseline
     compare_to: str | None = None
+    #: how many times the run measures (``repeats``; the family's ``repeat_unit`` says whether
+    #: as windows after one warm-up or as reruns): each sample recorded, the median reported
+    repeats: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
+            raise SpecError(f"{self.source}: {self.key}: repeats must be an integer >= 1, "
+                            f"got {self.repeats!r}")
 
     @property
     def key(self) -> str:
@@ -175,6 +183,8 @@ class RunSpec:
         data["key"] = self.key
         if data["compare_to"] is None:  # absent: specs of runs that name none stay as they were
             del data["compare_to"]
+        if data["repeats"] == 1:  # absent likewise: a run measured once keeps its fingerprint
+            del data["repeats"]
         return data
 
     @classmethod
@@ -195,6 +205,7 @@ class RunSpec:
             headline_metrics=tuple(data.get("headline_metrics", ())),
             source=data.get("source", ""), git_commit=data.get("git_commit"),
             assets=dict(data.get("assets", {})), compare_to=data.get("compare_to"),
+            repeats=int(data.get("repeats", 1)),
         )
 
 

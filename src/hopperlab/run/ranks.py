@@ -2,7 +2,7 @@
 
 Each rank of a distributed run records itself like a one-process run, in ``ranks/<r>/``. The
 run's own record is rank 0's figures plus what only all ranks together say: world size and
-nodes, per-GPU peak memory max and min, the slowest rank's step, each node's fingerprint, and
+nodes, per-GPU peak memory max and min, the slowest rank's step and set-up, each node's fingerprint, and
 when the run failed, the rank that failed first (not the peers that lost it) with its traceback.
 Rank 0 writes it at the end of a run that went well; the submitting side writes it from the
 same files when the job ended otherwise. No torch here: both sides import it.
@@ -18,6 +18,7 @@ from typing import Any
 from hopperlab.core.rundir import (
     HARDWARE_FILE,
     RECORD_FILE,
+    SETUP_METRIC,
     STEPS_FILE,
     TRACEBACK_FILE,
     read_json,
@@ -70,7 +71,42 @@ def _figures(recs: dict[int, dict[str, Any]]) -> dict[str, float]:
             out[f"{name}_max"], out[f"{name}_min"] = max(values), min(values)
         if name in ("step_s", "s_per_iter", "step_ms"):
             out[f"slowest_rank_{name}"] = max(values)
+        if name == SETUP_METRIC:  # the run is set up when its last rank is
+            out[name] = max(values)
     return out
+
+
+_GPU_ENERGY = re.compile(r"(^|_)energy_gpu_j$")
+_HOST_ENERGY = re.compile(r"(^|_)energy_(host|module)_j$")
+
+
+def _energy(recs: dict[int, dict[str, Any]], metrics: dict[str, float],
+            tags: dict[str, str]) -> None:
+    """Energy of the whole run: each rank measured its own GPU (summed: a rank without a
+    figure makes the sum "not measured", never a smaller number) and local rank 0 of each
+    node its host (summed over the ranks that measured it); peak power the highest rank's."""
+    names = {n for rec in recs.values() for n in rec.get("metrics", {})}
+    for name in sorted(names):
+        values = [rec["metrics"].get(name) for rec in recs.values()]
+        have = [v for v in values if v is not None]
+        if _GPU_ENERGY.search(name):
+            if len(have) == len(values):
+                metrics[name] = sum(have)
+            else:
+                metrics.pop(name, None)
+                lacking = [r for r, rec in recs.items() if name not in rec.get("metrics", {})]
+                prefix = name[: -len("energy_gpu_j")]
+                tags[f"{prefix}energy.gpu"] = (f"not measured: ranks {lacking} have no GPU "
+                                               "energy (" + "; ".join(
+                                                   str(recs[r].get("tags", {}).get(
+                                                       f"{prefix}energy.gpu")) for r in lacking)
+                                               + ")")[:500]
+        elif _HOST_ENERGY.search(name):
+            metrics[name] = sum(have)
+        elif name.endswith("power_gpu_peak_w"):
+            metrics[name] = max(have)
+        elif name.endswith("power_gpu_mean_w") and len(have) == len(values):
+            metrics[name] = sum(have) / len(have)
 
 
 def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any] | None:
@@ -104,6 +140,7 @@ def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any
     metrics = dict(rec.get("metrics", {})) if status == "ok" else {}
     if status == "ok":
         metrics.update(_figures(recs))
+        _energy(recs, metrics, rec.setdefault("tags", {}))
         metrics.update(world_size=float(world_size), nodes=float(len(nodes_hw) or 1))
     rec.update(status=status, reason=reason, metrics=metrics, world_size=world_size,
                nodes=len(nodes_hw) or 1, hardware=hardware.get(lead) or rec.get("hardware", {}),

@@ -34,7 +34,7 @@ from hopperlab.core.rundir import (
     write_record,
 )
 from hopperlab.profiling import check_profiler
-from hopperlab.run import attempts, launch, ranks, runner, scheduler
+from hopperlab.run import attempts, launch, ranks, runner, scheduler, slurm_energy
 from hopperlab.run.annotate import annotate_record
 
 #: How long the submitting side waits for space to write a run's record on a full disk, and how
@@ -270,6 +270,11 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
     if outcome.job_id:
         rec["slurm"] = {**(rec.get("slurm") or {}), "job_id": outcome.job_id,
                         "state": outcome.state}
+        if spec.site.executor == "slurm":
+            joules, note = slurm_energy.consumed_energy(outcome.job_id)
+            rec.setdefault("tags", {})[slurm_energy.TAG] = note
+            if joules is not None:
+                rec.setdefault("metrics", {})[slurm_energy.METRIC] = joules
     annotate_record(rec, spec)
     return rec
 

@@ -24,6 +24,7 @@ from typing import Sequence
 from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import utc_now, write_text_atomic
 from hopperlab.results.machines import cost as costs
+from hopperlab.results.machines import energy as energies
 from hopperlab.results.machines.descriptions import MachineDescription
 from hopperlab.results.machines.predict import Prediction, predict
 from hopperlab.results.machines.references import direction
@@ -36,7 +37,9 @@ NO_DATA = "no data"
 CSV_COLUMNS = ("family", "experiment", "variant", "metric", "direction", "machine",
                "reference_machine", "status", "value", "ratio_to_reference", "better",
                "link_floor", "over_floor", "cost_run", "currency", "cost_unit",
-               "cost_per_unit", "cheaper_per_unit_x", "reference_check")
+               "cost_per_unit", "cheaper_per_unit_x", "reference_check", "energy_unit",
+               "energy_per_unit_j", "energy_node_per_unit_j", "less_energy_per_unit_x",
+               "work_per_j", "work_per_j_unit")
 
 
 @dataclass
@@ -55,6 +58,8 @@ class Cell:
     unit: costs.UnitCost | None = None
     cheaper: float | None = None
     check: str | None = None
+    energy: energies.UnitEnergy | None = None
+    less_energy: float | None = None
 
 
 @dataclass
@@ -98,6 +103,8 @@ def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
             floors = {}
         ref_row = ref_group.runs.get(key)
         ref_units = {u.metric: u for u in costs.unit_costs(ref_row)} if ref_row else {}
+        ref_energy = energies.unit_energy(ref_row) if ref_row and ref_row.status == "ok" \
+            else None
         for metric in _headline(groups, key) or ["-"]:
             way = direction(family, metric)
             ref_value = ref_row.metrics.get(metric) if ref_row and ref_row.status == "ok" else None
@@ -123,6 +130,9 @@ def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
                 if units:
                     cell.unit = units[0]
                     cell.cheaper = costs.cheaper(ref_units.get(units[0].metric), units[0])
+                if row.status == "ok":
+                    cell.energy = energies.unit_energy(row)
+                    cell.less_energy = energies.less_energy(ref_energy, cell.energy)
                 cells.append(cell)
             lines.append(Line(family, experiment, variant, metric, way, cells))
     return lines
@@ -143,7 +153,12 @@ def write_csv(lines: Sequence[Line], reference: str, path: Path) -> Path:
                         NO_DATA if c.value is None else repr(c.value), _num(c.ratio), c.better,
                         _num(c.floor), _num(c.over_floor), _num(c.cost_run), c.currency,
                         c.unit.label if c.unit else "", _num(c.unit.value if c.unit else None),
-                        _num(c.cheaper), c.check or ""])
+                        _num(c.cheaper), c.check or "",
+                        c.energy.label if c.energy else "",
+                        _num(c.energy.joules) if c.energy else "not measured",
+                        _num(c.energy.node_joules if c.energy else None),
+                        _num(c.less_energy), _num(c.energy.work_per_j if c.energy else None),
+                        c.energy.work_label if c.energy else ""])
     write_text_atomic(path, buf.getvalue())
     return path
 
@@ -221,19 +236,44 @@ def _cell_html(c: Cell, reference: str) -> str:
         parts.append(txt)
     elif c.cost_run is not None:
         parts.append(f"run {c.cost_run:.4g} {_e(c.currency)}")
+    if c.energy is not None:
+        txt = f"{c.energy.joules:.4g} J {_e(c.energy.label)}"
+        if c.energy.node_joules is not None:
+            txt += f" ({c.energy.node_joules:.4g} J with host)"
+        if c.less_energy is not None and c.machine != reference:
+            txt += f"; {c.less_energy:.2f}x less energy per unit"
+        if c.energy.work_per_j is not None:
+            txt += f"; {c.energy.work_per_j:.4g} {_e(c.energy.work_label)}"
+        parts.append(txt)
+    elif c.status == "ok":
+        parts.append('<span class="nodata">energy not measured</span>')
     if c.check and c.check != "no-reference":
         parts.append(f'<span class="{_e(c.check)}">check: {_e(c.check)}</span>')
     return "<td>" + "<br>".join(parts) + "</td>"
 
 
+def _energy_cell(p: Prediction) -> str:
+    e = p.energy
+    if e is None:
+        return '<td class="nodata">no energy predicted</td>'
+    if e.joules is None:
+        return f'<td class="nodata">energy not predicted: {_e(e.unpredictable)}</td>'
+    measured = (f"<br>measured on target {e.measured:.4g} J ({e.error * 100:+.1f} %)"
+                if e.measured is not None and e.error is not None else "")
+    inputs = "<br>".join(f"<code>{_e(k)}</code> = {_e(v)}" for k, v in (e.inputs or {}).items())
+    return (f'<td class="pred">{e.joules:.4g} {_e(e.label)}{measured}<br>'
+            f"<code>{_e(e.formula)}</code><br>{inputs}</td>")
+
+
 def _prediction_table(preds: Sequence[Prediction]) -> str:
     out = ['<table><thead><tr><th>run</th><th>metric</th><th>from</th><th>measured there</th>'
            "<th>PREDICTION for</th><th>predicted</th><th>measured on target</th><th>error</th>"
-           "<th>model and formula</th><th>inputs</th></tr></thead><tbody>"]
+           "<th>model and formula</th><th>inputs</th><th>energy on target (PREDICTION)</th>"
+           "</tr></thead><tbody>"]
     for p in preds:
         if p.unpredictable:
             body = (f'<td colspan="4" class="nodata">not predicted: {_e(p.unpredictable)}</td>'
-                    "<td></td><td></td>")
+                    "<td></td><td></td><td></td>")
         else:
             err = p.error
             body = (f'<td class="num pred">{_f(p.predicted)}</td>'
@@ -241,7 +281,8 @@ def _prediction_table(preds: Sequence[Prediction]) -> str:
                     f'<td class="num">{"-" if err is None else f"{err * 100:+.1f} %"}</td>'
                     f"<td><b>{_e(p.model)}</b>: <code>{_e(p.formula)}</code></td>"
                     "<td>" + "<br>".join(f"<code>{_e(k)}</code> = {_e(v)}"
-                                         for k, v in p.inputs.items()) + "</td>")
+                                         for k, v in p.inputs.items()) + "</td>"
+                    + _energy_cell(p))
         out.append(f"<tr><td>{_e(p.key)}</td><td>{_e(p.metric)}</td><td>{_e(p.source_machine)}"
                    f'</td><td class="num">{_f(p.source_value)}</td><td>{_e(p.target_machine)}'
                    f" ({_e(p.label)})</td>{body}</tr>")

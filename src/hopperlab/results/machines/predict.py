@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from hopperlab.results.machines.descriptions import MachineDescription
+from hopperlab.results.machines.energy import PredictedEnergy, predict_energy
 from hopperlab.results.machines.runs import MachineRuns
 from hopperlab.results.report.collect import RunRow
 
@@ -43,6 +44,8 @@ class Prediction:
     #: the target's own measurement, where the target was measured too
     measured: float | None = None
     label: str = PREDICTION
+    #: energy per unit on the target: predicted time x its module power (None: not predicted)
+    energy: PredictedEnergy | None = None
 
     @property
     def error(self) -> float | None:
@@ -106,6 +109,8 @@ def _overlap(t: float, c: float, link: float, k: float, r_ratio: float) -> float
 
 # ----------------------------------------------------------------------------- families
 def _membench(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
+    if ctx.params.get("test", "copy") == "collective":
+        raise _Unsupported("the GPU-GPU link (NVLink, network) is in no machine description yet")
     if ctx.params.get("test", "copy") != "copy":
         raise _Unsupported("allocation cost and first touch depend on the driver and the OS, "
                            "which no machine description holds")
@@ -338,6 +343,8 @@ def predict_run(group: MachineRuns, key: str, src: MachineDescription,
         except (_Unsupported, _Missing) as exc:
             pred.unpredictable = str(exc)
         pred.inputs = ctx.inputs
+        if pred.predicted is not None:
+            pred.energy = predict_energy(row.family, metric, pred.predicted, tgt, ctx.params)
         out.append(pred)
     if not PREDICTED_METRICS.get(row.family):
         out.append(Prediction(key, row.family, row.experiment, row.variant, "-", group.machine,
@@ -356,5 +363,8 @@ def predict(group: MachineRuns, src: MachineDescription, tgt: MachineDescription
             if measured is not None and key in measured.runs:
                 other = measured.runs[key]
                 pred.measured = other.metrics.get(pred.metric) if other.status == "ok" else None
+                if pred.energy is not None and pred.energy.joules is not None:
+                    pred.energy = predict_energy(pred.family, pred.metric, pred.predicted, tgt,
+                                                 group.params(key), other)
             out.append(pred)
     return out

@@ -23,6 +23,7 @@ from hopperlab.results.report.charts import (
     profile_breakdown,
 )
 from hopperlab.results.report.census import census_table
+from hopperlab.results.report.energy import energy_section
 from hopperlab.results.report.collect import (
     RunRow,
     baseline_name,
@@ -120,7 +121,7 @@ def _compared_note(run: RunRow, runs: Sequence[RunRow]) -> str:
 
 def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
     show_knobs = any(r.knobs for r in runs)
-    head = ["variant", "status", "attempt", "scale", "host", "duration s"]
+    head = ["variant", "status", "attempt", "scale", "host", "duration s", "set-up s"]
     head += ["knobs"] if show_knobs else []
     others = any(r.compare_to and r.compare_to != baseline_name(runs) for r in runs)
     show_check = any(r.reference_check not in (None, "no-reference") for r in runs)
@@ -142,6 +143,7 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
             f"<td>{_e(r.scale)}</td>",
             f"<td>{_e(r.hostname)}</td>",
             f'<td class="num">{_e(r.duration_s)}</td>',
+            f'<td class="num">{_e(r.setup_s)}</td>',
         ]
         if show_knobs:
             cells.append(f'<td class="wrap"><code>{_e(_knobs(r.knobs))}</code></td>')
@@ -174,6 +176,7 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
                   else " <span class=\"note\">(no run)</span>") + "</p>")
     out.append(_status_table(runs, metrics))
     out.append(census_table(runs))
+    out.append(energy_section(runs, charts=plotter is not None))
     charts = []
     for m in metrics:
         if plotter is None or not any(r.status == "ok" and m in r.metrics for r in runs):

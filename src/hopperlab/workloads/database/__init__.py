@@ -98,9 +98,16 @@ METRIC_DIRECTIONS = {**{f"{q}_time_ms": LOWER for q in QUERIES},
               **{f"{q}_speedup_vs_duckdb": HIGHER for q in QUERIES},
               **{f"{q}_gbps": HIGHER for q in QUERIES}, "all_correct": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1k_queries", "per 1000 queries", 1e3, "count_per_ms",
-                       time_suffix="_time_ms"),
+                       time_suffix="_time_ms", work_per_j="queries_per_j",
+                       work_label="queries per joule"),
               WorkUnit("cost_per_tb_scanned", "per TB scanned", 1e12, "sum_per_ms",
-                       "_bytes_read", time_suffix="_time_ms"))
+                       "_bytes_read", time_suffix="_time_ms", work_per_j="gb_scanned_per_j",
+                       work_label="GB scanned per joule", work_scale=1e9),
+              # the DuckDB peer on the host's cores, in its own energy window (energy only)
+              WorkUnit("cost_per_1k_duckdb_queries", "per 1000 DuckDB queries", 1e3,
+                       "count_per_ms", time_suffix="_duckdb_ms",
+                       work_per_j="duckdb_queries_per_j", work_label="DuckDB queries per joule",
+                       window="duckdb"))
 FLOORS = {f"{q}_time_ms": f"{q}_floor_ms" for q in QUERIES}
 
 FAMILY = FamilyInfo(
@@ -116,4 +123,6 @@ FAMILY = FamilyInfo(
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
     floors=FLOORS,
+    # loading the tables and the DuckDB answers take most of a run: windows of the queries
+    repeat_unit="windows",
 )

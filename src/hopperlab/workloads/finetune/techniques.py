@@ -46,6 +46,12 @@ def _allocator_settings(settings: str) -> None:
     setter(settings)
 
 
+#: what a CPU (smoke) run of a compiled or FP8 variant does not do, said in its record
+CPU_COMPILE_NOTE = ("inductor code generation: torch.compile's eager backend on a CPU (dynamo "
+                    "traces and guards each layer; no kernels are generated)")
+CPU_FP8_NOTE = ("FP8 tensor cores: torch._scaled_mm emulated on the CPU (the conversion, scaling "
+                "and autograd path run; FP8's speed is not measured)")
+
 @dataclass
 class Techniques:
     knobs: Any
@@ -170,12 +176,16 @@ class Techniques:
                 fp8.require_fp8(self.device)  # Fp8Unavailable: the workload skips the run
             converted = fp8.convert_to_fp8(model, lora=p.method == "lora")
             self.tags["finetune.fp8_linears"] = str(len(converted))
+            if not self.cuda:   # the record says what a CPU run of this variant leaves out
+                self.tags["finetune.fp8_matmul"] = CPU_FP8_NOTE
         if self.compiles:
             # CPU (smoke): dynamo's tracing and guards with the eager backend; the inductor
             # kernels are a GPU matter and would cost minutes of C++ compilation here
             kwargs = {} if self.cuda else {"backend": "eager"}
             n = fp8.compile_layers(model, **kwargs)
             self.tags["finetune.compiled_layers"] = f"{n} ({kwargs.get('backend', 'inductor')})"
+            if not self.cuda:
+                self.tags["finetune.compile_skipped"] = CPU_COMPILE_NOTE
         if self.offloads_parameters:
             self._param_offload = ParameterOffload(
                 layers, self.device, resident_layers=p.resident_layers,

@@ -89,12 +89,19 @@ def _run(spec: Any, recorder: Any, params: InferenceParams, rt: Runtime, memory:
         recorder.set_tag(k, v)
     recorder.log_metric("model_load_s", time.perf_counter() - t0)
     allow_over = bool(getattr(getattr(spec, "site", None), "allow_oversubscription", False))
+    windows = int(getattr(spec, "repeats", 1) or 1)  # repeat_unit "windows": the model loads once
     with torch.inference_mode():
-        if params.study == "kv-cache":
-            run_kv_cache(model, rt, params, recorder, memory=memory, profiler=profiler,
-                         allow_oversubscription=allow_over)
-        else:
-            run_weight_streaming(model, rt, params, recorder, profiler=profiler)
+        for w in range(windows):
+            recorder.repeat = w if windows > 1 else None
+            if params.study == "kv-cache":
+                run_kv_cache(model, rt, params, recorder, memory=memory, profiler=profiler,
+                             allow_oversubscription=allow_over)
+            else:
+                run_weight_streaming(model, rt, params, recorder, profiler=profiler)
+            if windows > 1:
+                recorder.add_sample({k: v for k, v in recorder.metrics.items()
+                                     if k != "model_load_s"})
+        recorder.repeat = None
 
 
 @contextmanager

@@ -96,7 +96,8 @@ METRIC_DIRECTIONS = {"lat_e2e_p50_ms": LOWER, "qps": HIGHER,
               **{f"lat_{c}_p50_ms": LOWER for c in COMPONENTS},
               "recall_at_k": HIGHER, "rank_auc": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1m_recommendations", "per 1M recommendations", 1e6, "per_s",
-                       "qps", scale_param="top_n"),)
+                       "qps", scale_param="top_n", work_per_j="recommendations_per_j",
+                       work_label="recommendations per joule"),)
 
 FAMILY = FamilyInfo(
     name="recommender",
@@ -111,4 +112,8 @@ FAMILY = FamilyInfo(
     charts="hopperlab.workloads.recommender.charts:charts",
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
+    # training takes 10 s, a window of queries well under one: windows after one warm-up
+    repeat_unit="windows",
+    # the pipeline's CPU parts (features, launches) follow the host's CPU (issue 29)
+    host_cpu_metrics=("lat_*", "qps"),
 )

@@ -130,16 +130,22 @@ def run(spec: Any, recorder: Any) -> None:
         recorder.set_tag("recommender.cuda_graphs", str(pipe.graphs).lower())
         for name, note in pipe.notes.items():
             recorder.set_tag(f"recommender.{name}", note)
-        users = query_users(data.users, p.warmup + p.queries, p.seed)
+        windows = int(getattr(spec, "repeats", 1) or 1)  # repeat_unit "windows": after warm-up
+        users = query_users(data.users, p.warmup + p.queries * windows, p.seed)
         for user in users[:p.warmup]:
             pipe.query(int(user))
         results = []
         with _profiling(torch, profiler, device, recorder), measured_region():
             for step, user in enumerate(users[p.warmup:]):
+                if windows > 1:
+                    recorder.repeat = step // p.queries
                 res = pipe.query(int(user))
                 results.append(res)
                 recorder.log_step(step, **{f"{c}_ms": res.seconds[c] * 1e3
                                            for c in (*COMPONENTS, "e2e")})
+                if windows > 1 and (step + 1) % p.queries == 0:
+                    recorder.add_sample(summarize(results[-p.queries:]))
+        recorder.repeat = None
         recorder.log_metrics(summarize(results))
         if device == "cuda":
             recorder.log_metric("check_same_topn", _agreement(

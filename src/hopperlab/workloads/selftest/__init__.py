@@ -26,6 +26,10 @@ class SelftestParams:
     #: ``fail_step`` (-1: none), for the distributed fault path
     fail_rank: int = -1
     fail_step: int = 1
+    #: ok: the relative standard deviation of ``value`` (normal, seeded by ``seed`` and the
+    #: repeat), so that repeats and references can be exercised with known noise
+    jitter: float = 0.0
+    seed: int = 0
     #: comma-separated environment variables the run records as tags ``selftest.env.<NAME>``
     #: (unset: ``<unset>``): what a job's environment really held
     env_names: str = ""
@@ -33,8 +37,8 @@ class SelftestParams:
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"action must be one of {', '.join(ACTIONS)}, not {self.action!r}")
-        if self.steps < 0 or self.sleep_s < 0:
-            raise ValueError("steps and sleep_s must be >= 0")
+        if self.steps < 0 or self.sleep_s < 0 or self.jitter < 0:
+            raise ValueError("steps, sleep_s and jitter must be >= 0")
 
 
 FAMILY = FamilyInfo(
@@ -43,4 +47,5 @@ FAMILY = FamilyInfo(
     supported_knobs={"profiler": frozenset({"none"})},
     params=SelftestParams,
     headline_metrics=("value",),
+    directions={"value": "higher"},
 )

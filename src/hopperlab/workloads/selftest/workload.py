@@ -27,8 +27,18 @@ def run(spec, recorder: Recorder) -> None:
         raise SkipRun("selftest: deliberately skipped")
     if p.action == "read-table":
         _read_table(spec, recorder)
-    recorder.log_metric("value", float(p.steps))
+    recorder.log_metric("value", float(p.steps) * _jitter(p, recorder))
     recorder.log_metric("steps", float(p.steps))
+
+
+def _jitter(p, recorder: Recorder) -> float:
+    """1, or a normal factor of standard deviation ``jitter``, the same for the same seed and
+    repeat (deterministic, so that tests can assert what the statistics make of it)."""
+    if not p.jitter:
+        return 1.0
+    import random
+
+    return 1.0 + random.Random(p.seed * 100_003 + (recorder.repeat or 0)).gauss(0.0, p.jitter)
 
 
 def _read_table(spec, recorder: Recorder) -> None:
