@@ -60,9 +60,23 @@ SUBSET = ("recommender/latency/gpu:queries=300,"
           "finetune/lora-llama2-7b/fp8:measured_steps=2")
 
 
+def _top_level(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` outside brackets (a list value keeps its commas)."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == sep and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [p.strip() for p in [*parts, cur] if p.strip()]
+
+
 def parse_runs(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """``KEY[:param=JSON;...],...`` -> [(key, {param: value})]."""
     out = []
-    for item in filter(None, (i.strip() for i in text.split(","))):
+    for item in _top_level(text, ","):
         key, _, rest = item.partition(":")
         over = {}
         for pair in filter(None, rest.split(";")):
