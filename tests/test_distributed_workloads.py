@@ -41,7 +41,14 @@ def _ft_step(out: Path, mode: str, world: int) -> None:
     """One step from the model of seed 5: the whole model at world size 1, and at 2 the meta
     build that materialises only this rank's shard (``build_sharded``)."""
     if world > 1:
-        model, _ = sharded.build_sharded(FT_SHAPE, torch.float64, mode, 5, "cpu", cuda=False)
+        # under offload, the shard is made in buffers of its own allocator (pinned on a GPU
+        # node; plain here): the parameters must live in them, not in copies
+        alloc = (lambda n: torch.empty(n, dtype=torch.uint8)) if "offload" in mode else None
+        model, bases = sharded.build_sharded(FT_SHAPE, torch.float64, mode, 5, "cpu",
+                                             cuda=False, host_alloc=alloc)
+        if alloc:
+            from hopperlab.workloads.finetune.shard_init import share_in
+            assert share_in(model, bases) == 1.0
     else:
         model = sharded.build_model(FT_SHAPE, torch.float64, "cpu", seed=5)
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -56,6 +63,9 @@ def _ft_step(out: Path, mode: str, world: int) -> None:
     grads = {n: full(p.grad).clone() for n, p in model.named_parameters()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     opt.step()
+    if world > 1 and "offload" in mode:  # after FSDP2's lazy init and a step: still there
+        from hopperlab.workloads.finetune.shard_init import share_in
+        assert share_in(model, bases) == 1.0
     weights = {n: full(p.detach()).clone() for n, p in model.named_parameters()}
     total = loss.detach().clone()
     if world > 1:

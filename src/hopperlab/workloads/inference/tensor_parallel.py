@@ -129,7 +129,7 @@ KV_SLICE = 256
 
 #: prefill sums each block half's partial results in this many slices of the prompt, so that
 #: one slice's all-reduce overlaps the next slice's projections
-PREFILL_SLICES = 4
+PREFILL_SLICES = 8
 _MIN_SLICE_TOKENS = 512
 
 
@@ -249,8 +249,10 @@ class TPBlock:
         slices = PREFILL_SLICES if t >= PREFILL_SLICES * _MIN_SLICE_TOKENS else 1
         xs, attns = x.chunk(slices, dim=1), attn.chunk(slices, dim=1)
         # every slice's o projection, its all-reduce running behind the next slice's
-        outs = [a @ self.o.T for a in attns]
-        pending = [self.reduce.start(o) for o in outs]
+        outs, pending = [], []
+        for a in attns:
+            outs.append(a @ self.o.T)
+            pending.append(self.reduce.start(outs[-1]))
         mids, ffn_outs, ffn_pending = [], [], []
         for xi, oi, work in zip(xs, outs, pending):
             self.reduce.finish(work)

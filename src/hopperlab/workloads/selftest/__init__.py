@@ -30,6 +30,9 @@ class SelftestParams:
     #: repeat), so that repeats and references can be exercised with known noise
     jitter: float = 0.0
     seed: int = 0
+    #: ok: ``value`` is 10 % lower while this file exists: a node slowed by a second process,
+    #: for the CPU test of benchmarks/noise_gpu.py ("": never)
+    slow_while: str = ""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
