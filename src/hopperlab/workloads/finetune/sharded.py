@@ -50,8 +50,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(var + 1e-5)).to(x.dtype) * self.weight
+        # float32 at least: a float64 model (the tests') stays float64 throughout
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        var = wide.pow(2).mean(-1, keepdim=True)
+        return (wide * torch.rsqrt(var + 1e-5)).to(x.dtype) * self.weight
 
 
 def rope(x: torch.Tensor) -> torch.Tensor:
