@@ -428,3 +428,18 @@ def test_nvml_without_instant_power_or_energy_counter(monkeypatch):
     assert len(gpus.uuids) == 3
     assert gpus.power_w(0) == 640.0 and gpus.power_kind == "average"
     assert gpus.energy_mj(0) is None and "Not Supported" in gpus.errors["energy"]
+
+
+def test_a_one_process_run_counts_the_gpus_it_used_not_the_idle_ones():
+    clock = Clock()
+    asked = []
+
+    def used(all_devices):
+        asked.append(all_devices)
+        return ["0001"]
+
+    gpus = ReplayGpus(clock, [80.0, 600.0, 80.0, 80.0])  # a 4-GPU node, all visible
+    res = _measure(EnergyMeter(gpus, None, clock=clock, own_uuids=used), clock, 2.0)
+    assert res.metrics["energy_gpu_j"] == pytest.approx(1200.0)
+    assert res.tags["energy.gpus"] == "1 of 4 visible (the ones torch used)"
+    assert asked == [True]  # asked once, for every device torch holds memory on

@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hopperlab.config.matrix import find_root, load_config, parse_overrides
+from hopperlab.core.effects import DEFAULT_MIN_EFFECT
 from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import (
+    ab,
+    ab_page,
     compare,
     descriptions,
     junit,
@@ -121,6 +124,41 @@ def cmd_references(args: argparse.Namespace) -> int:
                         f"samples: measure with --config repeats=N, N >= "
                         f"{reference_update.MIN_SAMPLES})")
     return 0
+
+
+def add_ab_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``hopperlab compare A B`` (the parser lives with ``compare``)."""
+    p.add_argument("--out", help="where compare.html and compare.csv go (default: "
+                                 "results/compare)")
+    p.add_argument("--min-effect", type=float, default=None,
+                   help="the smallest change worth reporting, a fraction (default 0.05)")
+    p.add_argument("--mlflow", metavar="URI", help="A and B are MLflow filter strings on this "
+                   "tracking server, e.g. \"tags.git_commit = 'abc123'\" (two commits, dates: "
+                   "attributes.start_time, machines: tags.machine)")
+    p.add_argument("--strict", action="store_true",
+                   help="an inconclusive metric fails the comparison too (exit 1)")
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    """``hopperlab compare A B``: exit 1 when B is worse than A beyond the noise."""
+    if len(args.targets) != 2:
+        raise SpecError("hopperlab compare --mlflow URI: give two filter strings A B")
+    a_name, b_name = args.targets
+    if args.mlflow:
+        a_rows = mlflow_source.load_query(args.mlflow, a_name)
+        b_rows = mlflow_source.load_query(args.mlflow, b_name)
+    else:
+        a_rows, b_rows = ab.load_folder(Path(a_name)), ab.load_folder(Path(b_name))
+    min_effect = args.min_effect if args.min_effect is not None else DEFAULT_MIN_EFFECT
+    changes = ab.compare_runs(a_rows, b_rows, min_effect)
+    for line in ab.text_lines(changes, a_name, b_name):
+        print(line)
+    out = Path(args.out) if args.out else _root(args) / "results" / "compare"
+    csv_path, html_path = ab_page.write(changes, out, a_name, b_name, min_effect)
+    print(f"[hopperlab] {ab_page.headline(changes)[0]} Wrote {csv_path} and {html_path}")
+    failing = ab.worse(changes) or (args.strict and [c for c in changes if c.verdict in (
+        ab.INCONCLUSIVE, ab.CHANGED)])
+    return EXIT_REGRESSION if failing else 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
