@@ -46,4 +46,10 @@ python3 -m hopperlab.cli check "$R" | tee "$OUT/check.txt"
 tar -czf "$OUT/runs.tgz" --exclude='artifacts' --exclude='attempts' --exclude='mlflow.db' "$R" \
   2>/dev/null
 cp "$R/summary.csv" "$OUT/" 2>/dev/null
+# each run's power trace and energy windows, the report, and the energy table
+# (docs/benchmarks/energy.md)
+(cd "$R" && find . -path '*/artifacts/energy/*' -print0 | tar -czf "$OUT/energy.tgz" --null -T -) \
+  2>/dev/null
+cp "$R/report.html" "$OUT/" 2>/dev/null
+python3 benchmarks/energy_table.py "$R" | tee "$OUT/energy.txt"
 kill $SERVER 2>/dev/null

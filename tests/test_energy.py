@@ -346,3 +346,100 @@ def test_measured_region_is_the_energy_window_with_or_without_cuda():
             pass
     assert heard == [("start", "measured"), ("inside", ""), ("end", "measured"),
                      ("start", "measured"), ("end", "measured")]
+
+
+class FakeNvml:
+    """The part of pynvml the meter calls, over recorded values (H200-like: 700 W limit)."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+    NVML_FI_DEV_POWER_INSTANT = 186
+
+    class NotSupported(Exception):
+        pass
+
+    def __init__(self, instant: bool = True, energy: bool = True) -> None:
+        self.instant, self.energy, self.shut = instant, energy, False
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+    def nvmlDeviceGetCount(self):
+        return 3
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-{h}{h}{h}".encode()
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        if not self.energy:
+            raise self.NotSupported("Not Supported")
+        return 2**64 - 1 if h == 0 else 1000 * h
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        from types import SimpleNamespace
+
+        assert ids == [186]
+        return [SimpleNamespace(nvmlReturn=0 if self.instant else 3,
+                                value=SimpleNamespace(uiVal=650_000 + h))]
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 640_000
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return 700_000
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return 1980 if kind == 1 else 3201
+
+    def nvmlDeviceGetTemperature(self, h, kind):
+        return 41
+
+
+def test_the_nvml_reader_through_a_recorded_pynvml(monkeypatch):
+    from hopperlab.node.energy.nvml import NvmlGpus
+
+    fake = FakeNvml()
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    gpus, why = NvmlGpus.open()
+    assert why is None and gpus.uuids == ["GPU-222", "GPU-000"] and gpus.indices == [2, 0]
+    assert gpus.energy_mj(1) == 2**64 - 1 and isinstance(gpus.energy_mj(1), int)
+    assert gpus.power_w(0) == pytest.approx(650.002) and gpus.power_kind == "instant"
+    assert gpus.state(0) == {"index": 2, "uuid": "GPU-222", "power_limit_w": 700.0,
+                             "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "temperature_c": 41}
+    gpus.keep(["222"])
+    assert gpus.uuids == ["GPU-222"]
+    gpus.close()
+    assert fake.shut
+
+
+def test_nvml_without_instant_power_or_energy_counter(monkeypatch):
+    from hopperlab.node.energy.nvml import NvmlGpus
+
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", FakeNvml(instant=False,
+                                                                       energy=False))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus, _ = NvmlGpus.open()
+    assert len(gpus.uuids) == 3
+    assert gpus.power_w(0) == 640.0 and gpus.power_kind == "average"
+    assert gpus.energy_mj(0) is None and "Not Supported" in gpus.errors["energy"]
+
+
+def test_a_one_process_run_counts_the_gpus_it_used_not_the_idle_ones():
+    clock = Clock()
+    asked = []
+
+    def used(all_devices):
+        asked.append(all_devices)
+        return ["0001"]
+
+    gpus = ReplayGpus(clock, [80.0, 600.0, 80.0, 80.0])  # a 4-GPU node, all visible
+    res = _measure(EnergyMeter(gpus, None, clock=clock, own_uuids=used), clock, 2.0)
+    assert res.metrics["energy_gpu_j"] == pytest.approx(1200.0)
+    assert res.tags["energy.gpus"] == "1 of 4 visible (the ones torch used)"
+    assert asked == [True]  # asked once, for every device torch holds memory on

@@ -182,3 +182,49 @@ def test_pages_show_work_per_joule_in_chromium(folders, tmp_path):
             page.get_by_text("(PREDICTION, upper bound)").first.wait_for(timeout=20_000)
         finally:
             browser.close()
+
+
+def test_hopperlab_predict_prints_the_energy_line(folders, capsys):
+    from hopperlab.cli.main import main
+
+    rc = main(["--root", str(REPO), "predict", str(folders[0]), "--machine", "gh200-96gb"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    line = next(ln for ln in out.splitlines() if "energy:" in ln and "training tokens" in ln)
+    assert "(PREDICTION, upper bound)" in line and "P_module = 1000 W" in line
+
+
+def test_mlflow_gets_the_energy_metrics_and_the_power_trace(tmp_path):
+    """A run measured through the meter (replayed GPUs) uploaded to a SQLite MLflow store: the
+    energy figures are metrics, the trace and windows are artifacts."""
+    import mlflow
+
+    from hopperlab.core.rundir import Recorder, write_json_atomic
+    from hopperlab.results import tracking
+    from hopperlab.run.runner import ENERGY_WINDOWS, POWER_TRACE, attach_energy
+    from tests.test_energy import Clock, ReplayGpus, _measure
+    from tests.test_tracking import all_artifacts
+
+    from hopperlab.node.energy.meter import EnergyMeter
+
+    run_dir = tmp_path / "results" / "finetune" / "lora-llama2-7b" / "baseline"
+    write_json_atomic(run_dir / "spec.json", {
+        "family": "finetune", "experiment": "lora-llama2-7b", "variant": "baseline",
+        "scale": "full", "knobs": {}, "params": {}, "resources": {"gpus": 1}})
+    rec = Recorder(run_dir, identity={"key": "finetune/lora-llama2-7b/baseline",
+                                      "family": "finetune", "experiment": "lora-llama2-7b",
+                                      "variant": "baseline"})
+    rec.log_step(0, loss=1.0)
+    clock = Clock()
+    attach_energy(rec, _measure(EnergyMeter(ReplayGpus(clock, [600.0]), None, clock=clock),
+                                clock, 2.5))
+    rec.finish("ok")
+    uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
+    run_id = tracking.upload_run(run_dir, uri)
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(run_id)
+    assert run.data.metrics["energy_gpu_j"] == pytest.approx(1500.0)
+    assert run.data.metrics["energy_window_s"] == pytest.approx(2.5)
+    assert run.data.tags["energy.gpu"] == "counter"
+    arts = all_artifacts(client, run_id)
+    assert {f"artifacts/{POWER_TRACE}", f"artifacts/{ENERGY_WINDOWS}"} <= arts

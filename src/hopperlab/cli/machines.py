@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hopperlab.config.matrix import find_root, load_config, parse_overrides
+from hopperlab.core.effects import DEFAULT_MIN_EFFECT
 from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import (
+    ab,
+    ab_page,
     compare,
     descriptions,
     junit,
@@ -123,6 +126,41 @@ def cmd_references(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_ab_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``hopperlab compare A B`` (the parser lives with ``compare``)."""
+    p.add_argument("--out", help="where compare.html and compare.csv go (default: "
+                                 "results/compare)")
+    p.add_argument("--min-effect", type=float, default=None,
+                   help="the smallest change worth reporting, a fraction (default 0.05)")
+    p.add_argument("--mlflow", metavar="URI", help="A and B are MLflow filter strings on this "
+                   "tracking server, e.g. \"tags.git_commit = 'abc123'\" (two commits, dates: "
+                   "attributes.start_time, machines: tags.machine)")
+    p.add_argument("--strict", action="store_true",
+                   help="an inconclusive metric fails the comparison too (exit 1)")
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    """``hopperlab compare A B``: exit 1 when B is worse than A beyond the noise."""
+    if len(args.targets) != 2:
+        raise SpecError("hopperlab compare --mlflow URI: give two filter strings A B")
+    a_name, b_name = args.targets
+    if args.mlflow:
+        a_rows = mlflow_source.load_query(args.mlflow, a_name)
+        b_rows = mlflow_source.load_query(args.mlflow, b_name)
+    else:
+        a_rows, b_rows = ab.load_folder(Path(a_name)), ab.load_folder(Path(b_name))
+    min_effect = args.min_effect if args.min_effect is not None else DEFAULT_MIN_EFFECT
+    changes = ab.compare_runs(a_rows, b_rows, min_effect)
+    for line in ab.text_lines(changes, a_name, b_name):
+        print(line)
+    out = Path(args.out) if args.out else _root(args) / "results" / "compare"
+    csv_path, html_path = ab_page.write(changes, out, a_name, b_name, min_effect)
+    print(f"[hopperlab] {ab_page.headline(changes)[0]} Wrote {csv_path} and {html_path}")
+    failing = ab.worse(changes) or (args.strict and [c for c in changes if c.verdict in (
+        ab.INCONCLUSIVE, ab.CHANGED)])
+    return EXIT_REGRESSION if failing else 0
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     root = _root(args)
     folder = root / descriptions.MACHINES_DIR
@@ -155,7 +193,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"    model {p.model}: {p.formula}")
         for k, v in p.inputs.items():
             print(f"    {k} = {v}")
+        if p.energy is not None:
+            print(f"    energy: {_energy_text(p.energy)}")
     return 0
+
+
+def _energy_text(e: Any) -> str:
+    if e.joules is None:
+        return f"not predicted: {e.unpredictable}"
+    text = f"{e.joules:.4g} {e.label}; {e.formula}; " + "; ".join(
+        f"{k} = {v}" for k, v in (e.inputs or {}).items())
+    if e.measured is not None and e.error is not None:
+        text += f"; measured on target {e.measured:.4g} J, error {e.error:+.1%}"
+    return text
 
 
 def _pred_dict(p: predict.Prediction) -> dict[str, Any]:
@@ -163,7 +213,11 @@ def _pred_dict(p: predict.Prediction) -> dict[str, Any]:
             "target_machine": p.target_machine, "source_value": p.source_value,
             "predicted": p.predicted, "measured": p.measured, "error": p.error,
             "model": p.model, "formula": p.formula, "inputs": p.inputs,
-            "unpredictable": p.unpredictable}
+            "unpredictable": p.unpredictable,
+            "energy": None if p.energy is None else {
+                "joules": p.energy.joules, "label": p.energy.label, "formula": p.energy.formula,
+                "inputs": p.energy.inputs, "measured": p.energy.measured,
+                "error": p.energy.error, "unpredictable": p.energy.unpredictable}}
 
 
 def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:

@@ -136,6 +136,12 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if len(args.targets) == 2 or args.mlflow:  # A B: two results folders or MLflow queries
+        return machines_cli.cmd_ab(args)
+    if len(args.targets) != 1:
+        raise SpecError("hopperlab compare: give family/experiment (the MLflow compare view), "
+                        "or two results folders A B")
+    args.experiment = args.targets[0]
     matrix = _matrix(args)
     family, _, experiment = args.experiment.partition("/")
     if (family, experiment) not in matrix.experiments():
@@ -189,10 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--touch", help="write this marker file when done")
     add("sync", cmd_sync, "upload every run directory MLflow does not have yet")
     add("report", cmd_report, "write results/summary.csv and results/report.html")
-    p = add("compare", cmd_compare, "print the MLflow UI address comparing an experiment's variants")
-    p.add_argument("experiment", help="family/experiment, e.g. membench/copy")
+    p = add("compare", cmd_compare, "compare two results folders A B (verdicts per run and "
+            "metric, compare.html; exit 1 when B is worse), or print the MLflow UI address "
+            "comparing an experiment's variants (family/experiment)")
+    p.add_argument("targets", nargs="+", metavar="TARGET",
+                   help="family/experiment (e.g. membench/copy), or two results folders A B, "
+                        "or with --mlflow two MLflow filter strings A B")
     p.add_argument("--ui", help="address of the MLflow UI (default: the tracking server, or "
                                 "http://127.0.0.1:5000 for a SQLite store opened with `mlflow ui`)")
+    machines_cli.add_ab_options(p)
     for group in (assets_cli, containers_cli, profile_cli):
         group.add_commands(sub)
     machines_cli.add_verbs(sub, add)

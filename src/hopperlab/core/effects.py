@@ -76,6 +76,21 @@ class Effect:
         return (self.ratio_high - self.ratio_low) / 2
 
 
+@dataclass(frozen=True)
+class Measure:
+    """One side of a comparison: the median of ``n`` samples and the relative spread of one
+    sample (None: unknown, e.g. fewer than 3 samples)."""
+
+    median: float
+    n: int
+    spread: float | None = None
+
+    @classmethod
+    def of(cls, samples: Sequence[float], what: str = "samples") -> "Measure":
+        xs = check_samples(samples, what)
+        return cls(percentile(xs, 50), len(xs), _side_spread(xs))
+
+
 def _side_spread(samples: Sequence[float]) -> float | None:
     if len(samples) < OWN_SPREAD_FROM:
         return None
@@ -94,23 +109,31 @@ def change(new: Sequence[float], old: Sequence[float] | float, *, direction: str
     non-positive median, or when no spread is known at all (one sample each side and no
     reference spread): the message says what to do.
     """
+    if isinstance(old, (int, float)):
+        check_samples([float(old)], "reference value")
+        before = Measure(float(old), int(old_n or 1), old_spread)
+    else:
+        before = Measure.of(old, "old samples")
+        if old_spread is not None:
+            before = Measure(before.median, before.n, max(old_spread, before.spread or 0.0))
+    return compare(Measure.of(new, "new samples"), before, direction=direction,
+                   min_effect=min_effect, confidence=confidence)
+
+
+def compare(new: Measure, old: Measure, *, direction: str | None,
+            min_effect: float = DEFAULT_MIN_EFFECT, confidence: float = CONFIDENCE) -> Effect:
+    """The module's test on two measures (their medians, counts and spreads)."""
     if not 0 <= min_effect < 1:
         raise ValueError(f"min_effect must be a fraction in [0, 1), got {min_effect!r}")
-    xs = check_samples(new, "new samples")
-    if isinstance(old, (int, float)):
-        olds: list[float] = check_samples([float(old)], "reference value")
-        n = int(old_n or 1)
-    else:
-        olds = check_samples(old, "old samples")
-        n = len(olds)
-    m = len(xs)
-    new_med, old_med = percentile(xs, 50), percentile(olds, 50)
+    m, n = new.n, old.n
+    new_med, old_med = new.median, old.median
+    if not (math.isfinite(new_med) and math.isfinite(old_med)):
+        raise ValueError(f"medians must be finite (new {new_med!r}, old {old_med!r})")
     if new_med <= 0 or old_med <= 0:
         raise ValueError(f"medians must be positive for a ratio (new {new_med:g}, old "
                          f"{old_med:g})")
     # (spread, the samples it was estimated from)
-    spreads = [(s, k) for s, k in ((old_spread, n), (_side_spread(olds), n),
-                                   (_side_spread(xs), m))
+    spreads = [(s, k) for s, k in ((old.spread, n), (new.spread, m))
                if s is not None and math.isfinite(s)]
     if not spreads:
         raise ValueError(f"no spread known: {m} new and {n} old sample(s) and no reference "

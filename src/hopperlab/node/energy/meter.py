@@ -6,8 +6,10 @@ device just before), a sampler thread reads power at ``rate_hz`` for the trace, 
 sensors are read alongside. A run whose family opens no window is measured over the whole
 workload call, and says so. Repeated windows of one name add up (time and joules).
 
-GPUs: every GPU visible to the process; in a run of several ranks only the rank's own device
-(matched by UUID once torch has CUDA up), so that ranks sharing a node count each GPU once.
+GPUs: the ones the process used, matched by UUID once torch has CUDA up: in a run of several
+ranks the rank's own device, so that ranks sharing a node count each GPU once; in a run of one
+process every device torch holds memory on, so that the idle GPUs of a node whose GPUs are all
+visible are not counted. Before torch has CUDA up (or without torch): every visible GPU.
 """
 
 from __future__ import annotations
@@ -161,8 +163,8 @@ class EnergyMeter:
     def listener(self, event: str, name: str) -> None:
         """``core.window``'s listener: read the counters at a window's edges."""
         if event == "start":
-            if self.per_rank and self.owned is None and self._own_uuids is not None:
-                self.owned = self._own_uuids(False)
+            if name != WORKLOAD and self.owned is None and self._own_uuids is not None:
+                self.owned = self._own_uuids(not self.per_rank)
             self.sample()
             self._open[name] = Window(name, self.clock(), self._counters(), self._host_joules())
         elif event == "end" and name in self._open:
@@ -177,8 +179,8 @@ class EnergyMeter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self.per_rank and self.owned is None and self._own_uuids is not None:
-            self.owned = self._own_uuids(False)
+        if self.owned is None and self._own_uuids is not None:
+            self.owned = self._own_uuids(not self.per_rank)
         self.listener("end", WORKLOAD)
         self.state["end"] = self._states()
         try:
@@ -313,6 +315,10 @@ class EnergyMeter:
             tags.update(t)
         tags["energy.sampler"] = (f"{self.rate_hz:g} Hz, {len(self.samples)} samples"
                                   + (f", GPU power {self.gpus.power_kind}" if self.gpus else ""))
+        if self.gpus:
+            mine, seen = len(self._owned_uuids()), len(self._uuids())
+            tags["energy.gpus"] = (f"{mine} of {seen} visible"
+                                   + (" (the ones torch used)" if self.owned else ""))
         return Result(metrics, tags, self.state, self._trace_csv(), self._windows_json())
 
     def _trace_csv(self) -> str:

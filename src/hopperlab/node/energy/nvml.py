@@ -79,8 +79,9 @@ class NvmlGpus:
 
     def power_w(self, i: int) -> float | None:
         if self.power_kind == "instant":
+            field = getattr(self._nvml, "NVML_FI_DEV_POWER_INSTANT", FI_POWER_INSTANT)
             values = self._call("power instant", self._nvml.nvmlDeviceGetFieldValues,
-                                self.handles[i], [FI_POWER_INSTANT])
+                                self.handles[i], [field])
             if values and getattr(values[0], "nvmlReturn", 1) == 0:
                 return float(values[0].value.uiVal) / 1e3
             self.power_kind = "average"  # this driver has no instant power: 1 s average
@@ -117,7 +118,9 @@ def _text(value: Any) -> str:
 
 
 def torch_device_uuids(all_devices: bool) -> list[str] | None:
-    """UUIDs of this process's CUDA device (or all it sees) when torch has CUDA initialised;
+    """UUIDs of the CUDA devices this process used, when torch has CUDA initialised: its
+    current device (a rank), or every device its caching allocator holds memory on (a run of
+    one process: on a node whose GPUs are all visible, the idle ones are not the run's).
     None otherwise (the meter never initialises CUDA itself)."""
     import sys
 
@@ -125,8 +128,11 @@ def torch_device_uuids(all_devices: bool) -> list[str] | None:
     try:
         if torch is None or not torch.cuda.is_initialized():
             return None
-        devices = range(torch.cuda.device_count()) if all_devices else [
-            torch.cuda.current_device()]
+        current = torch.cuda.current_device()
+        devices = [current]
+        if all_devices:
+            devices = [d for d in range(torch.cuda.device_count())
+                       if torch.cuda.memory_reserved(d) > 0] or devices
         return [str(torch.cuda.get_device_properties(d).uuid) for d in devices]
     except Exception:  # noqa: BLE001
         return None

@@ -81,3 +81,32 @@ def load(tracking_uri: str, machines: Sequence[str] = ()) -> list[MachineRuns]:
         raise SpecError(f"--mlflow {tracking.redact_uri(tracking_uri)}: no runs{wanted} with a "
                         f"machine tag")
     return list(groups.values())
+
+
+def load_query(tracking_uri: str, filter_string: str) -> dict[str, RunRow]:
+    """The child runs an MLflow filter string selects (e.g. ``tags.git_commit = 'abc'``), on
+    every experiment of the server: the latest attempt of each run key (``compare --mlflow``)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    rows: dict[str, RunRow] = {}
+    where = f"--mlflow {tracking.redact_uri(tracking_uri)}"
+    for exp in client.search_experiments():
+        try:
+            found = client.search_runs([exp.experiment_id], filter_string=filter_string,
+                                       max_results=50000)
+        except MlflowException as exc:
+            raise SpecError(f"{where}: the filter {filter_string!r} is not valid: "
+                            f"{str(exc).splitlines()[0]}") from None
+        for run in found:
+            tags = run.data.tags
+            if tags.get(tracking.TAG_ROLE) == "parent" or tracking.TAG_VARIANT not in tags:
+                continue
+            row = _row(run, unflatten(run.data.params))
+            old = rows.get(row.key)
+            if old is None or (row.attempt or 0) > (old.attempt or 0):
+                rows[row.key] = row
+    if not rows:
+        raise SpecError(f"{where}: no run matches {filter_string!r}")
+    return rows

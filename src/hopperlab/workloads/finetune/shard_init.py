@@ -14,12 +14,11 @@ a model drawn on a GPU differs from one drawn on the CPU, as torch's own ``norma
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
-from hopperlab.memory.pinned import pinned_empty
 
 #: elements per generator block: large enough for few generator set-ups (13B: ~800 blocks),
 #: small enough that a rank draws at most one block of another rank's rows per tensor side
@@ -92,31 +91,59 @@ def init_weights(model: nn.Module, seed: int, device: Any) -> None:
                 fill_normal_(local, first * row, p.numel(), seed, index, device)
 
 
-def materialise(model: nn.Module, device: Any, pin: bool) -> list[torch.Tensor]:
+def materialise(model: nn.Module, device: Any,
+                host_alloc: Callable[[int], torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Give every meta parameter and buffer of ``model`` (FSDP2-sharded or not) uninitialised
-    storage of its local shape on ``device``; with ``pin``, exact-size page-locked host memory
-    (``memory.pinned``: not PyTorch's power-of-two rounding). Returns the pinned base buffers,
-    which the caller must keep alive as long as the model (their finalizer unpins them)."""
+    storage of its local shape on ``device``; with ``host_alloc`` (bytes -> uint8 host buffer:
+    ``memory.pinned.pinned_empty``, exact-size page-locked memory, not PyTorch's power-of-two
+    rounding) each local tensor is a view of a buffer of its own, made there and nowhere else.
+    Returns those buffers: the caller keeps them as long as the model (a pinned one's finalizer
+    unpins it)."""
     from torch.distributed.tensor import DTensor
 
     bases: list[torch.Tensor] = []
 
-    def empty(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-        if not pin:
-            return torch.empty(shape, dtype=dtype, device=device)
-        base = pinned_empty(max(1, shape.numel()) * dtype.itemsize)
+    def host(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        assert host_alloc is not None
+        nbytes = shape.numel() * dtype.itemsize
+        base = host_alloc(max(1, nbytes))
         bases.append(base)
-        return base[:shape.numel() * dtype.itemsize].view(dtype).view(shape)
+        return base[:nbytes].view(dtype).view(shape)
 
     def alloc(t: torch.Tensor) -> torch.Tensor:
-        if isinstance(t, DTensor):
-            local = empty(t.to_local().shape, t.dtype)
-            return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False,
-                                      shape=t.shape, stride=t.stride())
-        return empty(t.shape, t.dtype)
+        out = torch.empty_like(t, device=device)  # to_empty's own step (a DTensor stays one)
+        if host_alloc is None:
+            return out
+        if isinstance(out, DTensor):
+            # the local tensor swapped for one in our buffer, as FSDP2 itself swaps it when it
+            # re-pads (``DTensor.from_local`` would move it to the mesh's device, the GPU)
+            out._local_tensor = host(out._local_tensor.shape, out.dtype)
+            return out
+        return host(out.shape, out.dtype)
 
-    model._apply(alloc)  # to_empty's own path, with our allocation (FSDP2 re-pads after it)
-    return bases
+    model._apply(alloc)  # to_empty's path, with our allocation (FSDP2 re-pads after it)
+    # a shard of uneven rows FSDP2 has just copied into a padded tensor of its own: drop ours
+    used = {local.data_ptr() for local in _locals(model)}
+    return [b for b in bases if any(b.data_ptr() <= ptr < b.data_ptr() + b.numel()
+                                    for ptr in used)]
+
+
+def _locals(model: nn.Module) -> Iterator[torch.Tensor]:
+    for p in model.parameters():
+        yield p.to_local() if hasattr(p, "to_local") else p
+
+
+def share_in(model: nn.Module, bases: list[torch.Tensor]) -> float:
+    """The fraction of this rank's parameter bytes that live in ``bases`` (1.0: FSDP2 kept the
+    exact-size buffers rather than copying the shards into memory of its own)."""
+    spans = sorted((b.data_ptr(), b.data_ptr() + b.numel()) for b in bases)
+    held = inside = 0
+    for local in _locals(model):
+        n = local.numel() * local.element_size()
+        held += n
+        ptr = local.data_ptr()
+        inside += n if any(lo <= ptr < hi for lo, hi in spans) else 0
+    return inside / held if held else 0.0
 
 
 def meta_parameters(model: nn.Module) -> Iterator[str]:

@@ -20,7 +20,7 @@ import resource
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,8 @@ from torch.utils.checkpoint import checkpoint
 from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import percentile
 from hopperlab.cuda.nvtx import measured_region
-from hopperlab.workloads.finetune import shard_init, step_floor
+from hopperlab.memory.pinned import pinned_empty
+from hopperlab.workloads.finetune import host_need, shard_init, step_floor
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(var + 1e-5)).to(x.dtype) * self.weight
+        # float32 at least: a float64 model (the tests') stays float64 throughout
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        var = wide.pow(2).mean(-1, keepdim=True)
+        return (wide * torch.rsqrt(var + 1e-5)).to(x.dtype) * self.weight
 
 
 def rope(x: torch.Tensor) -> torch.Tensor:
@@ -112,19 +115,24 @@ def build_model(shape: Shape, dtype: Any, device: Any, seed: int,
 
 
 def build_sharded(shape: Shape, dtype: Any, mode: str, seed: int, device: Any, cuda: bool,
-                  checkpointing: bool = False) -> tuple[Llama, list[Any]]:
+                  checkpointing: bool = False, host_alloc: Callable[[int], Any] | None = None
+                  ) -> tuple[Llama, list[Any]]:
     """This rank's part of the model of ``seed``, never the whole of it on any rank.
 
     FSDP2 modes: built on the meta device, sharded there, then only this rank's shard gets
-    memory (host memory under CPU offload: exact-size pinned where there is a GPU) and values,
-    drawn on ``device`` (the GPU when there is one). torchao: the whole model on ``device``.
-    Returns the model and the pinned buffers it lives in (keep them as long as the model)."""
+    memory and values, drawn on ``device`` (the GPU when there is one). Under CPU offload the
+    shard lives in host memory: in buffers of ``host_alloc`` (default with a GPU: exact-size
+    pinned, ``memory.pinned``). torchao: the whole model on ``device``.
+    Returns the model and the host buffers it lives in (keep them as long as the model)."""
     if not mode.startswith("fsdp2"):
         return build_model(shape, dtype, device, seed, checkpointing), []
     model = Llama(shape, dtype, "meta", checkpointing)
     shard(model, mode, cuda)
     offload = mode == "fsdp2-cpu-offload"
-    bases = shard_init.materialise(model, "cpu" if offload else device, pin=offload and cuda)
+    if offload and host_alloc is None and cuda and pinned_empty(4096).is_pinned():
+        host_alloc = pinned_empty  # else FSDP2 would copy the shards into pinned memory of its own
+    bases = shard_init.materialise(model, "cpu" if offload else device,
+                                   host_alloc if offload else None)
     shard_init.init_weights(model, seed, device)
     return model, bases
 
@@ -275,17 +283,49 @@ def run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] 
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
     try:
+        if cuda and plan.mode != "fsdp2":
+            check_host_memory(plan, world, recorder, device)
         t0 = time.perf_counter()
         model, pinned = build_sharded(plan.shape, plan.dtype, plan.mode, plan.seed, device, cuda,
                                       plan.checkpointing)
         _sync(device)
         recorder.log_metric("build_s", time.perf_counter() - t0)
-        if pinned:
-            recorder.log_metric("pinned_exact_gb", sum(b.numel() for b in pinned) / 1e9)
         _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum)
+        if pinned:  # after the steps: FSDP2 may re-pin a shard at its lazy init
+            recorder.log_metrics(pinned_exact_gb=sum(b.numel() for b in pinned) / 1e9,
+                                 params_in_exact_pinned=shard_init.share_in(model, pinned))
     finally:
         if own_group:
             dist.destroy_process_group()
+
+
+def check_host_memory(plan: Plan, world: int, recorder: Any, device: Any,
+                      meminfo: str | None = None) -> None:
+    """Skip, with the figures, an offloading run this node's free host memory cannot hold
+    (``host_need``), before any of it is allocated; log the estimate either way. ``meminfo``:
+    /proc/meminfo's text (read when not given)."""
+    from pathlib import Path
+
+    model = Llama(plan.shape, plan.dtype, "meta")
+    elt = torch.finfo(plan.dtype).bits // 8
+    split = world if plan.mode.startswith("fsdp2") else 1
+    local = [-(-p.shape[0] // split) * (p.numel() // p.shape[0]) * elt
+             for p in model.parameters()]
+    need = host_need.host_bytes(plan.mode, local, exact_params=True)
+    recorder.log_metric("host_need_gb", need / 1e9)
+    need *= max(1, min(world, torch.cuda.device_count()))  # this node's ranks share its memory
+    try:
+        free = host_need.available_bytes(meminfo if meminfo is not None
+                                         else Path("/proc/meminfo").read_text())
+    except OSError:
+        free = None
+    short = torch.tensor([float(free is not None and need > free)], device=device)
+    if world > 1:  # every rank skips or none does: a lone skip would leave its peers waiting
+        dist.all_reduce(short, op=dist.ReduceOp.MAX)
+    if short.item():
+        raise SkipRun(f"{plan.mode} of {plan.shape.layers} layers needs about {need / 1e9:.0f} GB "
+                      f"of host memory for this node's ranks (pinned parameters and gradients, "
+                      f"AdamW states); this node has {(free or 0) / 1e9:.0f} GB available")
 
 
 def probe_compute(plan: Plan, device: Any, accum: int) -> float:

@@ -22,14 +22,17 @@ class SelftestParams:
     action: str = "ok"
     steps: int = 3
     sleep_s: float = 0.0
-    #: collective: all-reduce once per step over the run's ranks; ``fail_rank`` raises at
-    #: ``fail_step`` (-1: none), for the distributed fault path
+    #: collective: all-reduce once per step over the run's ranks, each after ``sleep_s``;
+    #: ``fail_rank`` raises at ``fail_step`` (-1: none), for the distributed fault path
     fail_rank: int = -1
     fail_step: int = 1
     #: ok: the relative standard deviation of ``value`` (normal, seeded by ``seed`` and the
     #: repeat), so that repeats and references can be exercised with known noise
     jitter: float = 0.0
     seed: int = 0
+    #: ok: ``value`` is 10 % lower while this file exists: a node slowed by a second process,
+    #: for the CPU test of benchmarks/noise_gpu.py ("": never)
+    slow_while: str = ""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
