@@ -22,8 +22,8 @@ class SelftestParams:
     action: str = "ok"
     steps: int = 3
     sleep_s: float = 0.0
-    #: collective: all-reduce once per step over the run's ranks; ``fail_rank`` raises at
-    #: ``fail_step`` (-1: none), for the distributed fault path
+    #: collective: all-reduce once per step over the run's ranks, each after ``sleep_s``;
+    #: ``fail_rank`` raises at ``fail_step`` (-1: none), for the distributed fault path
     fail_rank: int = -1
     fail_step: int = 1
     #: ok: the relative standard deviation of ``value`` (normal, seeded by ``seed`` and the
