@@ -25,7 +25,8 @@ def run(spec, recorder: Recorder) -> None:
         raise SkipRun("selftest: deliberately skipped")
     if p.action == "read-table":
         _read_table(spec, recorder)
-    slow = 0.9 if p.slow_while and os.path.exists(p.slow_while) else 1.0
+    flag = p.slow_while.format(node=os.environ.get("SLURMD_NODENAME", ""))
+    slow = 0.9 if p.slow_while and os.path.exists(flag) else 1.0
     recorder.log_metric("value", float(p.steps) * _jitter(p, recorder) * slow)
     recorder.log_metric("steps", float(p.steps))
 
