@@ -33,6 +33,8 @@ def test_resources_resolve_tasks_and_show_in_list(project):
     m = load_matrix(project, {"scale": "full"})
     tp = m.get("inference/tp-long-context/prompt-31k-c1").resources
     assert (tp.gpus, tp.nodes, tp.tasks_on_node, tp.world_size) == (4, 1, 4, 4)
+    tp2 = m.get("inference/tp-long-context/prompt-3k-c8-2gpu").resources
+    assert (tp2.gpus, tp2.world_size) == (2, 2)
     one = m.get("finetune/full-llama2-13b-sharded/torchao-offload-1gpu").resources
     assert (one.gpus, one.world_size) == (1, 1)
     smoke = load_matrix(project).get("finetune/full-llama2-13b-sharded/fsdp2").resources
@@ -41,14 +43,17 @@ def test_resources_resolve_tasks_and_show_in_list(project):
     rows = json.loads(out.stdout)
     sizes = {r["variant"]: r["resources"]["world_size"] for r in rows}
     assert sizes == {"prompt-31k-c1": 2, "prompt-3k-c8": 2, "prompt-31k-c1-1gpu": 1,
-                     "prompt-3k-c8-1gpu": 1}, out.stderr
+                     "prompt-3k-c8-1gpu": 1, "prompt-31k-c1-2gpu": 1,
+                     "prompt-3k-c8-2gpu": 1}, out.stderr  # smoke: TP 2 rows on one process
 
 
 def test_caps_are_refused_before_submission_naming_file_and_key(project, tmp_path):
     _site(project, "capped", max_gpus_per_node=2, max_nodes=1)
     with pytest.raises(SpecError, match=r"experiments/inference.yaml.*tp-long-context.*"
                                         r"gpus_per_node.*max_gpus_per_node 2.*capped.yaml"):
-        load_matrix(project, {"site": "capped", "scale": "full"})
+        # (only the TP runs: membench/collective asks for 4 GPUs per node at full scale too)
+        load_matrix(project, {"site": "capped", "scale": "full",
+                              "only": "inference/tp-long-context"})
     # a plain `hopperlab submit` stops there too: no run directory, no job
     out = hopperlab(["submit", "inference/tp-long-context/prompt-31k-c1", "--no-upload",
                      "--config", "site=capped", "scale=full", f"results_dir={tmp_path}/r"],
@@ -136,6 +141,21 @@ def test_a_killed_rank_is_named(tmp_path):
     rec = ranks.merged_record(tmp_path, 1, 2)
     assert rec["status"] == "failed" and rec["reason"].startswith("ranks [1] of 2 left no record")
     assert [r["reason"] for r in rec["ranks"]][1] == "no record"
+
+
+def test_a_rank_lost_with_its_node_is_named_with_the_node(tmp_path):
+    """A node that died took its rank's record with it, not the task file the rank wrote first."""
+    from hopperlab.core.rundir import write_json_atomic
+    from hopperlab.run import ranks
+
+    peer = {"attempt": 1, "status": "failed", "metrics": {},
+            "reason": "RuntimeError: Connection closed by peer [10.231.0.2]:1234"}
+    write_json_atomic(tmp_path / "ranks/0/record.json", peer)
+    write_json_atomic(tmp_path / "ranks/0/task.json", {"rank": 0, "host": "n1"})
+    write_json_atomic(tmp_path / "ranks/1/task.json", {"rank": 1, "host": "n2"})
+    rec = ranks.merged_record(tmp_path, 1, 2)
+    assert rec["reason"].startswith("ranks [1] (on n2) of 2 left no record"), rec["reason"]
+    assert [r["host"] for r in rec["ranks"]] == ["n1", "n2"]
 
 
 def test_the_profile_wrapper_puts_each_task_under_its_rank(tmp_path):

@@ -44,3 +44,20 @@ def test_available_memory_from_meminfo():
     text = "MemTotal:       131072000 kB\nMemFree: 1 kB\nMemAvailable:   125000000 kB\n"
     assert hn.available_bytes(text) == 125_000_000 * 1024
     assert hn.available_bytes("MemTotal: 1 kB\n") is None
+
+
+def test_a_node_without_the_memory_skips_with_the_figures(tmp_path):
+    import pytest
+
+    from hopperlab.core.rundir import Recorder, SkipRun
+
+    plan = sharded.Plan(mode="fsdp2-cpu-offload", shape=LLAMA_13B, seq_len=512, micro_batch=128,
+                        global_batch=128, steps=1, warmup=0, dtype=torch.bfloat16, lr=1e-4,
+                        weight_decay=0.0, seed=0, checkpointing=True)
+    rec = Recorder(tmp_path / "run")
+    node_128gib = "MemTotal: 131000000 kB\nMemAvailable:   125000000 kB\n"
+    with pytest.raises(SkipRun, match=r"needs about 131 GB .* 128 GB available"):
+        sharded.check_host_memory(plan, 1, rec, "cpu", node_128gib)
+    assert 130 < rec.metrics["host_need_gb"] < 132
+    node_256gib = "MemAvailable:   250000000 kB\n"
+    sharded.check_host_memory(plan, 1, rec, "cpu", node_256gib)  # fits: no skip

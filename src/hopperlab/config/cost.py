@@ -32,6 +32,8 @@ class CostSpec:
     per_node_hour: float | None = None
     currency: str = "USD"
     per_kwh: float | None = None
+    #: an example rate, not a price anyone pays (the local site's): every page says so
+    example: bool = False
 
     def __post_init__(self) -> None:
         rates = [r for r in (self.per_gpu_hour, self.per_node_hour) if r is not None]

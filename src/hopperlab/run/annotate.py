@@ -46,6 +46,8 @@ def annotate_record(rec: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
                               "energy of the measured window"
     tags["cost.currency"] = cost.currency
     tags["cost.basis"] = f"per {cost.basis} hour"
+    if cost.example:
+        tags["cost.example"] = "true"
     if note:
         tags["cost.note"] = note
     return rec

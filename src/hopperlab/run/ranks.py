@@ -109,6 +109,13 @@ def _energy(recs: dict[int, dict[str, Any]], metrics: dict[str, float],
             metrics[name] = sum(have) / len(have)
 
 
+def _on_hosts(ranks_: list[int], tasks: dict[int, dict[str, Any]]) -> str:
+    """`` (on n2)`` / `` (on n1, n2)``: where the given ranks ran, as far as their task files
+    say (a node that died took its ranks' records with it, not their task files)."""
+    hosts = sorted({str(tasks[r]["host"]) for r in ranks_ if tasks.get(r, {}).get("host")})
+    return f" (on {', '.join(hosts)})" if hosts else ""
+
+
 def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any] | None:
     """The run's record from its ranks' records of ``attempt`` (None: no rank wrote one)."""
     dirs = rank_dirs(run_dir)
@@ -122,15 +129,16 @@ def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any
     lead = 0 if 0 in recs else min(recs)
     reason = recs[lead].get("reason")
     tb_rank = None
+    tasks = {r: _read(dirs[r] / TASK_FILE) or {} for r in dirs}
+    lost = _on_hosts(missing, tasks)
     if status != "ok":
         bad = {r: rec for r, rec in recs.items() if rec.get("status") == status}
         tb_rank = _root_cause(bad, dirs) if status == "failed" else min(bad)
         reason = f"rank {tb_rank}: {bad[tb_rank].get('reason')}"
         if missing and PEER_LOST.search(reason):  # the one that died left nothing (killed)
-            reason = f"ranks {missing} of {world_size} left no record (killed?); " + reason
+            reason = f"ranks {missing}{lost} of {world_size} left no record (killed?); " + reason
     elif missing:
-        status, reason = "failed", f"ranks {missing} of {world_size} left no record"
-    tasks = {r: _read(dirs[r] / TASK_FILE) or {} for r in dirs}
+        status, reason = "failed", f"ranks {missing}{lost} of {world_size} left no record"
     hardware = {r: _read(dirs[r] / HARDWARE_FILE) or {} for r in dirs}
     nodes_hw: dict[str, Any] = {}
     for r in sorted(hardware):

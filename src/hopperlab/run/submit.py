@@ -265,6 +265,10 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
         }
     elif outcome.timed_out and rec.get("status") == "failed":
         rec = {**rec, "status": "timeout", "reason": _timeout_reason(outcome, rec.get("reason"))}
+    if (str(outcome.state).startswith("NODE_FAIL") and rec.get("status") == "failed"
+            and "NODE_FAIL" not in str(rec.get("reason"))):
+        # the scheduler's word first: a node of the job died (the ranks only saw a peer go)
+        rec = {**rec, "reason": f"a node of the job failed (Slurm NODE_FAIL); {rec.get('reason')}"}
     if uid:
         rec[RUN_UID] = uid
     if outcome.job_id:

@@ -122,7 +122,15 @@ def materialise(model: nn.Module, device: Any,
         return host(out.shape, out.dtype)
 
     model._apply(alloc)  # to_empty's path, with our allocation (FSDP2 re-pads after it)
-    return bases
+    # a shard of uneven rows FSDP2 has just copied into a padded tensor of its own: drop ours
+    used = {local.data_ptr() for local in _locals(model)}
+    return [b for b in bases if any(b.data_ptr() <= ptr < b.data_ptr() + b.numel()
+                                    for ptr in used)]
+
+
+def _locals(model: nn.Module) -> Iterator[torch.Tensor]:
+    for p in model.parameters():
+        yield p.to_local() if hasattr(p, "to_local") else p
 
 
 def share_in(model: nn.Module, bases: list[torch.Tensor]) -> float:
@@ -130,8 +138,7 @@ def share_in(model: nn.Module, bases: list[torch.Tensor]) -> float:
     exact-size buffers rather than copying the shards into memory of its own)."""
     spans = sorted((b.data_ptr(), b.data_ptr() + b.numel()) for b in bases)
     held = inside = 0
-    for p in model.parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p
+    for local in _locals(model):
         n = local.numel() * local.element_size()
         held += n
         ptr = local.data_ptr()

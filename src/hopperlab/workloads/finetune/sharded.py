@@ -50,8 +50,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(var + 1e-5)).to(x.dtype) * self.weight
+        # float32 at least: a float64 model (the tests') stays float64 throughout
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        var = wide.pow(2).mean(-1, keepdim=True)
+        return (wide * torch.rsqrt(var + 1e-5)).to(x.dtype) * self.weight
 
 
 def rope(x: torch.Tensor) -> torch.Tensor:
@@ -282,7 +284,7 @@ def run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] 
                                 world_size=1)
     try:
         if cuda and plan.mode != "fsdp2":
-            _check_host_memory(plan, world, recorder)
+            check_host_memory(plan, world, recorder, device)
         t0 = time.perf_counter()
         model, pinned = build_sharded(plan.shape, plan.dtype, plan.mode, plan.seed, device, cuda,
                                       plan.checkpointing)
@@ -297,9 +299,11 @@ def run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] 
             dist.destroy_process_group()
 
 
-def _check_host_memory(plan: Plan, world: int, recorder: Any) -> None:
+def check_host_memory(plan: Plan, world: int, recorder: Any, device: Any,
+                      meminfo: str | None = None) -> None:
     """Skip, with the figures, an offloading run this node's free host memory cannot hold
-    (``host_need``), before any of it is allocated; log the estimate either way."""
+    (``host_need``), before any of it is allocated; log the estimate either way. ``meminfo``:
+    /proc/meminfo's text (read when not given)."""
     from pathlib import Path
 
     model = Llama(plan.shape, plan.dtype, "meta")
@@ -309,15 +313,19 @@ def _check_host_memory(plan: Plan, world: int, recorder: Any) -> None:
              for p in model.parameters()]
     need = host_need.host_bytes(plan.mode, local, exact_params=True)
     recorder.log_metric("host_need_gb", need / 1e9)
-    need *= min(world, torch.cuda.device_count())  # this node's ranks share its memory
+    need *= max(1, min(world, torch.cuda.device_count()))  # this node's ranks share its memory
     try:
-        free = host_need.available_bytes(Path("/proc/meminfo").read_text())
+        free = host_need.available_bytes(meminfo if meminfo is not None
+                                         else Path("/proc/meminfo").read_text())
     except OSError:
         free = None
-    if free is not None and need > free:
+    short = torch.tensor([float(free is not None and need > free)], device=device)
+    if world > 1:  # every rank skips or none does: a lone skip would leave its peers waiting
+        dist.all_reduce(short, op=dist.ReduceOp.MAX)
+    if short.item():
         raise SkipRun(f"{plan.mode} of {plan.shape.layers} layers needs about {need / 1e9:.0f} GB "
                       f"of host memory for this node's ranks (pinned parameters and gradients, "
-                      f"AdamW states); this node has {free / 1e9:.0f} GB available")
+                      f"AdamW states); this node has {(free or 0) / 1e9:.0f} GB available")
 
 
 def probe_compute(plan: Plan, device: Any, accum: int) -> float:

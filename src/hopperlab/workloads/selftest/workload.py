@@ -27,7 +27,9 @@ def run(spec, recorder: Recorder) -> None:
         raise SkipRun("selftest: deliberately skipped")
     if p.action == "read-table":
         _read_table(spec, recorder)
-    recorder.log_metric("value", float(p.steps) * _jitter(p, recorder))
+    flag = p.slow_while.format(node=os.environ.get("SLURMD_NODENAME", ""))
+    slow = 0.9 if p.slow_while and os.path.exists(flag) else 1.0
+    recorder.log_metric("value", float(p.steps) * _jitter(p, recorder) * slow)
     recorder.log_metric("steps", float(p.steps))
 
 
@@ -52,7 +54,8 @@ def _read_table(spec, recorder: Recorder) -> None:
 
 
 def _collective(spec, recorder: Recorder) -> None:
-    """One all-reduce per step over the run's ranks; rank ``fail_rank`` raises at ``fail_step``."""
+    """One all-reduce per step over the run's ranks (after ``sleep_s``); rank ``fail_rank``
+    raises at ``fail_step``."""
     import torch
     import torch.distributed as dist
 
@@ -63,6 +66,7 @@ def _collective(spec, recorder: Recorder) -> None:
     for step in range(p.steps):
         if rank == p.fail_rank and step == p.fail_step:
             raise RuntimeError(f"selftest: rank {rank} fails at step {step} on purpose")
+        time.sleep(p.sleep_s)  # a long run, for a node that dies while it runs
         t0 = time.perf_counter()
         x = torch.tensor([float(rank + 1)])
         if world > 1:
