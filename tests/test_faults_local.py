@@ -181,3 +181,15 @@ def test_an_env_name_that_is_not_a_variable_name_is_refused_naming_the_key(tmp_p
     out = hopperlab(["list", "--config", "families=selftest"], project)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr
     assert f"local.yaml: env.{name}:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_full_disk_the_job_reported_on_stdout_is_the_reason(tmp_path):
+    """Issue 28 item 10: a disk filling during the job gave "ended FAILED before writing its
+    record"; the "[Errno 28]" was only in job.out."""
+    stdout, stderr = tmp_path / "job.out", tmp_path / "job.err"
+    stdout.write_text("step 3\nsubmitit ERROR: job failed\nOSError: [Errno 28] No space left "
+                      f"on device: '{tmp_path}/artifacts/table.csv'\n")
+    stderr.write_text("srun: error: task 0: Exited with exit code 1\n")
+    outcome = launch.JobOutcome(job_id=None, state="FAILED", stdout=stdout, stderr=stderr)
+    reason = submission._died_reason(outcome, submission._last_error_line(outcome))
+    assert reason.startswith("no space left on ") and "table.csv" in reason, reason
