@@ -193,3 +193,19 @@ def test_a_full_disk_the_job_reported_on_stdout_is_the_reason(tmp_path):
     outcome = launch.JobOutcome(job_id=None, state="FAILED", stdout=stdout, stderr=stderr)
     reason = submission._died_reason(outcome, submission._last_error_line(outcome))
     assert reason.startswith("no space left on ") and "table.csv" in reason, reason
+
+
+def test_a_full_disk_before_the_workflow_starts_is_one_line(tmp_path, tiny_disk):
+    """Issue 28 item 10: a full disk before the workflow started gave a traceback."""
+    from tests.helpers import snakemake
+
+    project = copy_project(tmp_path / "project")
+    results = tiny_disk.mountpoint / "results"
+    tiny_disk.fill()
+    out = snakemake(["--cores", "2", "--config", "families=selftest", "only=selftest/faults/ok",
+                     f"results_dir={results}"], project)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "Traceback" not in text and '.py", line' not in text, text[-3000:]  # no stack
+    said = [ln for ln in text.splitlines() if "no space left" in ln.lower()]
+    assert said and str(tiny_disk.mountpoint) in said[0], text[-3000:]
