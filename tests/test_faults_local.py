@@ -209,3 +209,22 @@ def test_a_full_disk_before_the_workflow_starts_is_one_line(tmp_path, tiny_disk)
     assert "Traceback" not in text and '.py", line' not in text, text[-3000:]  # no stack
     said = [ln for ln in text.splitlines() if "no space left" in ln.lower()]
     assert said and str(tiny_disk.mountpoint) in said[0], text[-3000:]
+
+
+@pytest.mark.parametrize("spec_text,record_text", [("[]", "null"), ('"x"', "[1]"),
+                                                   ('{"attempt": "two"}', "{torn")])
+def test_submit_goes_on_past_a_wrong_typed_spec_or_record(tmp_path, spec_text, record_text):
+    """Issue 28 item 10: a wrong-typed spec.json/record.json made `hopperlab submit` crash on
+    every call until the file was removed by hand."""
+    project = copy_project(tmp_path / "project")
+    run_dir = project / "results/selftest/faults/ok"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.json").write_text(spec_text)
+    (run_dir / "record.json").write_text(record_text)
+    (run_dir / "history.jsonl").write_text('[1]\n"start"\n{"attempt": 1, "event": "start"}\n')
+    out = hopperlab(["submit", "selftest/faults/ok", "--no-upload", "--config",
+                     "families=selftest"], project)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    rec = json.loads((run_dir / "record.json").read_text())
+    assert rec["status"] == "ok" and rec["attempt"] == 2, rec
+    assert (run_dir / "attempts").is_dir()  # the broken files kept, out of the way
