@@ -395,6 +395,21 @@ def test_predict_cli(capsys):
                  "no-such-machine"]) == 2
 
 
+def test_machines_from_an_mlflow_server_that_is_down_says_so_in_one_line(tmp_path):
+    """Issue 28 item 8: `hopperlab machines --mlflow URI` with the server down blocked for
+    minutes, then printed a traceback holding the URI's password."""
+    from tests.helpers import REPO, hopperlab
+    from tests.infra.mlflow_fixture import free_port
+
+    uri = f"http://alice:s3cret-pw@127.0.0.1:{free_port()}"
+    out = hopperlab(["--root", str(REPO), "machines", "--mlflow", uri], tmp_path, timeout=240)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-3000:]
+    assert "Traceback" not in text and "s3cret-pw" not in text, text[-3000:]
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "MLflow unreachable" in lines[0], text[-3000:]
+
+
 FIX_TP = FIX / "results-4xh200"  # the TP rows through the workflow, 4 x H200, 2026-11-26
 
 
