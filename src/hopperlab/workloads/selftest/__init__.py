@@ -34,6 +34,9 @@ class SelftestParams:
     #: job runs on): a node slowed by a second process, for the CPU tests of
     #: benchmarks/noise_gpu.py and ``check --every-node`` ("": never)
     slow_while: str = ""
+    #: comma-separated environment variables the run records as tags ``selftest.env.<NAME>``
+    #: (unset: ``<unset>``): what a job's environment really held
+    env_names: str = ""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:

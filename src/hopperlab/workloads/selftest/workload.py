@@ -10,6 +10,8 @@ from hopperlab.core.rundir import Recorder, SkipRun
 
 def run(spec, recorder: Recorder) -> None:
     p = spec.params
+    for name in filter(None, (n.strip() for n in p.env_names.split(","))):
+        recorder.set_tag(f"selftest.env.{name}", os.environ.get(name, "<unset>"))
     if p.action == "collective":
         _collective(spec, recorder)
         return
