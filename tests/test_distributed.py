@@ -33,6 +33,8 @@ def test_resources_resolve_tasks_and_show_in_list(project):
     m = load_matrix(project, {"scale": "full"})
     tp = m.get("inference/tp-long-context/prompt-31k-c1").resources
     assert (tp.gpus, tp.nodes, tp.tasks_on_node, tp.world_size) == (4, 1, 4, 4)
+    tp2 = m.get("inference/tp-long-context/prompt-3k-c8-2gpu").resources
+    assert (tp2.gpus, tp2.world_size) == (2, 2)
     one = m.get("finetune/full-llama2-13b-sharded/torchao-offload-1gpu").resources
     assert (one.gpus, one.world_size) == (1, 1)
     smoke = load_matrix(project).get("finetune/full-llama2-13b-sharded/fsdp2").resources
@@ -41,7 +43,8 @@ def test_resources_resolve_tasks_and_show_in_list(project):
     rows = json.loads(out.stdout)
     sizes = {r["variant"]: r["resources"]["world_size"] for r in rows}
     assert sizes == {"prompt-31k-c1": 2, "prompt-3k-c8": 2, "prompt-31k-c1-1gpu": 1,
-                     "prompt-3k-c8-1gpu": 1}, out.stderr
+                     "prompt-3k-c8-1gpu": 1, "prompt-31k-c1-2gpu": 1,
+                     "prompt-3k-c8-2gpu": 1}, out.stderr  # smoke: TP 2 rows on one process
 
 
 def test_caps_are_refused_before_submission_naming_file_and_key(project, tmp_path):

@@ -128,3 +128,56 @@ def test_a_job_that_died_of_a_full_disk_is_recorded_as_such(tmp_path):
     outcome = launch.JobOutcome(job_id=None, state="FAILED", stderr=stderr)
     reason = submission._died_reason(outcome, submission._last_error_line(outcome))
     assert reason.startswith("no space left on ") and f"{tmp_path}/steps.jsonl" in reason
+
+
+# --------------------------------------------------------------------------- issue 28 item 9
+ODD_VALUE = "two words; $(echo not-run) `x` 'q'"
+
+
+def _env_variant(project: Path, site: str) -> None:
+    from tests.helpers import edit_yaml
+
+    edit_yaml(project / "experiments/selftest.yaml", lambda d: d["experiments"]["faults"][
+        "variants"].__setitem__("env", {"params": {
+            "env_names": "OMP_NUM_THREADS,HOPPERLAB_ODD,HF_TOKEN,MLFLOW_TRACKING_PASSWORD"}}))
+    edit_yaml(project / f"configs/sites/{site}.yaml", lambda d: d.update(
+        env={"OMP_NUM_THREADS": 1, "HOPPERLAB_ODD": ODD_VALUE}))
+
+
+def check_job_environment(run_dir: Path) -> None:
+    """What the job saw: the site's env, verbatim (no shell), and none of the secrets."""
+    rec = json.loads((run_dir / "record.json").read_text())
+    assert rec["status"] == "ok", rec
+    tags = rec["tags"]
+    assert tags["selftest.env.OMP_NUM_THREADS"] == "1", tags
+    assert tags["selftest.env.HOPPERLAB_ODD"] == ODD_VALUE, tags
+    assert tags["selftest.env.HF_TOKEN"] == "<unset>", tags
+    assert tags["selftest.env.MLFLOW_TRACKING_PASSWORD"] == "<unset>", tags
+    assert rec["hardware"]["threads"]["intra_op"] == 1, rec["hardware"]["threads"]
+
+
+SECRETS = {"HF_TOKEN": "hf_secret_token", "MLFLOW_TRACKING_PASSWORD": "pw-secret"}
+
+
+@pytest.mark.parametrize("how", ["submit", "run"])
+def test_a_sites_env_reaches_the_job_without_a_shell_and_secrets_do_not(tmp_path, how):
+    """Issue 28 items 9 and 10: a site's `env:` was recorded as applied but never applied
+    (OMP_NUM_THREADS: 1, and the job ran 2 intra-op threads); the job inherited the
+    submitting side's MLflow password and Hugging Face token."""
+    project = copy_project(tmp_path / "project")
+    _env_variant(project, "local")
+    out = hopperlab([how, "selftest/faults/env", "--no-upload", "--config", "families=selftest"],
+                    project, env=SECRETS)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    check_job_environment(project / "results/selftest/faults/env")
+
+
+@pytest.mark.parametrize("name", ["BAD-NAME", "1ST", "A B", "X=Y", ""])
+def test_an_env_name_that_is_not_a_variable_name_is_refused_naming_the_key(tmp_path, name):
+    from tests.helpers import edit_yaml
+
+    project = copy_project(tmp_path / "project")
+    edit_yaml(project / "configs/sites/local.yaml", lambda d: d.update(env={name: "1"}))
+    out = hopperlab(["list", "--config", "families=selftest"], project)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr
+    assert f"local.yaml: env.{name}:" in out.stderr and "Traceback" not in out.stderr

@@ -393,3 +393,44 @@ def test_predict_cli(capsys):
     assert "not predicted: save_on_cpu" in out
     assert main(["--root", str(REPO), "predict", str(FIX / "results-h100"), "--machine",
                  "no-such-machine"]) == 2
+
+
+def test_machines_from_an_mlflow_server_that_is_down_says_so_in_one_line(tmp_path):
+    """Issue 28 item 8: `hopperlab machines --mlflow URI` with the server down blocked for
+    minutes, then printed a traceback holding the URI's password."""
+    from tests.helpers import REPO, hopperlab
+    from tests.infra.mlflow_fixture import free_port
+
+    uri = f"http://alice:s3cret-pw@127.0.0.1:{free_port()}"
+    out = hopperlab(["--root", str(REPO), "machines", "--mlflow", uri], tmp_path, timeout=240)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-3000:]
+    assert "Traceback" not in text and "s3cret-pw" not in text, text[-3000:]
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "MLflow unreachable" in lines[0], text[-3000:]
+
+
+FIX_TP = FIX / "results-4xh200"  # the TP rows through the workflow, 4 x H200, 2026-11-26
+
+
+def test_tensor_parallel_rows_are_predicted_on_gh200_from_their_decode_and_prefill():
+    group = runs.load_folders([FIX_TP])[0]
+    src = descriptions.find_description(REPO / "configs/machines", "h200-141g-pcie5-x86_64")
+    tgt = descriptions.find_description(REPO / "configs/machines", "gh200-96gb")
+    preds = {(p.variant, p.metric): p for p in predict.predict(group, src, tgt)
+             if p.experiment == "tp-long-context"}
+    key = "inference/tp-long-context/prompt-31k-c1"
+    m = json.loads((FIX_TP / key / "metrics.json").read_text())["metrics"]
+    k_hbm = 4.8 / 4.0  # H200 SXM / GH200 96 GB HBM, the descriptions' datasheet figures
+    dec = (m["decode_ms_per_token"] - m["allreduce_cost_ms_per_token"]) * k_hbm \
+        + m["allreduce_cost_ms_per_token"]
+    lat = preds[("prompt-31k-c1", "request_latency_ms_p50")]
+    assert lat.label == "prediction" and lat.unpredictable is None
+    assert lat.predicted == pytest.approx(m["ttft_ms_p50"] * 1.0 + 99 * dec)
+    assert "allreduce_cost_ms_per_token" in " ".join(lat.inputs)
+    assert preds[("prompt-3k-c8", "decode_tokens_per_s")].predicted < \
+        json.loads((FIX_TP / "inference/tp-long-context/prompt-3k-c8/metrics.json")
+                   .read_text())["metrics"]["decode_tokens_per_s"]  # slower HBM, fewer tokens/s
+    # the one-GPU rows held what fit an H200: refused with the reason, not guessed
+    one = preds[("prompt-31k-c1-1gpu", "request_latency_ms_p50")]
+    assert one.predicted is None and "70 of the 80 layers" in one.unpredictable

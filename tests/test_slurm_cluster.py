@@ -142,3 +142,17 @@ def test_two_nodes_each_with_its_own_name_and_address(slurm_cluster, tmp_path):
     seen = {line.split()[1]: line.split()[2:] for line in lines if line}
     assert set(seen) == set(slurm_cluster.nodes)  # each task on its node, by that node's name
     assert seen[slurm_cluster.nodes[0]] != seen[slurm_cluster.nodes[1]]  # two network stacks
+
+
+def test_a_one_node_cluster_fails_two_node_tests_when_slurm_is_required(monkeypatch, tmp_path):
+    """Under HOPPERLAB_REQUIRE_SLURM=1 (CI) a missing second node fails the test, never skips."""
+    from tests.infra.slurm_fixture import REQUIRE_ENV, SlurmCluster
+
+    one = SlurmCluster(dir=tmp_path, conf=tmp_path / "slurm.conf", env={}, nodes=("vm",))
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="one node"):
+        one.need_two_nodes()
+    monkeypatch.delenv(REQUIRE_ENV)
+    with pytest.raises(pytest.skip.Exception, match="one node"):
+        one.need_two_nodes()
+    SlurmCluster(dir=tmp_path, conf=tmp_path, env={}, nodes=("a", "b")).need_two_nodes()

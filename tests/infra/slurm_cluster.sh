@@ -38,7 +38,8 @@ DB_NAME=slurm_acct_db DB_USER=slurm DB_PASS=hopperlab-slurm
 ETC_SLURM=/etc/slurm
 LINKED_CONFS=(slurm.conf gres.conf)
 NODE2=hl-node2
-DAEMONS_STOP_ORDER=("slurmd-$NODE2" "slurmd-$(hostname -s)" slurmctld slurmdbd mariadbd munged)
+# (plain "slurmd": the pid file of a cluster started by this script before it had two nodes)
+DAEMONS_STOP_ORDER=("slurmd-$NODE2" "slurmd-$(hostname -s)" slurmd slurmctld slurmdbd mariadbd munged)
 START_TIMEOUT=${SLURM_CLUSTER_START_TIMEOUT:-120}
 NETNS=hopperlab-n2 IFNAME=hlnet0 NET=10.231.0
 ADDR1=$NET.1 ADDR2=$NET.2

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from hopperlab.cli import check_nodes
 from hopperlab.config.matrix import find_root, load_config, parse_overrides
 from hopperlab.core.effects import DEFAULT_MIN_EFFECT
 from hopperlab.core.errors import SpecError
@@ -66,6 +67,9 @@ def cmd_machines(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     root = _root(args)
+    if args.every_node:
+        refs = Path(args.references) if args.references else root / references.REFERENCES_DIR
+        return check_nodes.run(args, root, refs)
     results = Path(args.results_dir) if args.results_dir else _default_results(root, args)
     rows = collect_runs(results)
     if not rows:
@@ -240,6 +244,16 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
                         f"too (exit 1), and so does a check of nothing: no run had a "
                         f"reference (exit {EXIT_NOTHING_CHECKED})")
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one test case per run)")
+    p.add_argument("--every-node", action="store_true",
+                   help="run the selected runs (--config only=...) once on every node of the "
+                        "partition (one Slurm job per node, --nodelist), judge each node against "
+                        "the references and the other nodes, name the slow one")
+    p.add_argument("--partition", help="with --every-node: the partition (default: the site's)")
+    p.add_argument("--nodes", help="with --every-node: these nodes (comma-separated) instead of "
+                                   "the partition's")
+    p.add_argument("--min-effect", type=float, default=None,
+                   help="with --every-node: the smallest difference between nodes worth "
+                        "reporting, a fraction (default 0.05)")
     p = add("references", cmd_references, "references from repeated runs: "
             "`hopperlab references update RESULTS_DIR`")
     p.add_argument("action", choices=("update",))

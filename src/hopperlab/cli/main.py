@@ -28,6 +28,9 @@ from hopperlab.core.errors import HopperlabError, SpecError, one_line
 from hopperlab.core.quiet import silence_known_noise
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
+from hopperlab.core.rundir import RECORD_FILE, RUN_UID, SPEC_FILE
+from hopperlab.run import attempts
+from hopperlab.run.scheduler import Interrupted
 from hopperlab.run.submit import forced_by_workflow, submit
 from hopperlab.workloads.base import KNOB_DEFAULTS
 
@@ -86,8 +89,12 @@ def _uploader(args: argparse.Namespace):
 
 def cmd_submit(args: argparse.Namespace) -> int:
     # a finished run of the same spec is adopted unless the workflow was told to redo it
-    return submit(_matrix(args), args.key, upload=_uploader(args),
-                  adopt=not forced_by_workflow(args.key))
+    try:
+        return submit(_matrix(args), args.key, upload=_uploader(args),
+                      adopt=not forced_by_workflow(args.key))
+    except Interrupted as exc:  # the job was cancelled and the attempt settled
+        print(f"hopperlab: {args.key}: stopped by {exc}", file=sys.stderr)
+        return 128 + exc.signum
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -135,6 +142,22 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def _folder_run_uids(matrix: Matrix, family: str, experiment: str) -> set[str]:
+    """The attempts of an experiment that this results folder's records name (current and
+    archived): what `compare` shows of a server that other folders upload to as well."""
+    uids: set[str] = set()
+    for spec in matrix.runs.values():
+        if (spec.family, spec.experiment) != (family, experiment):
+            continue
+        run_dir = matrix.root / spec.run_dir
+        for folder in [run_dir, *attempts.archived(run_dir)]:
+            for name in (RECORD_FILE, SPEC_FILE):
+                uid = (attempts.read_object(folder / name) or {}).get(RUN_UID)
+                if isinstance(uid, str) and uid:
+                    uids.add(uid)
+    return uids
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     if len(args.targets) == 2 or args.mlflow:  # A B: two results folders or MLflow queries
         return machines_cli.cmd_ab(args)
@@ -148,13 +171,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
         known = ", ".join(f"{f}/{e}" for f, e in matrix.experiments())
         raise SpecError(f"{args.experiment}: no such experiment in the matrix; it has: {known}")
     print(tracking.experiment_compare_url(matrix.site.tracking_uri, family, experiment,
-                                          ui_uri=args.ui))
+                                          ui_uri=args.ui,
+                                          run_uids=_folder_run_uids(matrix, family, experiment)))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     matrix = _matrix(args)
-    csv_path, html_path = build_report(matrix.results_dir)
+    csv_path, html_path = build_report(matrix.results_dir, price_now=True,
+                                       cost=matrix.site.cost)
     print(f"[hopperlab] wrote {csv_path} and {html_path}")
     return 0
 

@@ -23,6 +23,7 @@ from hopperlab.core.schema import (
 from hopperlab.node.containers import resolve_site_runtime
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
+from hopperlab.run import scheduler
 from hopperlab.run.submit import FORCED_ENV
 
 #: config keys forwarded to `hopperlab` on each rule's command line
@@ -163,7 +164,7 @@ def refresh_report_if_stale(matrix: Matrix) -> bool:
                 newest = max(newest, path.stat().st_mtime)
     if newest == 0.0 or (summary.exists() and summary.stat().st_mtime >= newest):
         return False
-    build_report(results)
+    build_report(results, price_now=True, cost=matrix.site.cost)  # at today's price
     return True
 
 
@@ -226,6 +227,12 @@ def upload_at_end(matrix: Matrix) -> None:
         print(f"[hopperlab] upload to {uri} left for later (`hopperlab sync`): {exc}")
         return
     print(f"[hopperlab] sync to {uri}: {report}")
+
+
+def check_scheduler(matrix: Matrix) -> None:
+    """Refuse, before any job, a Slurm site whose controller cannot be reached from here: one
+    line naming the site file, and nothing in the results folder moved (onstart)."""
+    scheduler.check_scheduler(matrix.site.executor, matrix.site.source)
 
 
 def check_container_runtime(matrix: Matrix) -> None:

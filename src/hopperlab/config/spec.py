@@ -253,20 +253,41 @@ def unknown_target_message(key: str, runs: Mapping[str, RunSpec]) -> str:
             f"it has: {', '.join(vars_)}")
 
 
-#: keys of a spec's data that say when, from which commit and as which attempt a run ran, not
-#: what it runs
-VOLATILE_SPEC_KEYS = ("git_commit", "attempt", "run_uid")
+#: what of a spec's data changes a run's result, and so its fingerprint: the run itself and,
+#: of its site, how and where it runs. Never how it is tracked, priced or polled, nor any
+#: absolute path (a moved checkout, another tracking server or price reruns nothing).
+RESULT_KEYS = ("family", "experiment", "variant", "scale", "knobs", "params", "resources",
+               "assets")
+RESULT_SITE_KEYS = ("executor", "env", "allow_oversubscription", "machine", "gpu_arch")
+RESULT_SLURM_KEYS = ("partition", "qos", "constraint", "extra_sbatch", "setup")
+
+
+def result_data(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a spec's data (``RunSpec.to_dict()`` or its ``spec.json``) that changes what
+    the run produces (``RESULT_KEYS``; of the site: executor, partition and scheduler options,
+    environment, the container image by name)."""
+    site = data.get("site") if isinstance(data.get("site"), Mapping) else {}
+    slurm = site.get("slurm") if isinstance(site.get("slurm"), Mapping) else {}
+    container = site.get("container") if isinstance(site.get("container"), Mapping) else {}
+    kept = {k: data.get(k) for k in RESULT_KEYS}
+    kept["site"] = {k: site.get(k) for k in RESULT_SITE_KEYS}
+    kept["site"]["slurm"] = {k: slurm.get(k) for k in RESULT_SLURM_KEYS}
+    kept["site"]["image"] = container.get("image")
+    if not kept["site"]["env"]:
+        kept["site"]["env"] = {}
+    return kept
 
 
 def spec_data_fingerprint(data: Mapping[str, Any]) -> str:
-    """A hash of a run's spec data (``RunSpec.to_dict()`` or its ``spec.json``) without its
-    volatile keys: equal exactly when the run would run the same thing. Snakemake reruns a run
-    whose fingerprint changed; ``hopperlab submit`` adopts a finished run whose did not."""
+    """A hash of what in a run's spec data changes its result (``result_data``): equal exactly
+    when the run would produce the same thing. Snakemake reruns a run whose fingerprint
+    changed; ``hopperlab submit`` adopts a finished run whose did not."""
     import hashlib
     import json
 
-    kept = {k: v for k, v in data.items() if k not in VOLATILE_SPEC_KEYS}
-    text = json.dumps(kept, sort_keys=True, default=str)
+    if not isinstance(data, Mapping):
+        return ""
+    text = json.dumps(result_data(data), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

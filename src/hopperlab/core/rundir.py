@@ -15,7 +15,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from hopperlab.core.errors import HopperlabError
 
@@ -107,8 +107,12 @@ class Recorder:
     """
 
     def __init__(self, run_dir: Path | str, *, identity: Mapping[str, Any] | None = None,
-                 attempt: int = 1, job_started: float | None = None) -> None:
+                 attempt: int = 1, job_started: float | None = None,
+                 may_write: Callable[[], bool] | None = None) -> None:
         self.run_dir = Path(run_dir)
+        #: asked before the record is written: False when the run directory no longer holds
+        #: this attempt (a later one replaced it), whose files this job must not overwrite
+        self.may_write = may_write or (lambda: True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.identity = dict(identity or {})
         self.attempt = attempt
@@ -190,10 +194,12 @@ class Recorder:
         }
 
     def finish(self, status: Status, reason: str | None = None) -> dict[str, Any]:
-        """Write ``record.json`` and (for a result) ``metrics.json``; return the record."""
+        """Write ``record.json`` and (for a result) ``metrics.json``, unless ``may_write`` says
+        the directory is another attempt's now; return the record."""
         self._steps.close()
         rec = self.record(status, reason)
-        write_record(self.run_dir, rec)
+        if self.may_write():
+            write_record(self.run_dir, rec)
         return rec
 
 
@@ -212,12 +218,22 @@ def write_record(run_dir: Path, record: Mapping[str, Any]) -> None:
         write_json_atomic(run_dir / METRICS_FILE, record)
 
 
+class BadRecord(HopperlabError, ValueError):
+    """A record file that is JSON but not an object (``null``, a list, a number...)."""
+
+
 def load_record(run_dir: Path) -> dict[str, Any] | None:
-    """The run's record: ``record.json``, else ``metrics.json``, else None."""
+    """The run's record: ``record.json``, else ``metrics.json``, else None. A file that parses
+    to anything but an object raises ``BadRecord`` naming it: such a run is shown as broken,
+    never taken for a run without a record."""
     for name in (RECORD_FILE, METRICS_FILE):
         path = Path(run_dir) / name
         if path.exists():
-            return read_json(path)
+            data = read_json(path)
+            if not isinstance(data, dict):
+                raise BadRecord(f"{path}: a run record must be a JSON object, not "
+                                f"{type(data).__name__ if data is not None else 'null'}")
+            return data
     return None
 
 

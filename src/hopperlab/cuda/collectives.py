@@ -112,7 +112,7 @@ def time_collective(op: str, nbytes: int, iters: int = 20, *, warmup: int = 5,
         raise RuntimeError("time_collective needs torch.distributed initialised (the run's "
                            "process group)")
     backend = str(dist.get_backend(group))
-    on_cuda = backend == "nccl"
+    on_cuda = "nccl" in backend  # "nccl", or "cpu:gloo,cuda:nccl" for a group of both
     if graph and not on_cuda:
         raise ValueError(f"graph=True needs NCCL on CUDA; the group's backend is {backend}")
     n = dist.get_world_size(group)
@@ -193,7 +193,7 @@ def check_collective(op: str, nbytes: int, *, group: Any = None) -> bool:
     import torch.distributed as dist
 
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    on_cuda = str(dist.get_backend(group)) == "nccl"
+    on_cuda = "nccl" in str(dist.get_backend(group))
     x, out, _ = _buffers(torch, op, nbytes, n, on_cuda)
     x.fill_(rank + 1)
     _caller(dist, op, x, out, group)()

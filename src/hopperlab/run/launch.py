@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +25,8 @@ from hopperlab.node.containers import job_exec_prefix, resolve_site_runtime
 from hopperlab.profiling import profiler_prefix
 from hopperlab.profiling.command import site_settings
 from hopperlab.profiling.finish import finish_profile
-from hopperlab.run import distributed, ranks
+from hopperlab.core.errors import NodeError
+from hopperlab.run import distributed, jobenv, ranks, scheduler
 
 #: Slurm states that mean "ran out of its time limit" (submitit reports them as uncompleted).
 TIMEOUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
@@ -49,6 +52,8 @@ class JobOutcome:
     reason: str | None = None
     #: (stdout, stderr) of each task of a job of several, by rank
     task_logs: list[tuple[Path, Path]] = field(default_factory=list)
+    #: the signal that stopped the submitting process while it waited (the job was cancelled)
+    interrupted: BaseException | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -237,13 +242,22 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     executor = make_executor(spec, run_dir, log)
-    job = executor.submit(func, *args)
+    try:
+        with jobenv.job_environment(spec.site.env):  # the site's env: in, secrets: out
+            job = executor.submit(func, *args)
+    except Exception as exc:  # noqa: BLE001 - sbatch refused: nothing runs, nothing to settle
+        raise NotSubmitted(_submit_error(spec, exc)) from exc
     job_id = str(job.job_id)
     if on_submitted:
         on_submitted(job_id)
     outcome = JobOutcome(job_id=job_id if spec.site.executor == "slurm" else None, state="UNKNOWN")
     if spec.site.executor != "debug":
-        stop = _wait(spec, job)
+        try:
+            stop = _wait(spec, job)
+        except scheduler.Interrupted as exc:
+            with scheduler.uninterrupted():
+                stop = _stop_interrupted(spec, job, exc)
+            outcome.interrupted = exc
         outcome.stdout, outcome.stderr = Path(job.paths.stdout), Path(job.paths.stderr)
         outcome.task_logs = [(Path(t.paths.stdout), Path(t.paths.stderr))
                              for t in getattr(job, "_sub_jobs", [])]
@@ -292,6 +306,35 @@ def _wait(spec: RunSpec, job: Any) -> tuple[str, str] | None:
                                f"{unknown_s:.0f} s; stopped waiting and asked Slurm to cancel it")
         time.sleep(poll)
     return None
+
+
+class NotSubmitted(NodeError):
+    """The scheduler refused the job (or could not be reached): nothing ran."""
+
+
+def _submit_error(spec: RunSpec, exc: BaseException) -> str:
+    """One line: which site, what the scheduler said."""
+    text = " ".join(str(exc).split())
+    said = re.findall(r"sbatch: error: ([^\n]+?)(?= sbatch: error:|$)", text)
+    detail = "; ".join(said) if said else f"{type(exc).__name__}: {text}"
+    return f"{spec.site.source}: {spec.site.executor} refused the job of {spec.key}: {detail[:400]}"
+
+
+def _stop_interrupted(spec: RunSpec, job: Any, exc: BaseException) -> tuple[str, str]:
+    """The submitting process got SIGINT/SIGTERM while its job ran: cancel the job and wait for
+    it to leave the scheduler, so that no later attempt runs beside it and it never writes into
+    a later attempt's files."""
+    what = getattr(exc, "signum", None)
+    name = signal.Signals(what).name if what else "an interrupt"
+    if spec.site.executor == "slurm":
+        scheduler.cancel(str(job.job_id))
+        gone = scheduler.wait_until_gone(str(job.job_id), min(2.0, spec.site.poll_interval_s))
+        note = "cancelled" if gone else "asked Slurm to cancel it, but it was still queued"
+    else:
+        job.cancel(check=False)
+        gone = scheduler.poll_until(job.done, 0.1, scheduler.CANCEL_WAIT_S)
+        note = "stopped" if gone else "asked it to stop, but it still ran"
+    return "CANCELLED", f"the submitting process got {name}; job {job.job_id} {note}"
 
 
 def _cancel_and_wait(job: Any) -> None:

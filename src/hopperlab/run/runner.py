@@ -57,11 +57,26 @@ def slurm_identity() -> dict[str, Any] | None:
 def _size_threads(spec: RunSpec, rec: Recorder) -> None:
     """Size the thread pools from the CPUs this job was given (node.threads), before the
     workload imports anything that starts a pool; the plan goes into the hardware record."""
-    plan = threads.job_threads(getattr(spec.resources, "threads", None) or {},
-                               requested=spec.resources.cpus)
+    overrides = dict(getattr(spec.resources, "threads", None) or {})
+    omp = str(spec.site.env.get("OMP_NUM_THREADS", ""))
+    if omp.isdigit() and int(omp) > 0:  # the site's env sizes the intra-op pool
+        overrides.setdefault("intra_op", int(omp))
+    plan = threads.job_threads(overrides, requested=spec.resources.cpus)
     threads.apply(plan)
     rec.hardware["cpus_given"] = plan.cpus
     rec.hardware["threads"] = plan.as_record()
+
+
+def _still_current(spec_path: Path, uid: str | None) -> bool:
+    """Whether ``spec_path`` still names this job's attempt (its ``run_uid``): a job that
+    outlived its submitter must never write its record over a later attempt's."""
+    if uid is None:
+        return True
+    try:
+        data = read_json(spec_path)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get(record.RUN_UID) == uid
 
 
 #: the run's energy artifacts, relative to artifacts/ (docs/benchmarks/energy.md)
@@ -123,13 +138,16 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     identity = {k: spec_data[k] for k in ("key", "family", "experiment", "variant")}
     if record.RUN_UID in spec_data:  # the attempt's identity in MLflow, made by submit
         identity[record.RUN_UID] = spec_data[record.RUN_UID]
+    uid = spec_data.get(record.RUN_UID)
     rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)),
-                   job_started=record.process_started_at())
+                   job_started=record.process_started_at(),
+                   may_write=lambda: _still_current(Path(spec_path), uid))
     rec.slurm = slurm_identity()
     try:
         rec.hardware = hardware.fingerprint()
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
         spec = RunSpec.from_dict(spec_data)
+        os.environ.update(spec.site.env)  # as submitted; again for an in-process (debug) run
         _size_threads(spec, rec)
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
         info = family_info(spec.family)
@@ -142,7 +160,8 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001 - every way out must leave a record
         if _is_oom(exc):
             return rec.finish("oom", f"{type(exc).__name__}: {exc}"[:2000])
-        write_text_atomic(run_dir / record.TRACEBACK_FILE, traceback.format_exc())
+        if rec.may_write():
+            write_text_atomic(run_dir / record.TRACEBACK_FILE, traceback.format_exc())
         rec.finish("failed", f"{type(exc).__name__}: {exc}"[:2000])
         raise
     return rec.finish("ok")

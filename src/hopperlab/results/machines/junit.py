@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 from xml.etree import ElementTree as ET
 
-from hopperlab.core.rundir import write_text_atomic
+from hopperlab.core.rundir import FAILING_STATUSES, write_text_atomic
 from hopperlab.results.machines.references import (
     INCONCLUSIVE,
     NO_REFERENCE,
@@ -18,8 +18,10 @@ from hopperlab.results.machines.references import (
 
 
 def write(path: Path, name: str, rows: Sequence[Any], judgements: Mapping[str, Judgement],
-          node_of: Mapping[str, str] | None = None) -> Path:
-    """Write ``path``; ``node_of`` (run directory -> node) names each case's class by node."""
+          node_of: Mapping[str, str] | None = None,
+          slow: Mapping[str, Sequence[str]] | None = None) -> Path:
+    """Write ``path``; ``node_of`` (run directory -> node) names each case's class by node;
+    ``slow`` (run directory -> findings) fails a case whose node is slower than its peers."""
     suite = ET.Element("testsuite", name=name)
     failures = skipped = 0
     for row in rows:
@@ -30,7 +32,16 @@ def write(path: Path, name: str, rows: Sequence[Any], judgements: Mapping[str, J
         case = ET.SubElement(suite, "testcase", name=row.key,
                              classname=f"hopperlab.{node or row.machine or 'unknown'}")
         bad = [f for f in j.findings if f.verdict == REGRESSION]
-        if bad:
+        slower = list((slow or {}).get(str(row.run_dir), ()))
+        if row.status in FAILING_STATUSES and not bad:
+            failures += 1
+            ET.SubElement(case, "failure", message=f"run ended {row.status}",
+                          type="failed").text = str(row.reason or "")
+        elif slower and not bad:
+            failures += 1
+            ET.SubElement(case, "failure", message="slower than the other nodes",
+                          type="slow").text = "\n".join(slower)
+        elif bad:
             failures += 1
             fail = ET.SubElement(case, "failure", message=f"{len(bad)} regression(s): "
                                  + ", ".join(f.metric for f in bad), type="regression")

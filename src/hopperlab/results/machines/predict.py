@@ -17,6 +17,7 @@ from hopperlab.results.machines.descriptions import MachineDescription
 from hopperlab.results.machines.energy import PredictedEnergy, predict_energy
 from hopperlab.results.machines.runs import MachineRuns
 from hopperlab.results.report.collect import RunRow
+from hopperlab.workloads.inference import TP_SHAPES
 
 PREDICTION = "prediction"
 
@@ -193,6 +194,8 @@ def _inference(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
     if ctx.knobs.get("memory", "device") != "device":
         raise _Unsupported("managed memory's page migration is not modelled")
     study = ctx.params.get("study", "kv-cache")
+    if study == "tensor-parallel":
+        return _tensor_parallel(ctx, metric)
     if study == "weight-streaming":
         if ctx.params.get("streamer") == "accelerate":
             raise _Unsupported("accelerate's offload copies synchronously in its own hooks; "
@@ -244,6 +247,34 @@ def _inference(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
         return (ttft_t if metric == "ttft_ms_p50" else ctx.metric(metric) * ttft_t / ttft), \
             model, formula
     raise _Unsupported(f"{metric} is not modelled for the kv-cache study")
+
+
+def _tensor_parallel(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
+    """Serving split over the node's GPUs: decode reads weights (HBM), prefill computes
+    (bf16); the all-reduces' measured cost is kept as it is (an assumption: the target's GPUs
+    joined by NVLink like the source's; no machine description holds a GPU-GPU link yet)."""
+    layers = ctx.metric("tp_layers")
+    whole = TP_SHAPES[ctx.params.get("model_shape", "tiny")][-1]
+    if not ctx.params.get("num_layers") and layers < whole:
+        raise _Unsupported(f"the run held {layers:.0f} of the {whole} layers (what fit the "
+                           f"source's GPU); what fits the target's differs")
+    ttft = ctx.metric("ttft_ms_p50", label="ttft (ttft_ms_p50)")
+    dec = ctx.metric("decode_ms_per_token", label="d (decode_ms_per_token)")
+    ar = ctx.row.metrics.get("allreduce_cost_ms_per_token", 0.0)
+    ctx.inputs["a (allreduce_cost_ms_per_token)"] = f"{ar:.6g} (measured: {ctx.row.key}; 0 on one GPU)"
+    batch = ctx.metric("concurrency", label="b (concurrency)")
+    steps = ctx.params.get("decode_tokens", 1) - 1
+    ttft_t = ttft * ctx.compute_scale("bf16")
+    dec_t = (dec - ar) * ctx.compute_scale("hbm") + ar
+    formula = ("ttft' = ttft * k_bf16; d' = (d - a) * k_hbm + a (all-reduces as measured: "
+               "NVLink assumed alike); k = peak S/T")
+    if metric == "ttft_ms_p50":
+        return ttft_t, "compute", formula
+    if metric == "decode_tokens_per_s":
+        return batch / dec_t * 1e3, "compute", formula + "; tokens/s' = b / d'"
+    if metric == "request_latency_ms_p50":
+        return ttft_t + steps * dec_t, "compute", formula + "; latency' = ttft' + (new - 1) * d'"
+    raise _Unsupported(f"{metric} is not modelled for the tensor-parallel study")
 
 
 def _recommender(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
@@ -311,7 +342,7 @@ MODELS: dict[str, Callable[[_Ctx, str], tuple[float, str, str]]] = {
 PREDICTED_METRICS: dict[str, tuple[str, ...]] = {
     "membench": ("gbps_at_largest",),
     "finetune": ("tokens_per_s",),
-    "inference": ("ttft_ms_p50", "decode_tokens_per_s"),
+    "inference": ("ttft_ms_p50", "decode_tokens_per_s", "request_latency_ms_p50"),
     "recommender": ("lat_e2e_p50_ms",),
     "database": ("q1_time_ms", "q3_time_ms", "q5_time_ms", "q6_time_ms", "q12_time_ms",
                  "q14_time_ms"),

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from hopperlab.core import rundir as rec
 from hopperlab.core.progress import track
+from hopperlab.core.stats import half_width
 from hopperlab.results.report.charts import (
     DASH,
     STATUS_COLOURS,
@@ -186,7 +187,10 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
         for m in metrics:
             value = r.metrics.get(m)
             ratio = ratio_to(value, base, m)
-            cells.append(f'<td class="num">{_e(value)}</td>')
+            half = half_width(r.metrics, m) if value is not None else None
+            cells.append(f'<td class="num">{_e(value)}'
+                         + (f' <span class="pm">± {half:.2g}</span>' if half is not None else "")
+                         + "</td>")
             shown = _e(None if ratio is None else round(ratio, 3))
             if ratio is not None and not r.is_baseline and marks.one_sample(r, base, m):
                 shown += _mark("\u00b9", marks.ONE_SAMPLE)

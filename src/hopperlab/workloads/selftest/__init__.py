@@ -30,9 +30,13 @@ class SelftestParams:
     #: repeat), so that repeats and references can be exercised with known noise
     jitter: float = 0.0
     seed: int = 0
-    #: ok: ``value`` is 10 % lower while this file exists: a node slowed by a second process,
-    #: for the CPU test of benchmarks/noise_gpu.py ("": never)
+    #: ok: ``value`` is 10 % lower while this file exists (``{node}`` in it: the Slurm node the
+    #: job runs on): a node slowed by a second process, for the CPU tests of
+    #: benchmarks/noise_gpu.py and ``check --every-node`` ("": never)
     slow_while: str = ""
+    #: comma-separated environment variables the run records as tags ``selftest.env.<NAME>``
+    #: (unset: ``<unset>``): what a job's environment really held
+    env_names: str = ""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:

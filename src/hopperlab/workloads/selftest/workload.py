@@ -10,6 +10,8 @@ from hopperlab.core.rundir import Recorder, SkipRun
 
 def run(spec, recorder: Recorder) -> None:
     p = spec.params
+    for name in filter(None, (n.strip() for n in p.env_names.split(","))):
+        recorder.set_tag(f"selftest.env.{name}", os.environ.get(name, "<unset>"))
     if p.action == "collective":
         _collective(spec, recorder)
         return
@@ -25,7 +27,8 @@ def run(spec, recorder: Recorder) -> None:
         raise SkipRun("selftest: deliberately skipped")
     if p.action == "read-table":
         _read_table(spec, recorder)
-    slow = 0.9 if p.slow_while and os.path.exists(p.slow_while) else 1.0
+    flag = p.slow_while.format(node=os.environ.get("SLURMD_NODENAME", ""))
+    slow = 0.9 if p.slow_while and os.path.exists(flag) else 1.0
     recorder.log_metric("value", float(p.steps) * _jitter(p, recorder) * slow)
     recorder.log_metric("steps", float(p.steps))
 
