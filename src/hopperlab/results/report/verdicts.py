@@ -1,6 +1,6 @@
 """The report's first section: per family, one short verdict per experiment (which variant is
-faster than the one it is compared with, by how much, with the interval of the noise test), before the
-details. Runs measured once say so instead of an interval: their ratio may be noise."""
+faster than the one it is compared with, by how much, with the interval of the noise test),
+before the details. Runs measured once say so instead of an interval."""
 
 from __future__ import annotations
 
