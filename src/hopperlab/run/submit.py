@@ -276,6 +276,12 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
         }
     elif outcome.timed_out and rec.get("status") == "failed":
         rec = {**rec, "status": "timeout", "reason": _timeout_reason(outcome, rec.get("reason"))}
+    killed_for_memory = _memory_kill(outcome)
+    if killed_for_memory and rec.get("status") in FAILING_STATUSES:
+        # the scheduler killed it for its memory: a result (oom), as a MemoryError would be
+        rec = {**rec, "status": "oom",
+               "reason": f"{killed_for_memory} (memory asked: {spec.resources.mem_gb:g} GB per "
+                         f"task; raise resources.mem_gb)"}
     if (str(outcome.state).startswith("NODE_FAIL") and rec.get("status") == "failed"
             and "NODE_FAIL" not in str(rec.get("reason"))):
         # the scheduler's word first: a node of the job died (the ranks only saw a peer go)
@@ -292,6 +298,27 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
                 rec.setdefault("metrics", {})[slurm_energy.METRIC] = joules
     annotate_record(rec, spec)
     return rec
+
+
+#: what Slurm says when it kills a job for its memory: the state (cgroup OOM) or slurmstepd's
+#: line in the job's output (the accounting plugin's OverMemoryKill; the job then reads
+#: CANCELLED or FAILED)
+MEMORY_KILL = re.compile(r"exceeded (job )?memory limit|oom[_-]kill event|OOM Killed", re.I)
+
+
+def _memory_kill(outcome: Any) -> str | None:
+    """Why the scheduler killed the job for its memory, or None when it did not."""
+    state = str(outcome.state or "").split()[0].upper() if outcome.state else ""
+    lines: list[str] = []
+    for path in (outcome.stderr, outcome.stdout):
+        if path is not None and Path(path).exists():
+            lines += [ln.strip() for ln in Path(path).read_text(errors="replace").splitlines()
+                      if MEMORY_KILL.search(ln)]
+    if state == "OUT_OF_MEMORY":
+        return "Slurm ended the job OUT_OF_MEMORY" + (f": {lines[-1][:300]}" if lines else "")
+    if lines and state in ("CANCELLED", "FAILED", "UNKNOWN", ""):
+        return f"Slurm killed the job for exceeding its memory limit: {lines[0][:300]}"
+    return None
 
 
 def spec_uid_differs(rec: dict[str, Any], uid: str | None) -> bool:
