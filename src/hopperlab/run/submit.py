@@ -41,6 +41,9 @@ from hopperlab.run.annotate import annotate_record
 #: often it tries again.
 DISK_FULL_WAIT_S = 3600.0
 DISK_FULL_RETRY_S = 1.0
+#: how long past its collective timeout a rank may run on after a peer failed before the job
+#: is taken for hung and cancelled (the healthy peers record their own timeouts first)
+HUNG_RANK_GRACE_S = 15.0
 #: run keys the workflow was asked to redo (``--forcerun``, ``--force``, ``--forceall``; ``*``
 #: for all), set by the Snakefile: those are rerun even when their record is complete
 FORCED_ENV = "HOPPERLAB_FORCED_RUNS"
@@ -276,6 +279,10 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
         }
     elif outcome.timed_out and rec.get("status") == "failed":
         rec = {**rec, "status": "timeout", "reason": _timeout_reason(outcome, rec.get("reason"))}
+    elif outcome.reason and rec.get("status") in FAILING_STATUSES \
+            and outcome.reason not in str(rec.get("reason")):
+        # we stopped the job ourselves (a hung rank, an interrupt): say so before its words
+        rec = {**rec, "reason": f"{outcome.reason}; {rec.get('reason')}"}
     killed_for_memory = _memory_kill(outcome)
     if killed_for_memory and rec.get("status") in FAILING_STATUSES:
         # the scheduler killed it for its memory: a result (oom), as a MemoryError would be
@@ -498,8 +505,12 @@ def _submit_locked(spec: RunSpec, run_dir: Path, upload: Uploader | None, log,
         log(f"[hopperlab] {key}: job {job_id} submitted")
 
     try:
+        res = spec.resources
+        hung = ranks.HangWatch(run_dir, attempt, res.world_size,
+                               res.collective_timeout_s + HUNG_RANK_GRACE_S) \
+            if res.distributed else None
         outcome = launch.run_job(spec, run_dir, runner.execute, str(spec_file.resolve()),
-                                 on_submitted=submitted, log=log)
+                                 on_submitted=submitted, log=log, stop_when=hung)
     except launch.NotSubmitted as exc:
         return _not_submitted(spec, run_dir, attempt, archive, str(exc), log)
     with scheduler.uninterrupted():
