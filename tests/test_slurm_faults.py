@@ -15,7 +15,7 @@ import yaml
 
 from tests.helpers import copy_project
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 #: generous: the time-limited job needs its 1 min plus Slurm's next limit check
 WAIT_S = 420

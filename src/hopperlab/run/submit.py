@@ -430,15 +430,28 @@ def _await_earlier_job(spec: RunSpec, run_dir: Path, log) -> None:
     if spec_data_fingerprint(last.spec) == current:
         log(f"[hopperlab] {spec.key}: job {job} of attempt {last.number} still runs this spec; "
             f"waiting for it")
-        scheduler.poll_until(lambda: not scheduler.job_active(job), poll, float("inf"))
-        return
-    log(f"[hopperlab] {spec.key}: job {job} of attempt {last.number} still runs an older spec; "
-        f"cancelling it before attempt {attempts.next_attempt(run_dir)}")
+        limit_s = last_time_limit_s(last.spec) + scheduler.CANCEL_WAIT_S
+        if scheduler.poll_until(lambda: not scheduler.job_active(job), poll, limit_s):
+            return
+        log(f"[hopperlab] {spec.key}: job {job} still listed past its time limit; cancelling it")
+        note = "cancelled: still listed past its time limit"
+    else:
+        note = "cancelled: its spec changed"
+        log(f"[hopperlab] {spec.key}: job {job} of attempt {last.number} still runs an older "
+            f"spec; cancelling it before attempt {attempts.next_attempt(run_dir)}")
     scheduler.cancel(job)
     if not scheduler.wait_until_gone(job, poll):
         raise scheduler.SchedulerDown(f"{spec.key}: job {job} of attempt {last.number} is still "
                                       f"queued after scancel; try again once it has left")
-    _end_line(run_dir, last.number, "failed", job, "CANCELLED", "cancelled: its spec changed")
+    _end_line(run_dir, last.number, "failed", job, "CANCELLED", note)
+
+
+def last_time_limit_s(spec_data: dict[str, Any]) -> float:
+    """An attempt's time limit in seconds, from its spec.json (an hour when it does not say)."""
+    res = spec_data.get("resources") if isinstance(spec_data.get("resources"), dict) else {}
+    minutes = res.get("time_min")
+    ok = isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and minutes > 0
+    return float(minutes) * 60 if ok else 3600.0
 
 
 def _end_line(run_dir: Path, attempt: int, status: str, job_id: str | None, state: str,
