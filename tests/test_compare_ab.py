@@ -93,6 +93,14 @@ def test_two_commits_from_a_real_mlflow_server(project, mlflow_uri, tmp_path, ca
         folder = _run(project, results)
         report = tracking.sync(folder, mlflow_uri, progress=False)
         assert not report.failed, report
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_uri)
+    exp = client.get_experiment_by_name("selftest")
+    child = [r for r in client.search_runs([exp.experiment_id])
+             if r.data.tags.get("hopperlab.variant") == "noisy"][0]
+    assert " ± " in child.data.tags["pm.value"]            # value ± half-width in MLflow
+    assert child.data.metrics["value_n"] == 9
     a, b = (f"tags.git_commit = '{c}'" for c in commits)
     code = main(["--root", str(project), "compare", "--mlflow", mlflow_uri, a, b,
                  "--out", str(tmp_path)])

@@ -7,7 +7,7 @@ count) and GB = 1e9 (what bandwidths are quoted in: GB/s = 1e9 bytes per second)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 KIB = 1 << 10
@@ -168,3 +168,19 @@ def aggregate_samples(samples: Sequence[dict[str, float]],
                 out[f"{name}_cv"] = summary.cv
             out[f"{name}_n"] = float(summary.n)
     return out
+
+
+def half_width(metrics: Mapping[str, float], name: str) -> float | None:
+    """Half the 95 % interval a repeated run recorded for ``name`` (None: measured once)."""
+    lo, hi = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
+    n = metrics.get(f"{name}_n", 1)
+    if lo is None or hi is None or n < 2:
+        return None
+    return (hi - lo) / 2
+
+
+def plus_minus(value: float, half: float | None, digits: int = 4) -> str:
+    """``value ± half-width`` as the pages show it (the value alone without an interval)."""
+    if half is None:
+        return f"{value:.{digits}g}"
+    return f"{value:.{digits}g} ± {half:.2g}"

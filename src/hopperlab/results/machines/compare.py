@@ -22,15 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from hopperlab.core import effects
 from hopperlab.core.errors import SpecError
-from hopperlab.core.rundir import utc_now, write_text_atomic
+from hopperlab.core.rundir import read_samples, utc_now, write_text_atomic
+from hopperlab.core.stats import half_width
+from hopperlab.results.machines import ab
 from hopperlab.results.machines import cost as costs
 from hopperlab.results.machines import energy as energies
 from hopperlab.results.machines.descriptions import MachineDescription
 from hopperlab.results.machines.predict import Prediction, predict
 from hopperlab.results.machines.references import direction
 from hopperlab.results.machines.runs import MachineRuns
+from hopperlab.results.machines.verdicts import machine_verdicts
 from hopperlab.results.report import marks
+from hopperlab.results.report.collect import RunRow
 from hopperlab.workloads import family_info
 
 CSV_FILE = "machines.csv"
@@ -66,6 +71,11 @@ class Cell:
     stand_in: str | None = None
     example_price: bool = False
     one_sample: bool = False
+    #: half the 95 % interval of a repeated figure (``value ± half``; None: measured once)
+    half: float | None = None
+    #: the noise test's words for the ratio (docs/benchmarks/noise.md), when both sides
+    #: measured with repeats: e.g. "x0.912 [0.90, 0.93]"
+    interval: str = ""
 
 
 @dataclass
@@ -99,6 +109,30 @@ def _better(value: float | None, ref: float | None, way: str | None) -> str:
     if ref and abs(value / ref - 1.0) < SAME_WITHIN or math.isclose(value, ref, rel_tol=1e-9):
         return "same"
     return "better" if (value > ref) == (way == "higher") else "worse"
+
+
+def _noise_better(row: RunRow, ref_row: RunRow | None, metric: str, way: str | None
+                  ) -> tuple[str, str] | None:
+    """better / worse / same / inconclusive by the noise test (core.effects), when both runs
+    measured with repeats; None: not enough samples (then the fixed band of ``_better``)."""
+    if ref_row is None or way is None:
+        return None
+    mine = ab.measure_of(row, metric, _samples(row))
+    theirs = ab.measure_of(ref_row, metric, _samples(ref_row))
+    if mine is None or theirs is None or mine.spread is None or theirs.spread is None:
+        return None
+    try:
+        eff = effects.compare(mine, theirs, direction=way)
+    except ValueError:
+        return None
+    word = {effects.WORSE: "worse", effects.BETTER: "better", effects.SAME: "same",
+            effects.UNCLEAR: "inconclusive"}[eff.verdict]
+    return word, f"[{eff.ratio_low:.3f}, {eff.ratio_high:.3f}]"
+
+
+def _samples(row: RunRow) -> list[dict[str, float]]:
+    folder = Path(row.run_dir)
+    return read_samples(folder) if folder.is_dir() else []
 
 
 def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
@@ -136,6 +170,12 @@ def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
                 if value is not None and ref_value:
                     cell.ratio = value / ref_value
                 cell.better = "" if g.machine == reference else _better(value, ref_value, way)
+                if value is not None:
+                    cell.half = half_width(row.metrics, metric)
+                if g.machine != reference and value is not None and ref_value is not None:
+                    tested = _noise_better(row, ref_row, metric, way)
+                    if tested is not None:
+                        cell.better, cell.interval = tested
                 floor_metric = floors.get(metric)
                 if floor_metric and floor_metric in row.metrics:
                     cell.floor = row.metrics[floor_metric]
@@ -257,7 +297,7 @@ border-radius:3px;background:#fff3e0;color:#8d4a00;font-size:11px;font-weight:60
 def _cell_html(c: Cell, reference: str) -> str:
     if c.status is None:
         return f'<td><span class="nodata">{NO_DATA} (no run)</span></td>'
-    parts = [_f(c.value)]
+    parts = [_f(c.value) + (f" ± {c.half:.2g}" if c.half is not None else "")]
     if c.value is None and c.status != "ok":
         parts = [f'<span class="nodata">{NO_DATA} ({_e(c.status)})</span>']
     if c.stand_in:
@@ -265,6 +305,7 @@ def _cell_html(c: Cell, reference: str) -> str:
     if c.ratio is not None and c.machine != reference:
         cls = c.better if c.better in ("better", "worse") else ""
         parts.append(f'<span class="{cls}">{c.ratio:.3f}x</span>'
+                     + (f" {_e(c.interval)}" if c.interval else "")
                      + (f" {c.better}" if c.better else "")
                      + (f' <span class="mark" title="one run on each machine">'
                         f"{marks.ONE_SAMPLE}</span>" if c.one_sample else ""))
@@ -377,6 +418,19 @@ def _prediction_table(preds: Sequence[Prediction]) -> str:
     return "".join(out)
 
 
+def _verdicts_html(lines: Sequence[Line], reference: str) -> str:
+    """The page's lead: per family, each machine against the reference, then the details."""
+    found = machine_verdicts(lines, reference)
+    if not found:
+        return ""
+    items = "".join(f"<li><b>{_e(fam)}</b><ul>" + "".join(f"<li>{_e(t)}</li>" for t in texts)
+                    + "</ul></li>" for fam, texts in found.items())
+    return ("<h2>Verdicts</h2><p class=\"meta\">per family, each run's first headline metric "
+            "(faster/slower: the noise test where both machines measured with repeats, else "
+            f"beyond {SAME_WITHIN:.0%}); the tables below have every figure</p>"
+            f"<ul>{items}</ul>")
+
+
 def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[Line],
                 predictions: Sequence[Prediction]) -> str:
     machines = [g.machine for g in groups]
@@ -395,6 +449,7 @@ def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[L
         out.append(f"<tr><td><b>{_e(g.machine)}</b></td><td><code>{_e(g.source)}</code></td>"
                    f'<td class="num">{len(g.runs)}</td></tr>')
     out.append("</tbody></table>")
+    out.append(_verdicts_html(lines, reference))
     experiments: dict[tuple[str, str], list[Line]] = {}
     for line in lines:
         experiments.setdefault((line.family, line.experiment), []).append(line)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hopperlab.core import rundir as rec
+from hopperlab.core.stats import half_width
 from hopperlab.results.report.collect import (
     RunRow,
     group_by_experiment,
@@ -27,6 +28,8 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 
 
 RATIO_SUFFIX = "_vs_baseline"
+#: a repeated run's 95 % interval of the median, as ``value ± half-width`` (``repeats``)
+HALF_WIDTH_SUFFIX = "_pm"
 #: how each run's energy was measured, or why not ("not measured: ..."): columns present when
 #: any run carries energy (``energy.*`` tags of the record)
 ENERGY_COLUMNS: tuple[tuple[str, str], ...] = (("energy_gpu", "energy.gpu"),
@@ -46,8 +49,9 @@ def summary_rows(runs: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     """The header and rows of ``summary.csv`` (cells as strings, empty for missing)."""
     metrics = metric_names(runs)
     energy = [c for c in ENERGY_COLUMNS] if any("energy.window" in r.tags for r in runs) else []
+    pm = [m for m in metrics if any(half_width(r.metrics, m) is not None for r in runs)]
     header = [*SUMMARY_COLUMNS, *(c for c, _ in energy), *metrics,
-              *(m + RATIO_SUFFIX for m in metrics)]
+              *(m + RATIO_SUFFIX for m in metrics), *(m + HALF_WIDTH_SUFFIX for m in pm)]
     rows = []
     for group in group_by_experiment(runs).values():
         for r in group:
@@ -58,7 +62,8 @@ def summary_rows(runs: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
                      *(r.tags.get(tag, "not measured") for _, tag in energy)]
             values = [r.metrics.get(m) for m in metrics]
             ratios = [ratio_to(r.metrics.get(m), base, m) for m in metrics]
-            rows.append([_cell(v) for v in (*fixed, *values, *ratios)])
+            halves = [half_width(r.metrics, m) for m in pm]
+            rows.append([_cell(v) for v in (*fixed, *values, *ratios, *halves)])
     return header, rows
 
 

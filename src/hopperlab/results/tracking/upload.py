@@ -30,6 +30,7 @@ from hopperlab.core.rundir import (
     read_steps,
     write_json_atomic,
 )
+from hopperlab.core.stats import half_width, plus_minus
 from hopperlab.results.tracking.client import (
     TrackingError,
     TrackingUnavailable,
@@ -161,6 +162,11 @@ def _tags(run: RunFiles, parent_id: str) -> dict[str, str]:
     })
     if rec.get("reason"):
         tags[TAG_REASON] = rec["reason"]
+    metrics = {k: v for k, v in (rec.get("metrics") or {}).items() if isinstance(v, (int, float))}
+    for name, value in metrics.items():  # repeated runs: "value ± half-width" beside the metric
+        half = half_width(metrics, name)
+        if half is not None:
+            tags[f"pm.{name}"] = plus_minus(value, half)
     out = {safe_key(k): scrub(str(v))[:MAX_TAG_VALUE] for k, v in tags.items() if v is not None}
     out[TAG_PARENT] = parent_id
     return out
