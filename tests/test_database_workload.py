@@ -140,9 +140,12 @@ def test_managed_skips_without_gpu(tmp_path, tpch):
     assert record["status"] == "skipped" and "CUDA device" in record["reason"]
 
 
-def test_memory_knob_must_match_placement(tmp_path, tpch):
-    with pytest.raises(ValueError, match="memory: managed goes with placement: managed"):
-        finish(tmp_path, spec(tpch, "device", memory="managed"))
+def test_memory_knob_must_match_placement():
+    from hopperlab.workloads.base import Contradiction, Knobs
+
+    with pytest.raises(Contradiction, match="memory: managed goes with placement: managed"):
+        FAMILY.check(Knobs(memory="managed"), DatabaseParams(placement="device"))
+    FAMILY.check(Knobs(memory="managed"), DatabaseParams(placement="managed"))
 
 
 def test_torch_profiler_trace(tmp_path, tpch):

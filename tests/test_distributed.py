@@ -5,7 +5,6 @@ that raises (``failed`` with its traceback, within the collective timeout)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -115,10 +114,8 @@ def test_two_tasks_through_the_local_launcher(project, tmp_path):
 
 def test_a_rank_that_raises_fails_the_run_with_its_traceback(project, tmp_path):
     results = tmp_path / "results"
-    t0 = time.monotonic()
     out = hopperlab(["submit", "selftest/distributed/rank-raises", "--no-upload", "--config",
                      "families=selftest", f"results_dir={results}"], project, timeout=300)
-    elapsed = time.monotonic() - t0
     assert out.returncode != 0
     run_dir = results / "selftest/distributed/rank-raises"
     rec = _record(run_dir)
@@ -126,8 +123,10 @@ def test_a_rank_that_raises_fails_the_run_with_its_traceback(project, tmp_path):
     tb = (run_dir / "traceback.txt").read_text()
     assert tb.startswith("rank 1") and "fails at step 1 on purpose" in tb
     assert not (run_dir / "metrics.json").exists()  # Snakemake retries it next time
-    # the collective timeout of the variant (30 s) bounds it, with room for a slow machine
-    assert elapsed < 30 + 90, elapsed
+    # ended by the peer's collective timeout (30 s), not by the job's time limit (issue 28
+    # item 10: behaviour, not wall time)
+    ends = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert ends[-1]["event"] == "end" and ends[-1]["state"] != "TIMEOUT", ends[-1]
     assert not (results / "selftest/distributed/ok").exists()  # no other run touched
 
 

@@ -181,3 +181,50 @@ def test_an_env_name_that_is_not_a_variable_name_is_refused_naming_the_key(tmp_p
     out = hopperlab(["list", "--config", "families=selftest"], project)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr
     assert f"local.yaml: env.{name}:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_full_disk_the_job_reported_on_stdout_is_the_reason(tmp_path):
+    """Issue 28 item 10: a disk filling during the job gave "ended FAILED before writing its
+    record"; the "[Errno 28]" was only in job.out."""
+    stdout, stderr = tmp_path / "job.out", tmp_path / "job.err"
+    stdout.write_text("step 3\nsubmitit ERROR: job failed\nOSError: [Errno 28] No space left "
+                      f"on device: '{tmp_path}/artifacts/table.csv'\n")
+    stderr.write_text("srun: error: task 0: Exited with exit code 1\n")
+    outcome = launch.JobOutcome(job_id=None, state="FAILED", stdout=stdout, stderr=stderr)
+    reason = submission._died_reason(outcome, submission._last_error_line(outcome))
+    assert reason.startswith("no space left on ") and "table.csv" in reason, reason
+
+
+def test_a_full_disk_before_the_workflow_starts_is_one_line(tmp_path, tiny_disk):
+    """Issue 28 item 10: a full disk before the workflow started gave a traceback."""
+    from tests.helpers import snakemake
+
+    project = copy_project(tmp_path / "project")
+    results = tiny_disk.mountpoint / "results"
+    tiny_disk.fill()
+    out = snakemake(["--cores", "2", "--config", "families=selftest", "only=selftest/faults/ok",
+                     f"results_dir={results}"], project)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "Traceback" not in text and '.py", line' not in text, text[-3000:]  # no stack
+    said = [ln for ln in text.splitlines() if "no space left" in ln.lower()]
+    assert said and str(tiny_disk.mountpoint) in said[0], text[-3000:]
+
+
+@pytest.mark.parametrize("spec_text,record_text", [("[]", "null"), ('"x"', "[1]"),
+                                                   ('{"attempt": "two"}', "{torn")])
+def test_submit_goes_on_past_a_wrong_typed_spec_or_record(tmp_path, spec_text, record_text):
+    """Issue 28 item 10: a wrong-typed spec.json/record.json made `hopperlab submit` crash on
+    every call until the file was removed by hand."""
+    project = copy_project(tmp_path / "project")
+    run_dir = project / "results/selftest/faults/ok"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.json").write_text(spec_text)
+    (run_dir / "record.json").write_text(record_text)
+    (run_dir / "history.jsonl").write_text('[1]\n"start"\n{"attempt": 1, "event": "start"}\n')
+    out = hopperlab(["submit", "selftest/faults/ok", "--no-upload", "--config",
+                     "families=selftest"], project)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    rec = json.loads((run_dir / "record.json").read_text())
+    assert rec["status"] == "ok" and rec["attempt"] == 2, rec
+    assert (run_dir / "attempts").is_dir()  # the broken files kept, out of the way

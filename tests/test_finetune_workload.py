@@ -15,7 +15,7 @@ from hopperlab.assets import materialize
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.rundir import Recorder, SkipRun, read_steps
 from hopperlab.core.stats import percentile
-from hopperlab.workloads.base import Knobs
+from hopperlab.workloads.base import Contradiction, Knobs
 from hopperlab.workloads.finetune import FAMILY, FinetuneParams
 from hopperlab.workloads.finetune.metrics import flops_per_token, link_floors
 from hopperlab.workloads.finetune.model import ModelCounts
@@ -142,8 +142,8 @@ def test_allocator_cap_without_cuda_is_tagged_and_refused_with_managed(assets, t
     rec = run_it(assets, tmp_path / "c", capped, offload="activations")
     assert rec.tags["finetune.allocator_cap"] == "none: no CUDA device"
     assert rec.tags["finetune.offload_budget_caps_allocator"] == "true"
-    with pytest.raises(ValueError, match="not with memory: managed"):
-        run_it(assets, tmp_path / "m", capped, offload="activations", memory="managed")
+    with pytest.raises(Contradiction, match="not with memory: managed"):
+        FAMILY.check(Knobs(offload="activations", memory="managed"), capped)
 
 
 def test_offload_staging_is_checked_and_refused_under_a_budget():

@@ -286,14 +286,14 @@ def test_params_refuse_bad_values(bad):
         InferenceParams(**bad)
 
 
-def test_managed_knob_only_with_offload(assets, tmp_path):
-    from hopperlab.workloads.inference.workload import check_variant, run
+def test_managed_knob_only_with_offload():
+    from hopperlab.workloads.base import Contradiction, Knobs
+    from hopperlab.workloads.inference import check
 
-    check_variant(InferenceParams(policy="offload"), "managed")
-    with pytest.raises(ValueError, match="managed"):
-        run(_spec(assets, tmp_path, "managed", policy="recompute"), Recorder(tmp_path / "x"))
-    with pytest.raises(ValueError, match="managed"):
-        check_variant(InferenceParams(study="weight-streaming"), "managed")
+    check(Knobs(memory="managed"), InferenceParams(policy="offload"))
+    for params in (InferenceParams(policy="recompute"), InferenceParams(study="weight-streaming")):
+        with pytest.raises(Contradiction, match="managed"):
+            check(Knobs(memory="managed"), params)
 
 
 def test_matrix_resolves_the_smoke_runs():

@@ -43,3 +43,21 @@ def test_pages_show_value_plus_minus_half_width(tmp_path):
     assert main(["--root", str(project), "machines", str(a), str(b), "--out", str(out)]) == 0
     page = (out / "machines.html").read_text()
     assert " ± " in page and "worse" in page and "x</span> [0.8" in page
+    assert "<h2>Verdicts</h2>" in page
+    assert "other-machine: faster in 0 of 1 runs, slower in 1" in page
+    assert page.index("<h2>Verdicts</h2>") < page.index("<h2>selftest / noise</h2>")
+
+
+def test_report_leads_with_a_verdict_per_experiment(tmp_path):
+    """The 2026-11-24 H100 runs: per experiment the best and worst variant against the
+    baseline, said to rest on one sample each (no repeats then)."""
+    import shutil
+
+    from .helpers import REPO
+    results = tmp_path / "results-h100"
+    shutil.copytree(REPO / "tests/fixtures/machines/results-h100", results)
+    _, html_path = build_report(results, REPO / "configs/references")
+    page = html_path.read_text()
+    assert page.index("<h2>Verdicts</h2>") < page.index("<h2>Hardware</h2>")
+    assert ("lora-llama2-7b, on tokens_per_s: best bf16-compile 1.49x faster than baseline "
+            "(1 sample each)") in page

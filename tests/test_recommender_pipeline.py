@@ -21,11 +21,13 @@ from hopperlab.assets.recsys import RecsysSpec, generate, write
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.rundir import Recorder, SkipRun, read_steps
 from hopperlab.workloads import family_info
+from hopperlab.workloads.base import Contradiction, Knobs
 from hopperlab.workloads.recommender import (
     COMPONENTS,
     FAMILY,
     HEADLINE_METRICS,
     RecommenderParams,
+    check,
     workload,
 )
 from hopperlab.workloads.recommender.data import load
@@ -141,11 +143,12 @@ def test_run_records_per_component_metrics(tmp_path, data_dir, params, knobs):
     assert (tmp_path / "run" / "artifacts" / "training_loss.csv").exists()
 
 
-def test_run_refuses_contradictions_and_skips_managed_without_gpu(tmp_path, data_dir):
-    with pytest.raises(ValueError, match="contradicts"):
-        workload.run(_spec(data_dir, num_workers=4, workers_all_cores=True), Recorder(tmp_path / "a"))
-    with pytest.raises(ValueError, match="no GPU component"):
-        workload.run(_spec(data_dir, memory="managed", pipeline="cpu"), Recorder(tmp_path / "b"))
+def test_contradictions_are_refused_and_managed_skips_without_gpu(tmp_path, data_dir):
+    with pytest.raises(Contradiction, match="contradicts"):
+        check(Knobs(num_workers=4), RecommenderParams(workers_all_cores=True))
+    with pytest.raises(Contradiction, match="no GPU component"):
+        check(Knobs(memory="managed"), RecommenderParams(pipeline="cpu"))
+    check(Knobs(memory="managed"), RecommenderParams())
     with pytest.raises(SkipRun, match="CUDA"):
         workload.run(_spec(data_dir, memory="managed"), Recorder(tmp_path / "c"))
     assert workload.feature_workers(RecommenderParams(workers_all_cores=True), 0, 7) == 7

@@ -287,3 +287,26 @@ def test_a_killed_submitters_job_is_cancelled_before_the_next_attempt_of_a_chang
     rec = json.loads((run_dir / "record.json").read_text())
     assert spec["attempt"] == rec["attempt"] == 2 and rec["run_uid"] == spec["run_uid"], rec
     assert spec["params"]["sleep_s"] == 5 and rec["status"] == "ok"
+
+
+def test_a_sites_env_reaches_every_slurm_task_and_the_secrets_do_not(tmp_path, slurm_cluster):
+    """Issue 28 items 9 and 10, through Slurm: the site's `env:` verbatim (no shell) in the job;
+    MLFLOW_TRACKING_PASSWORD and HF_TOKEN neither in the job nor in Slurm's saved environment."""
+    from tests.helpers import hopperlab
+    from tests.test_faults_local import SECRETS, _env_variant, check_job_environment
+
+    project = copy_project(tmp_path / "project")
+    _site(project, "slurm-test", slurm_cluster.partition)
+    _env_variant(project, "slurm-test")
+    out = hopperlab(["submit", "selftest/faults/env", "--no-upload", "--config",
+                     "site=slurm-test", "families=selftest"], project,
+                    env={**slurm_cluster.env, **SECRETS})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    run_dir = project / "results/selftest/faults/env"
+    check_job_environment(run_dir)
+    job = json.loads((run_dir / "record.json").read_text())["slurm"]["job_id"]
+    saved = list(slurm_cluster.dir.rglob(f"job.{job}/environment")) + list(
+        slurm_cluster.dir.rglob(f"hash.*/job.{job}/environment"))
+    for path in saved:  # slurmctld's copy of the job's environment, when still kept
+        data = path.read_bytes()
+        assert b"hf_secret_token" not in data and b"pw-secret" not in data, path

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from hopperlab.assets.registry import asset_fingerprint, asset_inputs
 from hopperlab.config.spec import Matrix, spec_data_fingerprint, unknown_target_message
 from hopperlab.core import locks
-from hopperlab.core.errors import HopperlabError, SpecError, one_line, shown
+from hopperlab.core.errors import HopperlabError, ResultsError, SpecError, one_line, shown
 from hopperlab.core.rundir import METRICS_FILE, RECORD_FILE
 from hopperlab.core.schema import (
     check_expansion,
@@ -24,7 +24,7 @@ from hopperlab.node.containers import resolve_site_runtime
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
 from hopperlab.run import scheduler
-from hopperlab.run.submit import FORCED_ENV
+from hopperlab.run.submit import FORCED_ENV, disk_full_reason, is_disk_full
 
 #: config keys forwarded to `hopperlab` on each rule's command line
 FORWARDED_KEYS = ("site", "scale", "results_dir", "families", "only", "profiler",
@@ -200,7 +200,13 @@ def hold_results(matrix: Matrix) -> None:
     from this checkout or another, is refused with the holder's host and pid. Its own jobs
     learn the holder through the environment; the lock goes when the workflow ends."""
     path = locks.results_lock_path(matrix.results_dir)
-    locks.acquire(path, f"results folder {matrix.results_dir}")
+    try:
+        locks.acquire(path, f"results folder {matrix.results_dir}")
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise ResultsError(f"cannot start: {disk_full_reason(path, exc)}; free some space and "
+                           f"run again") from None
     os.environ[locks.HOLDER_ENV] = locks.holder_id(locks.this_process())
     atexit.register(locks.release, path)  # also when Snakemake stops on an exception
 

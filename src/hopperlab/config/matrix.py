@@ -17,6 +17,7 @@ from hopperlab.config.spec import (
     SiteSpec,
     build_params,
     check_knobs,
+    check_variant,
 )
 from hopperlab.core.errors import SpecError, clip, shown
 from hopperlab.core.schema import (
@@ -170,9 +171,11 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                       var.get("resources", {}), var_scale.get("resources", {})]
             resources = resolve_resources(layers)
             check_time(resources, site, where, scale)
+            checked = check_knobs(info, knobs, source, var_path)
+            check_variant(info, checked, params, source, var_path)
             spec = RunSpec(
                 family=family, experiment=exp_name, variant=var_name, scale=scale,
-                knobs=check_knobs(info, knobs, source, var_path), params=params,
+                knobs=checked, params=params,
                 resources=resources, site=site,
                 run_dir=str(Path(config["results_dir"]) / family / exp_name / var_name),
                 baseline=exp["baseline"], description=var.get("description", exp.get("description", "")),

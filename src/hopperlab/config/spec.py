@@ -13,7 +13,7 @@ from hopperlab.config.cost import CostSpec, cost_from_mapping
 from hopperlab.core.errors import AssetMissing, SpecError, clip, shown
 from hopperlab.core.schema import typed_from_mapping
 from hopperlab.workloads import family_info
-from hopperlab.workloads.base import KNOB_DEFAULTS, FamilyInfo, Knobs
+from hopperlab.workloads.base import KNOB_DEFAULTS, Contradiction, FamilyInfo, Knobs
 
 DEFAULT_RESOURCES = {"gpus": 0, "cpus": 1, "mem_gb": 4.0, "time_min": 10}
 
@@ -195,10 +195,12 @@ class RunSpec:
         site["container"] = ContainerSettings(
             **{**site["container"], "binds": tuple(site["container"]["binds"])})
         site["cost"] = cost_from_mapping(site.get("cost"))
+        knobs = Knobs(**data["knobs"])
+        params = build_params(info, data["params"], "spec.json", "params")
+        check_variant(info, knobs, params, "spec.json", "knobs")  # a hand-edited spec too
         return cls(
             family=data["family"], experiment=data["experiment"], variant=data["variant"],
-            scale=data["scale"], knobs=Knobs(**data["knobs"]),
-            params=build_params(info, data["params"], "spec.json", "params"),
+            scale=data["scale"], knobs=knobs, params=params,
             resources=Resources(**data["resources"]), site=SiteSpec(**site),
             run_dir=data["run_dir"], baseline=data["baseline"],
             description=data.get("description", ""),
@@ -312,3 +314,14 @@ def check_knobs(info: FamilyInfo, knobs: Mapping[str, Any], source: str, path: s
                 f"{clip(str(name))}={shown(value)}; "
                 f"expected one of: {', '.join(map(str, sorted(supported)))}")
     return Knobs(**{**KNOB_DEFAULTS, **knobs})
+
+
+def check_variant(info: FamilyInfo, knobs: Knobs, params: Any, source: str, path: str) -> None:
+    """Refuse a knob that contradicts the params (the family's ``check``) before submission,
+    naming the knob's key: the queue is no place to learn of a contradiction."""
+    if info.check is None:
+        return
+    try:
+        info.check(knobs, params)
+    except Contradiction as exc:
+        raise SpecError(f"{source}: {path}.{exc.knob}: {exc.why}") from None

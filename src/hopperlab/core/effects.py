@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from hopperlab.core.stats import (
     CONFIDENCE,
@@ -89,6 +89,23 @@ class Measure:
     def of(cls, samples: Sequence[float], what: str = "samples") -> "Measure":
         xs = check_samples(samples, what)
         return cls(percentile(xs, 50), len(xs), _side_spread(xs))
+
+
+def measure_from(metrics: Mapping[str, float], samples: Sequence[Mapping[str, float]],
+                 metric: str) -> Measure | None:
+    """A run's measure of ``metric``: from its samples (``samples.jsonl``), else its metrics
+    (the median, with the ``_cv`` and ``_n`` a repeated run records: what MLflow holds);
+    None: the run has no finite figure."""
+    values = [float(s[metric]) for s in samples if metric in s]
+    if values:
+        return Measure.of(values, metric)
+    value = metrics.get(metric)
+    if value is None or not math.isfinite(value):
+        return None
+    n = int(metrics.get(f"{metric}_n", 1))
+    cv = metrics.get(f"{metric}_cv")
+    spread = cv if cv is not None and n >= OWN_SPREAD_FROM else None
+    return Measure(value, n, spread)
 
 
 def _side_spread(samples: Sequence[float]) -> float | None:

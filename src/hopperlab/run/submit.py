@@ -222,14 +222,25 @@ def _when_space(write: Callable[[], None], path: Path, log=print) -> bool:
 
 
 def _last_error_line(outcome: Any) -> str:
-    """The last line of the job's stderr that names an exception (else its last line)."""
-    lines: list[str] = []
-    if outcome.stderr is not None and Path(outcome.stderr).exists():
-        lines = [ln.strip() for ln in Path(outcome.stderr).read_text(errors="replace").splitlines()
-                 if ln.strip()]
-    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)
-              or "DUE TO TIME LIMIT" in ln or "CANCELLED" in ln]
-    return (errors or lines or [""])[-1][-1500:]
+    """The last line of the job's stderr, else stdout, that names an exception (else the last
+    line of stderr); a full disk ("[Errno 28]") wherever it was said comes first."""
+    texts = []
+    for path in (outcome.stderr, outcome.stdout):
+        if path is not None and Path(path).exists():
+            texts.append([ln.strip() for ln in Path(path).read_text(errors="replace").splitlines()
+                          if ln.strip()])
+        else:
+            texts.append([])
+    lines = texts[0] + texts[1]
+    full = [ln for ln in lines if "[Errno 28]" in ln or "[Errno 122]" in ln]
+    if full:
+        return full[-1][-1500:]
+    for found in texts:
+        errors = [ln for ln in found if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)
+                  or "DUE TO TIME LIMIT" in ln or "CANCELLED" in ln]
+        if errors:
+            return errors[-1][-1500:]
+    return (texts[0] or [""])[-1][-1500:]
 
 
 def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,

@@ -34,6 +34,16 @@ class Knobs:
 KNOB_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Knobs)}
 
 
+class Contradiction(ValueError):
+    """A variant's knob contradicts its params (``FamilyInfo.check``): ``knob`` names the knob,
+    set on the variant, so the matrix can say which key of which file to change."""
+
+    def __init__(self, knob: str, why: str) -> None:
+        super().__init__(f"{knob}: {why}")
+        self.knob = knob
+        self.why = why
+
+
 #: which way a metric is better, declared once with the metric (``FamilyInfo.directions``)
 HIGHER, LOWER = "higher", "lower"
 
@@ -99,6 +109,11 @@ class FamilyInfo:
     #: in the repository (e.g. a model config of its own) and raises SpecError at ``where``
     #: (file and key path of the run). Cheap: it runs on the login node, before submission.
     check_assets: Callable[[Any, Mapping[str, Any], str], None] | None = None
+    #: ``check(knobs, params)``: raises Contradiction where a knob contradicts the params (e.g.
+    #: ``memory: managed`` with a placement in device memory). Called when the matrix loads and
+    #: when the job reads its spec.json, so a family's ``run`` never sees such a variant.
+    #: Cheap and pure: no torch, no files.
+    check: Callable[[Knobs, Any], None] | None = None
     #: what one of a run's ``repeats`` is (docs/benchmarks/noise.md): ``reruns`` (the runner
     #: calls the entry ``repeats`` times in the job's process, each call with its own set-up and
     #: warm-up) or ``windows`` (the entry sets up and warms up once, then measures

@@ -57,18 +57,8 @@ def _words(metric: str) -> tuple[str, str]:
 
 def measure_of(row: RunRow, metric: str, samples: Sequence[Mapping[str, float]]
                ) -> effects.Measure | None:
-    """A run's measure of ``metric``: from its samples, else its metrics (median, and the
-    ``_cv`` and ``_n`` a repeated run records, as MLflow holds them)."""
-    values = [float(s[metric]) for s in samples if metric in s]
-    if values:
-        return effects.Measure.of(values, f"{row.key} {metric}")
-    value = row.metrics.get(metric)
-    if value is None or not math.isfinite(value):
-        return None
-    n = int(row.metrics.get(f"{metric}_n", 1))
-    cv = row.metrics.get(f"{metric}_cv")
-    spread = cv if cv is not None and n >= effects.OWN_SPREAD_FROM else None
-    return effects.Measure(value, n, spread)
+    """A run's measure of ``metric`` (``core.effects.measure_from``)."""
+    return effects.measure_from(row.metrics, samples, metric)
 
 
 def _samples(row: RunRow) -> list[dict[str, float]]:

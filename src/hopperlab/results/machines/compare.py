@@ -33,6 +33,7 @@ from hopperlab.results.machines.descriptions import MachineDescription
 from hopperlab.results.machines.predict import Prediction, predict
 from hopperlab.results.machines.references import direction
 from hopperlab.results.machines.runs import MachineRuns
+from hopperlab.results.machines.verdicts import machine_verdicts
 from hopperlab.results.report import marks
 from hopperlab.results.report.collect import RunRow
 from hopperlab.workloads import family_info
@@ -417,6 +418,19 @@ def _prediction_table(preds: Sequence[Prediction]) -> str:
     return "".join(out)
 
 
+def _verdicts_html(lines: Sequence[Line], reference: str) -> str:
+    """The page's lead: per family, each machine against the reference, then the details."""
+    found = machine_verdicts(lines, reference)
+    if not found:
+        return ""
+    items = "".join(f"<li><b>{_e(fam)}</b><ul>" + "".join(f"<li>{_e(t)}</li>" for t in texts)
+                    + "</ul></li>" for fam, texts in found.items())
+    return ("<h2>Verdicts</h2><p class=\"meta\">per family, each run's first headline metric "
+            "(faster/slower: the noise test where both machines measured with repeats, else "
+            f"beyond {SAME_WITHIN:.0%}); the tables below have every figure</p>"
+            f"<ul>{items}</ul>")
+
+
 def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[Line],
                 predictions: Sequence[Prediction]) -> str:
     machines = [g.machine for g in groups]
@@ -435,6 +449,7 @@ def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[L
         out.append(f"<tr><td><b>{_e(g.machine)}</b></td><td><code>{_e(g.source)}</code></td>"
                    f'<td class="num">{len(g.runs)}</td></tr>')
     out.append("</tbody></table>")
+    out.append(_verdicts_html(lines, reference))
     experiments: dict[tuple[str, str], list[Line]] = {}
     for line in lines:
         experiments.setdefault((line.family, line.experiment), []).append(line)

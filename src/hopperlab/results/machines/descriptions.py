@@ -9,6 +9,7 @@ where the machine does not have the thing (direct host reads over PCIe), and the
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,10 @@ class Figure:
     def __post_init__(self) -> None:
         if not self.source.strip():
             raise ValueError("source: must say where the figure comes from")
+        if self.value is not None and (isinstance(self.value, bool)
+                                       or not math.isfinite(self.value) or self.value <= 0):
+            raise ValueError(f"value: is {self.value!r}; a machine's figure is a finite number "
+                             f"above 0 (null: not known)")
 
 
 @dataclass(frozen=True)

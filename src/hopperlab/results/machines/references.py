@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -62,6 +63,10 @@ class Reference:
     def __post_init__(self) -> None:
         if not math.isfinite(self.value):
             raise ValueError(f"value is {self.value!r}, not a finite number")
+        for name in ("lower", "upper"):
+            bound = getattr(self, name)
+            if bound is not None and not math.isfinite(bound):
+                raise ValueError(f"{name} is {bound!r}, not a finite fraction of the value")
         if (self.lower is None) != (self.upper is None):
             raise ValueError("lower and upper go together (a tolerance band: fractions of the "
                              "value, e.g. -0.05 and 0.05); give both or neither")
@@ -170,10 +175,14 @@ def _metric_refs(data: Any, where: str) -> list[Reference]:
     return out
 
 
+#: what a machine name may be (configs/machines, configs/references and records agree)
+MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
 def references_for(folder: Path, machine: str | None) -> References | None:
     """The machine's references (None: no file for it)."""
-    if not machine:
-        return None
+    if not machine or not MACHINE_NAME.fullmatch(machine):
+        return None  # a record's machine is a name, never a path (``../`` would leave folder)
     path = Path(folder) / f"{machine}.yaml"
     return load_references(path) if path.is_file() else None
 

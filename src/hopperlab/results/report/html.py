@@ -24,6 +24,7 @@ from hopperlab.results.report.charts import (
     profile_breakdown,
 )
 from hopperlab.results.report.census import census_table
+from hopperlab.results.report.verdicts import family_verdicts
 from hopperlab.results.report.energy import energy_section
 from hopperlab.results.report import marks
 from hopperlab.results.report.collect import (
@@ -300,6 +301,19 @@ def _plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
+def _verdicts(runs: Sequence[RunRow]) -> str:
+    """The page's lead: per family, which variant beats its baseline and by how much."""
+    found = family_verdicts(runs)
+    if not found:
+        return ""
+    items = "".join(f"<li><b>{_e(fam)}</b><ul>" + "".join(f"<li>{_e(line)}</li>" for line in lines)
+                    + "</ul></li>" for fam, lines in found.items())
+    return ('<h2>Verdicts</h2><p class="meta">each experiment\'s variants against the variant '
+            "they are compared with (the baseline unless they name another) on the first headline "
+            "metric: the ratio of medians with its 95 % interval "
+            "(docs/benchmarks/noise.md); details below</p>" + f'<ul class="verdicts">{items}</ul>')
+
+
 def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
                 source: str | None = None) -> str:
     """The report as one self-contained HTML string."""
@@ -328,6 +342,7 @@ def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
         f'<li><a href="#{_anchor(*key)}">{_e(key[0])} / {_e(key[1])}</a> {_counts(groups[key])}</li>'
         for key in groups
     )
+    out.append(_verdicts(runs))
     out.append(f'<ul class="toc">{toc}</ul>')
     out.append("<h2>Hardware</h2>")
     out.append(_hardware_table(runs))

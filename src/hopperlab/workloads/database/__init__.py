@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
+from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
+                                      WorkUnit)
 
 QUERIES = ("q1", "q3", "q5", "q6", "q12", "q14")
 #: device: columns in GPU memory before timing; host-pinned: pinned host memory, streamed in
@@ -93,6 +94,15 @@ class DatabaseParams:
             raise ValueError(f"link_gbps: expected a positive number, got {self.link_gbps!r}")
 
 
+def check(knobs: Knobs, params: DatabaseParams) -> None:
+    """Refuse a variant whose knobs contradict its params (``FamilyInfo.check``): the memory
+    knob and the placement name the same memory, or neither names managed or system."""
+    for kind in ("managed", "system"):
+        if (knobs.memory == kind) != (params.placement == kind):
+            raise Contradiction("memory", f"{knobs.memory!r} with placement {params.placement!r}: "
+                                f"memory: {kind} goes with placement: {kind}, and only with it")
+
+
 #: which way each figure is better, what a run's cost is divided by, and link floors
 METRIC_DIRECTIONS = {**{f"{q}_time_ms": LOWER for q in QUERIES},
               **{f"{q}_speedup_vs_duckdb": HIGHER for q in QUERIES},
@@ -123,6 +133,7 @@ FAMILY = FamilyInfo(
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
     floors=FLOORS,
+    check=check,
     # loading the tables and the DuckDB answers take most of a run: windows of the queries
     repeat_unit="windows",
 )

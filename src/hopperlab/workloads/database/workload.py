@@ -56,13 +56,6 @@ def settings(params: DatabaseParams, scale: str) -> Settings:
         warmup=params.warmup if params.warmup is not None else DEFAULT_WARMUP[scale])
 
 
-def check_knobs(params: DatabaseParams, memory: str) -> None:
-    for kind in ("managed", "system"):
-        if (memory == kind) != (params.placement == kind):
-            raise ValueError(f"knob memory={memory!r} with placement={params.placement!r}: "
-                             f"memory: {kind} goes with placement: {kind}, and only with it")
-
-
 def check_system_memory(device: Any, recorder: Any) -> None:
     """SkipRun (recorded) unless the GPU can read pageable host memory; before any table loads."""
     try:
@@ -110,9 +103,7 @@ def run(spec: Any, recorder: Any) -> None:
 
     params = spec_params(spec, DatabaseParams)
     scale = str(getattr(spec, "scale", "smoke") or "smoke")
-    memory = str(spec_knob(spec, "memory", "device"))
     profiler = str(spec_knob(spec, "profiler", "none"))
-    check_knobs(params, memory)
     cfg = settings(params, scale)
     device, no_gpu = compute_device(spec)
     recorder.set_tag("database.placement", params.placement)

@@ -119,11 +119,6 @@ class Techniques:
         """Route allocations through cudaMallocManaged (knob memory: managed), capped at the
         GPU's free memory, or give the caching allocator expandable segments. Without CUDA:
         the cap policy only (tagged), training on the host."""
-        if self.knobs.memory == "managed":
-            for name in ("expandable_segments", "offload_budget_caps_allocator"):
-                if getattr(self.params, name):
-                    raise ValueError(f"{name}: not with memory: managed (the managed allocator "
-                                     f"replaces the caching allocator)")
         if self.params.expandable_segments and self.cuda:
             _allocator_settings("expandable_segments:True")
             self._expandable = True
@@ -153,14 +148,7 @@ class Techniques:
     def prepare_model(self, model: Any, layers: Any) -> Any:
         """Apply checkpointing, FP8 / compile, and the offloads to the decoder ``layers``."""
         p = self.params
-        if self.offloads_parameters and self.offloads_activations and \
-                p.activation_offload == "save_on_cpu":
-            raise ValueError("activation_offload: save_on_cpu cannot be combined with parameter "
-                             "offload (one pair of saved-tensor hooks at a time); use async")
-        if p.recompute_elementwise:
-            if self.compiles:
-                raise ValueError("recompute_elementwise: not with precision fp8 or compile "
-                                 "(torch.compile's partitioner chooses what to recompute)")
+        if p.recompute_elementwise:  # not with fp8 or compile: the family's check refuses them
             handle = recompute_elementwise.apply(model)
             self.tags["finetune.recomputed_modules"] = handle.describe()
         if p.loss_chunk_tokens is not None and hasattr(model, "use_chunked_loss"):

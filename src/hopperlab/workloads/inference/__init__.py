@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
+from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
+                                      WorkUnit)
 
 STUDIES = ("kv-cache", "weight-streaming", "tensor-parallel")
 #: study tensor-parallel: decoder shapes (hidden, heads, kv heads, ffn, vocab, layers)
@@ -122,6 +123,15 @@ class InferenceParams:
                              f"a run: give one share, got {list(fractions)!r}")
 
 
+def check(knobs: Knobs, params: InferenceParams) -> None:
+    """Refuse a variant whose knobs contradict its params (``FamilyInfo.check``)."""
+    if knobs.memory == "managed" and not (params.study == "kv-cache"
+                                          and params.policy == "offload"):
+        raise Contradiction("memory", f"managed keeps evicted KV caches in managed memory; it "
+                            f"needs study: kv-cache and policy: offload (got study "
+                            f"{params.study!r}, policy {params.policy!r})")
+
+
 #: which way each figure is better and what a run's cost is divided by
 METRIC_DIRECTIONS = {"request_latency_ms_p50": LOWER, "allreduce_share": LOWER,
               "ttft_ms_p50": LOWER, "ttft_ms_p99": LOWER, "decode_tokens_per_s": HIGHER,
@@ -144,6 +154,7 @@ FAMILY = FamilyInfo(
     headline_metrics=HEADLINE_METRICS,
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
+    check=check,
     # loading the model takes longer than serving its sessions: windows, each with its own
     # warm-up sessions, on the one loaded model (tensor-parallel runs fall back to reruns)
     repeat_unit="windows",

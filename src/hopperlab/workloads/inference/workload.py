@@ -39,21 +39,12 @@ from hopperlab.workloads.inference.weight_streaming import (LayerStreamer, decod
                                                             module_bytes, resident_layer_count)
 
 
-def check_variant(params: InferenceParams, memory: str) -> None:
-    """Refuse a contradictory variant before anything is loaded."""
-    if memory == "managed" and not (params.study == "kv-cache" and params.policy == "offload"):
-        raise ValueError(f"inference: memory=managed keeps evicted KV caches in managed memory; "
-                         f"it needs study: kv-cache and policy: offload (got study "
-                         f"{params.study!r}, policy {params.policy!r})")
-
-
 def run(spec: Any, recorder: Any) -> None:
     import torch  # noqa: PLC0415
 
     params = spec_params(spec, InferenceParams)
     memory = str(spec_knob(spec, "memory", "device"))
     profiler = str(spec_knob(spec, "profiler", "none"))
-    check_variant(params, memory)
     if params.study == "tensor-parallel":
         tp_serving.run(spec, recorder, params)
         return

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
+from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
+                                      WorkUnit)
 
 TESTS = ("copy", "alloc", "collective")
 OPS = ("all_reduce", "all_gather")
@@ -124,6 +125,25 @@ class MembenchParams:
                              f"got {self.max_bytes!r}")
 
 
+def check(knobs: Knobs, params: MembenchParams) -> None:
+    """Refuse a variant whose memory knob contradicts its test or kind (``FamilyInfo.check``)."""
+    memory, kind = knobs.memory, params.kind
+    if params.test == "collective" and memory != "device":
+        raise Contradiction("memory", f"{memory!r} does not apply to the test collective (the "
+                            f"collective's buffers are the backend's own)")
+    if params.test == "copy" and memory == "system":
+        raise Contradiction("memory", "system has no copy to measure (the GPU reads system "
+                            "memory in place): use test: alloc, kind: system")
+    if params.test != "alloc":
+        return
+    if memory == "managed" and kind != "managed":
+        raise Contradiction("memory", f"managed contradicts kind: {kind} (use kind: managed, or "
+                            f"memory: device)")
+    if (memory == "system") != (kind == "system"):
+        raise Contradiction("memory", f"{memory!r} with kind {kind!r}: kind: system goes with "
+                            f"memory: system, and only with it")
+
+
 #: which way each figure is better, and what a run's cost is divided by
 METRIC_DIRECTIONS = {"gbps_peak": HIGHER, "gbps_at_largest": HIGHER, "h2d_gbps_at_largest": HIGHER,
               "d2h_gbps_at_largest": HIGHER, "alloc_ms_at_largest": LOWER,
@@ -146,4 +166,5 @@ FAMILY = FamilyInfo(
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
     charts="hopperlab.workloads.membench.charts:charts",
+    check=check,
 )

@@ -50,12 +50,9 @@ def job_cores(spec: Any) -> int:
 
 
 def feature_workers(params: RecommenderParams, num_workers: int, cores: int) -> int:
-    if params.workers_all_cores:
-        if num_workers:
-            raise ValueError("workers_all_cores: true sets the feature workers to the node's "
-                             f"core count; the knob num_workers={num_workers} contradicts it")
-        return cores
-    return int(num_workers)
+    """The feature workers: the node's cores with ``workers_all_cores`` (the matrix refuses a
+    num_workers knob beside it), else the knob."""
+    return cores if params.workers_all_cores else int(num_workers)
 
 
 def pipeline_config(params: RecommenderParams, *, device: str, workers: int, managed: bool,
@@ -81,13 +78,6 @@ def run(spec: Any, recorder: Any) -> None:
     cores = job_cores(spec)
     workers = feature_workers(p, int(spec_knob(spec, "num_workers", 0)), cores)
     managed = memory == "managed"
-    if managed and p.pipeline == "cpu":
-        raise ValueError("memory=managed puts the feature tables where the GPU reads them; "
-                         "pipeline: cpu has no GPU component")
-    if managed and (p.transfer != "pinned" or p.augment != "numpy"):
-        raise ValueError("memory=managed gathers the batch on the GPU: there is no staging "
-                         "buffer to transfer nor CPU augmentation (leave transfer and augment "
-                         "at their defaults)")
     gpus = int(getattr(getattr(spec, "resources", None), "gpus", 0) or 0)
     has_gpu = gpus > 0 and torch.cuda.is_available()
     device = "cuda" if (has_gpu and p.pipeline == "gpu") else "cpu"
