@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from hopperlab.cli import check_nodes
 from hopperlab.config.matrix import find_root, load_config, parse_overrides
+from hopperlab.config.site import load_site
 from hopperlab.core.effects import DEFAULT_MIN_EFFECT
 from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import (
@@ -20,6 +21,7 @@ from hopperlab.results.machines import (
     ab_page,
     compare,
     descriptions,
+    history,
     junit,
     mlflow_source,
     predict,
@@ -165,6 +167,27 @@ def cmd_ab(args: argparse.Namespace) -> int:
     return EXIT_REGRESSION if failing else 0
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    """``hopperlab history``: a metric over time from MLflow, change points flagged."""
+    root = _root(args)
+    uri = args.mlflow
+    if not uri:
+        config = load_config(root, parse_overrides(args.config))
+        uri = load_site(root, config["site"], config["results_dir"]).tracking_uri
+    series = history.load(uri, args.machine, args.run, args.metric)
+    min_effect = args.min_effect if args.min_effect is not None else DEFAULT_MIN_EFFECT
+    for s in series:
+        s.changes = history.change_points([p.value for p in s.points], s.direction, min_effect)
+    for line in history.text_lines(series):
+        print(line)
+    out = Path(args.out) if args.out else root / "results" / "history"
+    csv_path, html_path = history.write(series, out)
+    print(f"[hopperlab] history: {len(series)} series, "
+          f"{sum(1 for s in series if s.changes)} with change points; wrote {csv_path} and "
+          f"{html_path}")
+    return 0
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     root = _root(args)
     folder = root / descriptions.MACHINES_DIR
@@ -262,6 +285,16 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--references", help="folder of reference files (default configs/references)")
     p.add_argument("--min-effect", type=float, help="the smallest change worth reporting, a "
                    "fraction (default: the file's, else 0.05)")
+    p = add("history", cmd_history, "a metric over time from MLflow, per machine and run, "
+            "with change points flagged: history.html and history.csv")
+    p.add_argument("--mlflow", metavar="URI", help="tracking server (default: the site's)")
+    p.add_argument("--machine", help="only this machine (its tag)")
+    p.add_argument("--run", help="only this run, family/experiment/variant")
+    p.add_argument("--metric", help="this metric (default: each run's first headline metric "
+                                    "with a direction)")
+    p.add_argument("--out", help="output folder (default: results/history)")
+    p.add_argument("--min-effect", type=float, default=None,
+                   help="the smallest change worth flagging, a fraction (default 0.05)")
     p = add("predict", cmd_predict, "predict a results folder's figures on another machine")
     p.add_argument("results_dir")
     p.add_argument("--machine", required=True, help="target (configs/machines/ name or alias)")

@@ -68,6 +68,8 @@ def _collective(spec: RunView, recorder: Recording) -> None:
     for step in range(p.steps):
         if rank == p.fail_rank and step == p.fail_step:
             raise RuntimeError(f"selftest: rank {rank} fails at step {step} on purpose")
+        while rank == p.hang_rank and step == p.fail_step:
+            time.sleep(60)  # hung: neither fails nor reaches the next collective
         time.sleep(p.sleep_s)  # a long run, for a node that dies while it runs
         t0 = time.perf_counter()
         x = torch.tensor([float(rank + 1)])
