@@ -14,6 +14,7 @@ from hopperlab.core.rundir import Recorder
 from hopperlab.workloads import FAMILY_MODULES, family_info
 from hopperlab.workloads.base import (ContainerView, Knobs, Recording, ResourcesView, RunView,
                                       SiteView, fake_run)
+from hopperlab.workloads.prediction import PredictModel
 from tests.helpers import REPO
 
 
@@ -50,3 +51,14 @@ def test_every_family_entry_is_typed_with_the_contract(family):
     pytest.importorskip("torch")
     params = list(inspect.signature(family_info(family).load_entry()).parameters.values())
     assert [str(p.annotation) for p in params[:2]] == ["RunView", "Recording"]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_MODULES))
+def test_a_familys_prediction_model_loads_and_predicts_figures_it_declares(family):
+    info = family_info(family)
+    model = info.load_predict()
+    if model is None:
+        assert family == "selftest"  # the platform's own test family predicts nothing
+        return
+    assert isinstance(model, PredictModel) and model.metrics
+    assert set(model.metrics) <= set(info.directions)  # which way is better: declared

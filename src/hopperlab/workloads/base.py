@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
 from hopperlab.core.errors import AssetMissing
+from hopperlab.workloads.prediction import PredictModel
 
 P = TypeVar("P")
 
@@ -123,12 +124,20 @@ class FamilyInfo:
     #: warm-up) or ``windows`` (the entry sets up and warms up once, then measures
     #: ``spec.repeats`` windows and records each with ``recorder.add_sample``)
     repeat_unit: str = "reruns"
+    #: "package.module:NAME" of the family's prediction model (a ``workloads.prediction.
+    #: PredictModel``: the figures it predicts on a machine we do not have, and how), loaded
+    #: only by ``hopperlab predict`` / ``machines``; None: the family's runs are not predicted
+    predict: str | None = None
     #: metrics (shell globs) a host's CPU drives, judged only against references of the same
     #: host CPU (``hopperlab.node.hardware.host_cpu``)
     host_cpu_metrics: tuple[str, ...] = ()
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)
+
+    def load_predict(self) -> PredictModel | None:
+        """The family's ``PredictModel`` (None: the family declares none)."""
+        return _load(self.predict) if self.predict else None
 
     def load_charts(self) -> Callable[..., list["FamilyChart"]] | None:
         return _load(self.charts) if self.charts else None
