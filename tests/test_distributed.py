@@ -175,3 +175,28 @@ def test_the_profile_wrapper_puts_each_task_under_its_rank(tmp_path):
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "ranks/1/seen").read_text() == "seen"
     assert str(tmp_path / "ranks/1") in out.stderr  # the profile was finished there
+
+
+def add_hung_rank_variant(project: Path) -> None:
+    edit_yaml(project / "experiments/selftest.yaml", lambda d: d["experiments"]["distributed"][
+        "variants"].__setitem__("rank-hangs", {"params": {"hang_rank": 1, "fail_step": 1}}))
+
+
+def check_hung_rank_run(run_dir: Path) -> None:
+    """The run ended by its peer's collective timeout and our cancel, not by its time limit."""
+    rec = _record(run_dir)
+    assert rec["status"] == "failed", rec
+    assert "rank 1 still ran" in rec["reason"] and "hung" in rec["reason"], rec["reason"]
+    ends = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert ends[-1]["event"] == "end" and ends[-1]["state"] == "CANCELLED", ends[-1]
+
+
+def test_a_hung_rank_is_cancelled_once_its_peers_gave_up_on_it(tmp_path):
+    """Issue 28 item 10: a hung rank held the job to its time limit although its peers hit the
+    collective timeout."""
+    project = copy_project(tmp_path / "project")
+    add_hung_rank_variant(project)
+    out = hopperlab(["submit", "selftest/distributed/rank-hangs", "--no-upload", "--config",
+                     "families=selftest"], project, timeout=400)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    check_hung_rank_run(project / "results/selftest/distributed/rank-hangs")

@@ -228,3 +228,24 @@ def test_submit_goes_on_past_a_wrong_typed_spec_or_record(tmp_path, spec_text, r
     rec = json.loads((run_dir / "record.json").read_text())
     assert rec["status"] == "ok" and rec["attempt"] == 2, rec
     assert (run_dir / "attempts").is_dir()  # the broken files kept, out of the way
+
+
+@pytest.mark.parametrize("state,said", [
+    ("CANCELLED", "slurmstepd: error: Step 11.0 exceeded memory limit (2118524 > 1048576), "
+                  "being killed\nslurmstepd: error: Exceeded job memory limit\n"),
+    ("OUT_OF_MEMORY", "slurmstepd: error: Detected 1 oom_kill event in StepId=12.batch. Some "
+                      "of the step tasks have been OOM Killed.\n"),
+])
+def test_a_job_slurm_killed_for_its_memory_is_oom(tmp_path, state, said):
+    """Issue 28 item 10: a job killed by Slurm for exceeding --mem was `failed` "CANCELLED"."""
+    matrix = load_matrix(copy_project(tmp_path / "project"), {"families": "selftest"})
+    spec = matrix.get("selftest/faults/ok")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (tmp_path / "job.err").write_text(said)
+    (tmp_path / "job.out").write_text("")
+    outcome = launch.JobOutcome(job_id=None, state=state, stderr=tmp_path / "job.err",
+                                stdout=tmp_path / "job.out")
+    rec = submission._settle_record(run_dir, spec, 1, outcome)
+    assert rec["status"] == "oom", rec
+    assert "memory" in rec["reason"] and "mem_gb" in rec["reason"], rec["reason"]

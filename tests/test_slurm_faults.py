@@ -15,7 +15,7 @@ import yaml
 
 from tests.helpers import copy_project
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 #: generous: the time-limited job needs its 1 min plus Slurm's next limit check
 WAIT_S = 420
@@ -310,3 +310,49 @@ def test_a_sites_env_reaches_every_slurm_task_and_the_secrets_do_not(tmp_path, s
     for path in saved:  # slurmctld's copy of the job's environment, when still kept
         data = path.read_bytes()
         assert b"hf_secret_token" not in data and b"pw-secret" not in data, path
+
+
+def test_a_run_waiting_on_drained_nodes_says_why(tmp_path, slurm_cluster):
+    """Issue 28 item 10: on a drained node a run waited with no word."""
+    from tests.helpers import hopperlab
+
+    project = copy_project(tmp_path / "project")
+    _site(project, "slurm-test", slurm_cluster.partition)
+    nodes = slurm_cluster.run(["sinfo", "-h", "-o", "%N", "-p", slurm_cluster.partition]
+                              ).stdout.strip()
+    slurm_cluster.run(["scontrol", "update", f"nodename={nodes}", "state=drain",
+                       "reason=hopperlab test"], check=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hopperlab.cli", "submit", "selftest/faults/ok", "--no-upload",
+         "--config", "site=slurm-test", "families=selftest"], cwd=project,
+        env={**os.environ, **slurm_cluster.env}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    said: list[str] = []
+    try:
+        for line in proc.stdout:
+            said.append(line)
+            if "waits in the queue" in line:
+                break
+    finally:
+        slurm_cluster.run(["scontrol", "update", f"nodename={nodes}", "state=resume"])
+    rest = proc.communicate(timeout=WAIT_S)[0]
+    text = "".join(said) + rest
+    assert proc.returncode == 0, text[-3000:]
+    line = next(ln for ln in said if "waits in the queue" in ln)
+    assert "ReqNodeNotAvail" in line or "drained" in line, line
+    assert "sinfo -R" in line, line
+
+
+def test_a_hung_rank_on_slurm_is_cancelled_once_its_peers_gave_up_on_it(tmp_path, slurm_cluster):
+    """Issue 28 item 10, through Slurm: the hung rank held the job to its time limit."""
+    from tests.helpers import hopperlab
+    from tests.test_distributed import add_hung_rank_variant, check_hung_rank_run
+
+    project = copy_project(tmp_path / "project")
+    _site(project, "slurm-test", slurm_cluster.partition)
+    add_hung_rank_variant(project)
+    out = hopperlab(["submit", "selftest/distributed/rank-hangs", "--no-upload", "--config",
+                     "site=slurm-test", "families=selftest"], project, env=slurm_cluster.env,
+                    timeout=WAIT_S)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    check_hung_rank_run(project / "results/selftest/distributed/rank-hangs")

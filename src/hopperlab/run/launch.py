@@ -237,7 +237,8 @@ def _state(job: Any) -> str:
 
 def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
             on_submitted: Callable[[str], None] | None = None,
-            log: Callable[[str], None] = print) -> JobOutcome:
+            log: Callable[[str], None] = print,
+            stop_when: Callable[[], str | None] | None = None) -> JobOutcome:
     """Submit ``func(*args)`` as a job for ``spec`` and wait, polling gently."""
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
@@ -253,7 +254,7 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
     outcome = JobOutcome(job_id=job_id if spec.site.executor == "slurm" else None, state="UNKNOWN")
     if spec.site.executor != "debug":
         try:
-            stop = _wait(spec, job)
+            stop = _wait(spec, job, log, stop_when)
         except scheduler.Interrupted as exc:
             with scheduler.uninterrupted():
                 stop = _stop_interrupted(spec, job, exc)
@@ -284,7 +285,8 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
     return outcome
 
 
-def _wait(spec: RunSpec, job: Any) -> tuple[str, str] | None:
+def _wait(spec: RunSpec, job: Any, log: Callable[[str], None] = print,
+          stop_when: Callable[[], str | None] | None = None) -> tuple[str, str] | None:
     """Poll until the job is done; ``(state, error)`` when we stopped waiting ourselves.
 
     Locally the time limit is ours to enforce: submitit's controller would end the job with a
@@ -294,7 +296,14 @@ def _wait(spec: RunSpec, job: Any) -> tuple[str, str] | None:
     poll = min(1.0, spec.site.poll_interval_s)
     limit_s = spec.resources.time_min * 60
     t0 = time.monotonic()
+    queue = _QueueWatch(spec, str(job.job_id), log) if spec.site.executor == "slurm" else None
     while not job.done():
+        if queue is not None:
+            queue.check()
+        why = stop_when() if stop_when is not None else None
+        if why:
+            _stop(spec, job)
+            return "CANCELLED", why
         if spec.site.executor == "local" and time.monotonic() - t0 >= limit_s:
             _cancel_and_wait(job)
             return "TIMEOUT", (f"time limit of {spec.resources.time_min} min reached "
@@ -335,6 +344,45 @@ def _stop_interrupted(spec: RunSpec, job: Any, exc: BaseException) -> tuple[str,
         gone = scheduler.poll_until(job.done, 0.1, scheduler.CANCEL_WAIT_S)
         note = "stopped" if gone else "asked it to stop, but it still ran"
     return "CANCELLED", f"the submitting process got {name}; job {job.job_id} {note}"
+
+
+def _stop(spec: RunSpec, job: Any) -> None:
+    """Cancel the job and wait until it has ended (Slurm: left the queue)."""
+    if spec.site.executor == "slurm":
+        scheduler.cancel(str(job.job_id))
+        scheduler.wait_until_gone(str(job.job_id), min(2.0, spec.site.poll_interval_s))
+    else:
+        _cancel_and_wait(job)
+
+
+class _QueueWatch:
+    """Says, once per change, why a Slurm job still waits in the queue (a drained node, too
+    few resources...): a run that waits must never wait without a word. Asks squeue at most
+    once per poll interval, and only until the job has started."""
+
+    def __init__(self, spec: RunSpec, job_id: str, log: Callable[[str], None]) -> None:
+        self.spec, self.job_id, self.log = spec, job_id, log
+        self.every_s = max(1.0, spec.site.poll_interval_s)
+        self.next_at = 0.0
+        self.said: str | None = None
+        self.started = False
+
+    def check(self) -> None:
+        if self.started or time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + self.every_s
+        state, reason = scheduler.pending_reason(self.job_id)
+        if state and state != "PENDING":
+            self.started = True
+            if self.said:
+                self.log(f"[hopperlab] {self.spec.key}: job {self.job_id} started ({state})")
+            return
+        if state == "PENDING" and reason and reason != self.said and reason != "None":
+            self.said = reason
+            hint = (" (the nodes it needs are drained, down or reserved: `sinfo -R` says why)"
+                    if re.search(r"ReqNodeNotAvail|DRAIN|DOWN|Nodes required", reason) else "")
+            self.log(f"[hopperlab] {self.spec.key}: job {self.job_id} waits in the queue: "
+                     f"{reason}{hint}")
 
 
 def _cancel_and_wait(job: Any) -> None:

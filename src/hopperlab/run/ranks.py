@@ -179,3 +179,38 @@ def write_run_files(run_dir: Path, rec: dict[str, Any]) -> None:
         text = (dirs[tb_rank] / TRACEBACK_FILE).read_text(errors="replace")
         write_text_atomic(run_dir / TRACEBACK_FILE, f"rank {tb_rank} ({host}):\n{text}")
     write_record(run_dir, {k: v for k, v in rec.items() if k != RECORD_FILE})
+
+
+class HangWatch:
+    """Asked while a distributed job runs: a reason to stop it once a rank has failed and
+    another has still not ended ``grace_s`` later (a hung rank, not in a collective, would
+    otherwise hold the job to its time limit although its peers gave up on it)."""
+
+    def __init__(self, run_dir: Path, attempt: int, world_size: int, grace_s: float) -> None:
+        self.run_dir, self.attempt, self.world_size = Path(run_dir), attempt, world_size
+        self.grace_s = grace_s
+        self._failed_at: float | None = None
+
+    def __call__(self) -> str | None:
+        import time
+
+        recs = {}
+        for r in range(self.world_size):
+            rec = _read(self.run_dir / RANKS_DIR / str(r) / RECORD_FILE)
+            if isinstance(rec, dict) and rec.get("attempt") == self.attempt:
+                recs[r] = rec
+        failed = sorted(r for r, rec in recs.items() if rec.get("status") in ("failed", "timeout"))
+        missing = sorted(set(range(self.world_size)) - set(recs))
+        if not failed or not missing:
+            self._failed_at = None
+            return None
+        if self._failed_at is None:
+            self._failed_at = time.monotonic()
+            return None
+        if time.monotonic() - self._failed_at < self.grace_s:
+            return None
+        first = failed[0]
+        why = str(recs[first].get("reason") or "")[:200]
+        return (f"rank{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} still ran "
+                f"{self.grace_s:.0f} s after rank {first} failed ({why}): hung; the job was "
+                f"cancelled")

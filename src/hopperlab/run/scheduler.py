@@ -72,6 +72,20 @@ def job_state(job_id: str) -> str | None:
     return states[0] if states else ""
 
 
+def pending_reason(job_id: str) -> tuple[str | None, str | None]:
+    """(state, reason) of a queued job, as squeue says them ((None, None): squeue cannot tell)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%T|%r", "-j", job_id], capture_output=True,
+                             text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    line = next((ln for ln in out.stdout.splitlines() if "|" in ln), "")
+    if not line:
+        return None, None
+    state, _, reason = line.partition("|")
+    return state.strip() or None, reason.strip() or None
+
+
 def job_active(job_id: str) -> bool:
     """Whether the scheduler still runs (or will run) ``job_id``; unknown counts as active."""
     state = job_state(job_id)

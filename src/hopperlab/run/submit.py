@@ -41,6 +41,9 @@ from hopperlab.run.annotate import annotate_record
 #: often it tries again.
 DISK_FULL_WAIT_S = 3600.0
 DISK_FULL_RETRY_S = 1.0
+#: how long past its collective timeout a rank may run on after a peer failed before the job
+#: is taken for hung and cancelled (the healthy peers record their own timeouts first)
+HUNG_RANK_GRACE_S = 15.0
 #: run keys the workflow was asked to redo (``--forcerun``, ``--force``, ``--forceall``; ``*``
 #: for all), set by the Snakefile: those are rerun even when their record is complete
 FORCED_ENV = "HOPPERLAB_FORCED_RUNS"
@@ -276,6 +279,16 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
         }
     elif outcome.timed_out and rec.get("status") == "failed":
         rec = {**rec, "status": "timeout", "reason": _timeout_reason(outcome, rec.get("reason"))}
+    elif outcome.reason and rec.get("status") in FAILING_STATUSES \
+            and outcome.reason not in str(rec.get("reason")):
+        # we stopped the job ourselves (a hung rank, an interrupt): say so before its words
+        rec = {**rec, "reason": f"{outcome.reason}; {rec.get('reason')}"}
+    killed_for_memory = _memory_kill(outcome)
+    if killed_for_memory and rec.get("status") in FAILING_STATUSES:
+        # the scheduler killed it for its memory: a result (oom), as a MemoryError would be
+        rec = {**rec, "status": "oom",
+               "reason": f"{killed_for_memory} (memory asked: {spec.resources.mem_gb:g} GB per "
+                         f"task; raise resources.mem_gb)"}
     if (str(outcome.state).startswith("NODE_FAIL") and rec.get("status") == "failed"
             and "NODE_FAIL" not in str(rec.get("reason"))):
         # the scheduler's word first: a node of the job died (the ranks only saw a peer go)
@@ -292,6 +305,27 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
                 rec.setdefault("metrics", {})[slurm_energy.METRIC] = joules
     annotate_record(rec, spec)
     return rec
+
+
+#: what Slurm says when it kills a job for its memory: the state (cgroup OOM) or slurmstepd's
+#: line in the job's output (the accounting plugin's OverMemoryKill; the job then reads
+#: CANCELLED or FAILED)
+MEMORY_KILL = re.compile(r"exceeded (job )?memory limit|oom[_-]kill event|OOM Killed", re.I)
+
+
+def _memory_kill(outcome: Any) -> str | None:
+    """Why the scheduler killed the job for its memory, or None when it did not."""
+    state = str(outcome.state or "").split()[0].upper() if outcome.state else ""
+    lines: list[str] = []
+    for path in (outcome.stderr, outcome.stdout):
+        if path is not None and Path(path).exists():
+            lines += [ln.strip() for ln in Path(path).read_text(errors="replace").splitlines()
+                      if MEMORY_KILL.search(ln)]
+    if state == "OUT_OF_MEMORY":
+        return "Slurm ended the job OUT_OF_MEMORY" + (f": {lines[-1][:300]}" if lines else "")
+    if lines and state in ("CANCELLED", "FAILED", "UNKNOWN", ""):
+        return f"Slurm killed the job for exceeding its memory limit: {lines[0][:300]}"
+    return None
 
 
 def spec_uid_differs(rec: dict[str, Any], uid: str | None) -> bool:
@@ -396,15 +430,28 @@ def _await_earlier_job(spec: RunSpec, run_dir: Path, log) -> None:
     if spec_data_fingerprint(last.spec) == current:
         log(f"[hopperlab] {spec.key}: job {job} of attempt {last.number} still runs this spec; "
             f"waiting for it")
-        scheduler.poll_until(lambda: not scheduler.job_active(job), poll, float("inf"))
-        return
-    log(f"[hopperlab] {spec.key}: job {job} of attempt {last.number} still runs an older spec; "
-        f"cancelling it before attempt {attempts.next_attempt(run_dir)}")
+        limit_s = last_time_limit_s(last.spec) + scheduler.CANCEL_WAIT_S
+        if scheduler.poll_until(lambda: not scheduler.job_active(job), poll, limit_s):
+            return
+        log(f"[hopperlab] {spec.key}: job {job} still listed past its time limit; cancelling it")
+        note = "cancelled: still listed past its time limit"
+    else:
+        note = "cancelled: its spec changed"
+        log(f"[hopperlab] {spec.key}: job {job} of attempt {last.number} still runs an older "
+            f"spec; cancelling it before attempt {attempts.next_attempt(run_dir)}")
     scheduler.cancel(job)
     if not scheduler.wait_until_gone(job, poll):
         raise scheduler.SchedulerDown(f"{spec.key}: job {job} of attempt {last.number} is still "
                                       f"queued after scancel; try again once it has left")
-    _end_line(run_dir, last.number, "failed", job, "CANCELLED", "cancelled: its spec changed")
+    _end_line(run_dir, last.number, "failed", job, "CANCELLED", note)
+
+
+def last_time_limit_s(spec_data: dict[str, Any]) -> float:
+    """An attempt's time limit in seconds, from its spec.json (an hour when it does not say)."""
+    res = spec_data.get("resources") if isinstance(spec_data.get("resources"), dict) else {}
+    minutes = res.get("time_min")
+    ok = isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and minutes > 0
+    return float(minutes) * 60 if ok else 3600.0
 
 
 def _end_line(run_dir: Path, attempt: int, status: str, job_id: str | None, state: str,
@@ -471,8 +518,12 @@ def _submit_locked(spec: RunSpec, run_dir: Path, upload: Uploader | None, log,
         log(f"[hopperlab] {key}: job {job_id} submitted")
 
     try:
+        res = spec.resources
+        hung = ranks.HangWatch(run_dir, attempt, res.world_size,
+                               res.collective_timeout_s + HUNG_RANK_GRACE_S) \
+            if res.distributed else None
         outcome = launch.run_job(spec, run_dir, runner.execute, str(spec_file.resolve()),
-                                 on_submitted=submitted, log=log)
+                                 on_submitted=submitted, log=log, stop_when=hung)
     except launch.NotSubmitted as exc:
         return _not_submitted(spec, run_dir, attempt, archive, str(exc), log)
     with scheduler.uninterrupted():

@@ -26,6 +26,9 @@ class SelftestParams:
     #: ``fail_rank`` raises at ``fail_step`` (-1: none), for the distributed fault path
     fail_rank: int = -1
     fail_step: int = 1
+    #: collective: rank ``hang_rank`` stops answering at ``fail_step`` (sleeps, outside any
+    #: collective, until the job is ended), for a hung rank (-1: none)
+    hang_rank: int = -1
     #: ok: the relative standard deviation of ``value`` (normal, seeded by ``seed`` and the
     #: repeat), so that repeats and references can be exercised with known noise
     jitter: float = 0.0
