@@ -327,18 +327,30 @@ def test_a_run_waiting_on_drained_nodes_says_why(tmp_path, slurm_cluster):
          "--config", "site=slurm-test", "families=selftest"], cwd=project,
         env={**os.environ, **slurm_cluster.env}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True)
+    reader.start()
     said: list[str] = []
     try:
-        for line in proc.stdout:
-            said.append(line)
-            if "waits in the queue" in line:
-                break
+        deadline = time.monotonic() + 90  # a word within a few polls, or none at all
+        while not any("waits in the queue" in ln for ln in said) and time.monotonic() < deadline:
+            try:
+                said.append(lines.get(timeout=1))
+            except queue.Empty:
+                pass
     finally:
         slurm_cluster.run(["scontrol", "update", f"nodename={nodes}", "state=resume"])
-    rest = proc.communicate(timeout=WAIT_S)[0]
-    text = "".join(said) + rest
+    proc.wait(timeout=WAIT_S)
+    reader.join(timeout=30)
+    while not lines.empty():
+        said.append(lines.get())
+    text = "".join(said)
     assert proc.returncode == 0, text[-3000:]
-    line = next(ln for ln in said if "waits in the queue" in ln)
+    line = next((ln for ln in said if "waits in the queue" in ln), None)
+    assert line is not None, text[-3000:]
     assert "ReqNodeNotAvail" in line or "drained" in line, line
     assert "sinfo -R" in line, line
 
