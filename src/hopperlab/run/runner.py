@@ -23,6 +23,7 @@ from hopperlab.core.rundir import (
     write_text_atomic,
 )
 from hopperlab.node import hardware, threads
+from hopperlab.node.containers import inside_container
 from hopperlab.run import distributed
 from hopperlab.workloads import family_info
 
@@ -75,6 +76,7 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     rec.slurm = slurm_identity()
     try:
         rec.hardware = hardware.fingerprint()
+        rec.hardware["container"] = inside_container()  # what the job sees of its image
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
         spec = RunSpec.from_dict(spec_data)
         _size_threads(spec, rec)

@@ -1,0 +1,128 @@
+"""A real container, end to end: the workflow builds containers/pytorch.ch with Charliecloud
+(a Debian base from Debian's packages + the .def's %files/%post/%environment/%test), then runs one
+run of every family inside it with ch-run; the records name the runtime and the image's digest,
+as seen from the submitting side and from inside the job. A job whose container cannot start
+fails in one line naming the site file and key.
+
+Needs ch-run and mmdebstrap (Debian: charliecloud-runtime, mmdebstrap; scripts/test.sh installs
+them) and unprivileged user namespaces; skips without them unless HOPPERLAB_REQUIRE_CONTAINERS=1
+(CI), which makes that a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from hopperlab.config.matrix import load_matrix
+from hopperlab.node import charliecloud
+from hopperlab.run import launch
+from tests.helpers import copy_project, edit_yaml, snakemake
+
+pytestmark = [pytest.mark.charliecloud, pytest.mark.timeout(2400)]
+
+SITE = "local-charliecloud"
+#: one run of every family of the default matrix (the quickest of each)
+ONE_PER_FAMILY = ["membench/alloc/host", "finetune/lora-llama2-7b/baseline",
+                  "inference/kv-cache/resident", "recommender/latency/cpu-only",
+                  "database/tpch/device"]
+
+
+def _need_charliecloud() -> None:
+    missing = [b for b in ("ch-run", "mmdebstrap") if shutil.which(b) is None]
+    if missing:
+        reason = f"{', '.join(missing)} not on PATH (apt-get install charliecloud-runtime " \
+                 f"mmdebstrap)"
+        if os.environ.get("HOPPERLAB_REQUIRE_CONTAINERS") == "1":
+            pytest.fail(f"HOPPERLAB_REQUIRE_CONTAINERS=1 but {reason}")
+        pytest.skip(reason)
+
+
+def _only(keys: list[str]) -> str:
+    return "only=[" + ",".join(keys) + "]"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    _need_charliecloud()
+    project = copy_project(tmp_path_factory.mktemp("charliecloud") / "project")
+    t0 = time.monotonic()
+    out = snakemake(["--cores", "2", "--config", f"site={SITE}", _only(ONE_PER_FAMILY)],
+                    project, timeout=2100)
+    elapsed = time.monotonic() - t0
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    meta = charliecloud.image_meta(project / "containers/pytorch.ch")
+    print(f"charliecloud: image built in {meta and meta['built_s']} s; workflow (image, assets, "
+          f"{len(ONE_PER_FAMILY)} runs, report) {elapsed:.0f} s")
+    return project, meta
+
+
+def test_the_workflow_builds_the_image_from_the_def(built):
+    project, meta = built
+    image = project / "containers/pytorch.ch"
+    assert meta["runtime"] == "charliecloud" and meta["image"] == "pytorch"
+    assert meta["digest"] == charliecloud.tree_digest(image)
+    assert meta["base"].startswith("debian:bookworm")
+    # what the .def's %files and %environment put in, and what %post installed
+    assert (image / "opt/hopperlab/pyproject.toml").is_file()
+    env = (image / charliecloud.ENV_FILE).read_text().splitlines()
+    assert "HOPPERLAB_IMAGE=pytorch" in env and "PYTHONNOUSERSITE=1" in env
+    pins = (image / "opt/hopperlab/torch-stack-constraints.txt").read_text()
+    assert pins.startswith("torch==2.13.0")
+    assert "hopperlab==0.1.0" in (image / "opt/hopperlab/image-freeze.txt").read_text()
+
+
+def test_one_run_of_every_family_ran_inside_the_image(built):
+    project, meta = built
+    matrix = load_matrix(project, {"site": SITE, "only": ONE_PER_FAMILY})
+    assert {k.split("/")[0] for k in matrix.runs} == set(matrix.config["families"])
+    for key, spec in matrix.runs.items():
+        rec = json.loads((project / spec.run_dir / "metrics.json").read_text())
+        assert rec["status"] in ("ok", "skipped"), (key, rec["reason"])
+        assert rec["container"] == {"runtime": "charliecloud", "image": "pytorch",
+                                    "image_file": str(project / "containers/pytorch.ch"),
+                                    "digest": meta["digest"]}, key
+        # the job's own view, from inside: ch-run's variable and the image's record of itself
+        inside = rec["hardware"]["container"]
+        assert inside["runtime"] == "charliecloud" and inside["digest"] == meta["digest"], key
+        assert rec["tags"]["container.digest"] == meta["digest"]
+
+
+def test_the_job_prefix_runs_the_images_python_with_the_site_env(built):
+    project, _ = built
+    spec = load_matrix(project, {"site": SITE, "only": ONE_PER_FAMILY[:1]}).get(
+        ONE_PER_FAMILY[0])
+    prefix = launch.container_prefix(spec, project / spec.run_dir)
+    probe = ("import hopperlab, os, sys; print(hopperlab.__file__); "
+             "print(os.environ.get('HOPPERLAB_SITE')); print(os.environ.get('PYTHONPATH')); "
+             "print(sys.version_info[:2])")
+    env = {**os.environ, **charliecloud.user_env(), "PYTHONPATH": str(project / "src")}
+    out = subprocess.run(prefix + ["python", "-c", probe], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    where, site_env, pythonpath, version = out.stdout.splitlines()
+    assert where.startswith("/usr/local/lib/python3.11/dist-packages/hopperlab/")  # the image's
+    assert site_env == "local-charliecloud" and pythonpath == "None"
+    assert version == "(3, 11)"
+
+
+def test_a_job_whose_container_cannot_start_fails_in_one_line(built):
+    project, _ = built
+    site = project / "configs/sites/cc-badbind.yaml"
+    site.write_text((project / f"configs/sites/{SITE}.yaml").read_text())
+    edit_yaml(site, lambda d: d.update(container_binds=["/nonexistent-hopperlab-bind"]))
+    key = ONE_PER_FAMILY[0]
+    out = snakemake(["--cores", "1", "--config", "site=cc-badbind", _only([key]),
+                     "results_dir=results-badbind"], project, timeout=600)
+    assert out.returncode != 0
+    rec = json.loads((project / "results-badbind" / key / "record.json").read_text())
+    assert rec["status"] == "failed"
+    assert "\n" not in rec["reason"]
+    assert rec["reason"].startswith(f"{site}: container_binds: the job could not start its "
+                                    f"container (charliecloud, ")
+    assert "ch-run[" in rec["reason"] and "/nonexistent-hopperlab-bind" in rec["reason"]
