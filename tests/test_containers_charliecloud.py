@@ -15,7 +15,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +28,8 @@ from tests.helpers import copy_project, edit_yaml, snakemake
 
 pytestmark = [pytest.mark.charliecloud, pytest.mark.timeout(2400)]
 
+REPO = Path(__file__).resolve().parents[1]
+BUILD_CONTEXT = ("pyproject.toml", "README.md", "src")
 SITE = "local-charliecloud"
 #: one run of every family of the default matrix (the quickest of each)
 ONE_PER_FAMILY = ["membench/alloc/host", "finetune/lora-llama2-7b/baseline",
@@ -51,6 +55,12 @@ def _only(keys: list[str]) -> str:
 def built(tmp_path_factory):
     _need_charliecloud()
     project = copy_project(tmp_path_factory.mktemp("charliecloud") / "project")
+    for part in BUILD_CONTEXT:  # what the .def's %files takes from the project root
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, project / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(src, project / part)
     t0 = time.monotonic()
     out = snakemake(["--cores", "2", "--config", f"site={SITE}", _only(ONE_PER_FAMILY)],
                     project, timeout=2100)
@@ -126,3 +136,23 @@ def test_a_job_whose_container_cannot_start_fails_in_one_line(built):
     assert rec["reason"].startswith(f"{site}: container_binds: the job could not start its "
                                     f"container (charliecloud, ")
     assert "ch-run[" in rec["reason"] and "/nonexistent-hopperlab-bind" in rec["reason"]
+
+
+def test_an_image_from_a_given_root_file_system(built, tmp_path):
+    """The cluster path for an NGC base (``ch-convert`` of nvcr.io/nvidia/pytorch to a directory,
+    then ``--base``): here the image just built stands in for that root file system. The .def's
+    %post runs on it with the network (no wheel folder), %test passes, the base is recorded."""
+    project, meta = built
+    out_dir = tmp_path / "from-root.ch"
+    got = subprocess.run(
+        [sys.executable, "-m", "hopperlab.cli", "containers", "build", "pytorch", "--runtime",
+         "charliecloud", "--base", str(project / "containers/pytorch.ch"), "--output",
+         str(out_dir)], cwd=project, capture_output=True, text=True, timeout=1200,
+        env={**os.environ, **charliecloud.user_env()})
+    assert got.returncode == 0, got.stderr[-4000:]
+    second = charliecloud.image_meta(out_dir)
+    assert second["base"] == f"rootfs:{project / 'containers/pytorch.ch'}"
+    assert second["digest"] == charliecloud.tree_digest(out_dir)
+    # the base's own environment is kept under the .def's %environment
+    env = (out_dir / charliecloud.ENV_FILE).read_text().splitlines()
+    assert env[0] == f"PATH={charliecloud.IMAGE_PATH}" and "HOPPERLAB_IMAGE=pytorch" in env

@@ -137,6 +137,9 @@ def test_tree_digest_follows_content_and_modes_not_place_or_meta(tmp_path):
     assert charliecloud.tree_digest(b) != first
     (a / "usr/bin/tool").write_text("v2")
     assert charliecloud.tree_digest(a) != first
+    second = charliecloud.tree_digest(a)
+    (a / "work/results").mkdir(parents=True)  # a job's mount point
+    assert charliecloud.tree_digest(a) == second
 
 
 def test_image_digest_of_a_directory_and_of_a_file(tmp_path):
@@ -309,3 +312,35 @@ def test_records_carry_the_image_digest_and_runtime(project, tmp_path):
     assert rec["container"] == {"runtime": "charliecloud", "image": "pytorch",
                                 "image_file": str(image), "digest": "sha256:feed"}
     assert rec["tags"]["container.digest"] == "sha256:feed"
+
+
+# --------------------------------------------------------------------------- other bases
+def test_the_def_as_one_script_for_enroot(tmp_path):
+    from hopperlab.node.deffile import install_script
+
+    d = read_def(CONTAINERS / "pytorch.def")
+    script = install_script(d, "/opt/hopperlab-src")
+    head, post = script.split("# %post of pytorch.def\n")
+    assert head.splitlines()[3:] == [
+        "mkdir -p /opt/hopperlab",
+        "cp -a /opt/hopperlab-src/pyproject.toml /opt/hopperlab/pyproject.toml",
+        "cp -a /opt/hopperlab-src/README.md /opt/hopperlab/README.md",
+        "cp -a /opt/hopperlab-src/src /opt/hopperlab/src"]
+    assert post == d.script("post")  # the %post exactly as the .def has it
+
+
+def test_a_base_root_file_system_keeps_its_own_environment(tmp_path):
+    env_file = tmp_path / "environment"
+    env_file.write_text("PATH=/usr/local/cuda/bin:/usr/bin\nCUDA_VERSION=13.1\n")
+    base = charliecloud.read_env_file(env_file)
+    assert base == {"PATH": "/usr/local/cuda/bin:/usr/bin", "CUDA_VERSION": "13.1"}
+    d = read_def(CONTAINERS / "pytorch.def")
+    assert charliecloud.image_env(d, base) == {
+        "PATH": "/usr/local/cuda/bin:/usr/bin", "CUDA_VERSION": "13.1",
+        "HOPPERLAB_IMAGE": "pytorch", "PYTHONNOUSERSITE": "1"}
+    assert charliecloud.image_env(d, {})["PATH"] == charliecloud.IMAGE_PATH
+    assert charliecloud.read_env_file(tmp_path / "none") == {}
+    # pip on such a base uses the network as the host reaches it, and never the host's PIP_* files
+    got = charliecloud.rootfs_pip_env({"https_proxy": "http://p:3128", "PIP_CONFIG_FILE": "/x"})
+    assert got == {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore",
+                   "https_proxy": "http://p:3128"}

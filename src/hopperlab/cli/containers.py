@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from hopperlab.node import charliecloud
+from hopperlab.node.deffile import install_script, read_def
 from hopperlab.node.containers import (
     ALL_RUNTIMES,
     CHARLIECLOUD,
@@ -59,6 +60,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--cache", type=Path, default=None,
                        help="charliecloud: keep the Debian base and the wheels here between "
                             "builds (default: <containers-dir>/.cache)")
+        q.add_argument("--base", type=Path, default=None,
+                       help="charliecloud: start from this root file system (a directory or "
+                            "tar, e.g. an NGC image from ch-convert) instead of the Debian base")
+    q = actions.add_parser("script", help="print the .def's %%files copies and %%post as one "
+                                          "shell script (to build with enroot)")
+    q.add_argument("name", help="the image: containers/<NAME>.def")
+    q.add_argument("--containers-dir", default="containers", type=Path)
+    q.add_argument("--source", default="/opt/hopperlab-src",
+                   help="where the project is mounted inside (default: /opt/hopperlab-src)")
     q = actions.add_parser("runtime", help="print the container runtime found on PATH")
     q.add_argument("--runtime", default="auto", choices=("auto",) + ALL_RUNTIMES)
 
@@ -76,18 +86,22 @@ def _charliecloud(args: argparse.Namespace, definition: Path, output: Path) -> i
         print(shlex.join(charliecloud.base_command(base, Path("base.tar"))))
         print(shlex.join(charliecloud.wheels_command(base.python, cdir.resolve().parent,
                                                      Path("wheels"))))
-        for section in ("post", "test"):
-            print(f"# %{section} of {definition}, inside the image:")
-            print(shlex.join(charliecloud.ch_run_build(output, f"/ch/hopperlab-{section}.sh",
-                                                       Path("wheels"),
-                                                       charliecloud.BUILD_PIP_ENV)))
+        print(f"# %post of {definition}, inside the image:")
+        print(shlex.join(charliecloud.ch_run_build(output, "/ch/hopperlab-post.sh",
+                                                   Path("wheels"), charliecloud.BUILD_PIP_ENV)))
+        env = charliecloud.image_env(read_def(definition), {})
+        path = env.pop("PATH")
+        print(f"# %test of {definition}, inside the image:")
+        print(shlex.join(charliecloud.ch_run_build(output, "/ch/hopperlab-test.sh", None, env,
+                                                   path=path)))
         return 0
     check_build_arch(args.arch, platform.machine())
     if not definition.is_file():
         known = ", ".join(known_images(cdir)) or "none"
         raise ContainerError(f"{definition}: no such definition file (images: {known})")
     charliecloud.build(definition, output, base_file=base_file, context=cdir.resolve().parent,
-                       cache=args.cache if args.cache is not None else cdir / ".cache")
+                       cache=args.cache if args.cache is not None else cdir / ".cache",
+                       base_root=args.base)
     return 0
 
 
@@ -102,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         print(found)
         return 0
     definition = def_path(args.name, args.containers_dir)
+    if args.action == "script":
+        print(install_script(read_def(definition), args.source), end="")
+        return 0
     output = args.output if args.output is not None else image_path(
         args.name, args.containers_dir, args.arch, runtime=args.runtime)
     if args.runtime == PYXIS:

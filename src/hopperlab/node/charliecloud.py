@@ -163,10 +163,13 @@ def image_meta(image: Path | str) -> dict[str, object] | None:
 
 # --------------------------------------------------------------------------- digest
 def tree_digest(root: Path | str, skip: Iterable[str] = (META_FILE,)) -> str:
-    """``sha256:<hex>`` of a directory tree: every entry's relative path, type, mode bits and
-    content (a link's target), in sorted order. Owners and times are left out, so the same
-    files give the same digest wherever they were unpacked."""
+    """``sha256:<hex>`` of a directory tree: every file's and link's relative path, type, mode
+    bits and content (a link's target), in sorted order. Owners and times are left out, so the
+    same files give the same digest wherever they were unpacked; directories count only through
+    what they hold, so the empty mount points a job adds (``mount_points``) change nothing."""
     root = Path(root)
+    if not root.is_dir():
+        raise CharliecloudError(f"{root}: no image directory to digest")
     skipped = set(skip)
     outer = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
@@ -178,6 +181,8 @@ def tree_digest(root: Path | str, skip: Iterable[str] = (META_FILE,)) -> str:
             if rel in skipped:
                 continue
             st = os.lstat(full)
+            if stat.S_ISDIR(st.st_mode):
+                continue
             kind = stat.S_IFMT(st.st_mode)
             outer.update(f"{rel}\0{kind:o}\0{stat.S_IMODE(st.st_mode):o}\0".encode())
             if stat.S_ISLNK(st.st_mode):
@@ -214,11 +219,11 @@ def wheels_command(python: Sequence[str], project: Path, wheel_dir: Path) -> lis
 
 
 def ch_run_build(image: Path, script_in_image: str, wheel_dir: Path | None,
-                 env: Mapping[str, str]) -> list[str]:
+                 env: Mapping[str, str], path: str = IMAGE_PATH) -> list[str]:
     """``ch-run -w`` running a script inside the image being built, as root there, with a clean
     environment (the host's PIP_*, PYTHON* must not steer the image's pip)."""
     cmd = [RUN_BINARY, "-w", "--uid=0", "--gid=0", "--unset-env=*",
-           f"--set-env=PATH={IMAGE_PATH}", "--set-env=HOME=/root"]
+           f"--set-env=PATH={path}", "--set-env=HOME=/root"]
     for name, value in env.items():
         cmd.append(f"--set-env={name}={value}")
     if wheel_dir is not None:
@@ -299,8 +304,26 @@ def _copy_files(defn: DefFile, context: Path, image: Path) -> None:
             shutil.copy2(source, target)
 
 
-def _write_env(defn: DefFile, image: Path) -> dict[str, str]:
-    env = {"PATH": IMAGE_PATH, **defn.environment}
+def read_env_file(path: Path) -> dict[str, str]:
+    """``NAME=VALUE`` lines of an image's ``ch/environment`` (ch-image writes one for an image
+    it pulled: NGC's PATH, CUDA variables); {} when there is none."""
+    env: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            name, sep, value = line.partition("=")
+            if sep and name.strip() and not name.startswith("#"):
+                env[name.strip()] = value
+    return env
+
+
+def image_env(defn: DefFile, base_env: Mapping[str, str]) -> dict[str, str]:
+    """The image's variables: its base's (PATH first, Debian's when the base says none), then
+    the ``.def``'s ``%environment`` over them."""
+    return {"PATH": base_env.get("PATH", IMAGE_PATH), **base_env, **defn.environment}
+
+
+def _write_env(defn: DefFile, image: Path, base_env: Mapping[str, str]) -> dict[str, str]:
+    env = image_env(defn, base_env)
     path = image / ENV_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
@@ -320,14 +343,38 @@ def _install_base_python(base: DebianBase, image: Path, wheel_dir: Path,
     script.unlink()
 
 
+#: host variables a build from a root file system (``base_root``) passes to the image's pip
+NETWORK_VARS = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+                "NO_PROXY", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST")
+
+
+def rootfs_pip_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """pip's environment inside an image built on a given root file system (an NGC base on the
+    cluster): the base's own pip and constraints, the network as the host reaches it."""
+    env = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore"}
+    env.update({k: environ[k] for k in NETWORK_VARS if environ.get(k)})
+    return env
+
+
+def _unpack_root(base_root: Path, dest: Path) -> None:
+    """A root file system given as a directory (ch-convert's ``dir``) or a tar (``tar``)."""
+    if base_root.is_dir():
+        shutil.copytree(base_root, dest, symlinks=True)
+    else:
+        _extract(base_root, dest)
+
+
 def build(def_path: Path | str, target: Path | str, *, base_file: Path | str,
           context: Path | str, cache: Path | str | None = None,
+          base_root: Path | str | None = None,
           log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, object]:
     """Build the directory image ``target`` from ``def_path``; return what ``META_FILE`` says.
 
     ``context`` is where relative ``%files`` sources are (the project root). ``cache`` keeps the
     Debian base (one tar per base description) and the wheel folder between builds (default:
-    nothing kept). The image appears at
+    nothing kept). ``base_root`` starts from that root file system instead of the Debian base
+    (a directory or tar, e.g. an NGC image converted by ``ch-convert`` on the cluster): no
+    mmdebstrap, no wheel folder; the ``%post``'s pip uses the network. The image appears at
     ``target`` only when every step, ``%test`` included, succeeded; an old image there stays
     until then.
     """
@@ -335,7 +382,10 @@ def build(def_path: Path | str, target: Path | str, *, base_file: Path | str,
     defn = read_def(def_path)
     base = DebianBase.load(base_file)
     target = Path(target).resolve()
-    for binary in (RUN_BINARY, "mmdebstrap"):
+    root = Path(base_root).resolve() if base_root else None
+    if root is not None and not root.exists():
+        raise CharliecloudError(f"cannot build {target.name}: no root file system at {root}")
+    for binary in (RUN_BINARY,) + (() if root else ("mmdebstrap",)):
         if shutil.which(binary) is None:
             raise CharliecloudError(f"cannot build {target.name}: `{binary}` is not on PATH "
                                     f"(Debian: apt-get install charliecloud-runtime mmdebstrap)")
@@ -345,36 +395,45 @@ def build(def_path: Path | str, target: Path | str, *, base_file: Path | str,
     with tempfile.TemporaryDirectory(prefix="hopperlab-ch-", dir=target.parent) as tmp:
         work = Path(tmp)
         kept = Path(cache).resolve() if cache else work
-        wheels = kept / "wheels"
-        wheels.mkdir(parents=True, exist_ok=True)
+        wheels: Path | None = kept / "wheels"
         base_tar = kept / f"debian-{base.key()}.tar"
         try:
-            if not base_tar.is_file():
-                partial_tar = work / "base.tar"
-                _run(base_command(base, partial_tar), "the Debian base (mmdebstrap)", log)
-                shutil.move(str(partial_tar), str(base_tar))
-            _extract(base_tar, partial)
-            check_python(partial)
-            _run(wheels_command(base.python, context, wheels), "the wheels (this machine's pip)",
-                 log)
-            _install_base_python(base, partial, wheels, log)
+            if root is not None:
+                _unpack_root(root, partial)
+                wheels = None
+            else:
+                if not base_tar.is_file():
+                    partial_tar = work / "base.tar"
+                    _run(base_command(base, partial_tar), "the Debian base (mmdebstrap)", log)
+                    shutil.move(str(partial_tar), str(base_tar))
+                _extract(base_tar, partial)
+                check_python(partial)
+                wheels.mkdir(parents=True, exist_ok=True)
+                _run(wheels_command(base.python, context, wheels),
+                     "the wheels (this machine's pip)", log)
+                _install_base_python(base, partial, wheels, log)
+            base_env = read_env_file(partial / ENV_FILE)
             _copy_files(defn, context, partial)
-            env = _write_env(defn, partial)
+            env = _write_env(defn, partial, base_env)
+            post_env = BUILD_PIP_ENV if wheels is not None else rootfs_pip_env(os.environ)
             for section in ("post", "test"):
                 script = defn.script(section)
                 if not script.strip():
                     continue
                 name = f"/ch/hopperlab-{section}.sh"
                 (partial / name.lstrip("/")).write_text(script)
-                run_env = BUILD_PIP_ENV if section == "post" else env
+                run_env = dict({**base_env, **post_env} if section == "post" else env)
+                run_env.pop("PATH", None)
                 _run(ch_run_build(partial, name, wheels if section == "post" else None,
-                                  run_env), f"%{section} of {defn.path.name}", log)
+                                  run_env, path=env["PATH"]),
+                     f"%{section} of {defn.path.name}", log)
                 (partial / name.lstrip("/")).unlink()
             meta: dict[str, object] = {
                 "runtime": RUNTIME, "image": defn.path.stem,
                 "definition": str(defn.path), "definition_sha256": hashlib.sha256(
                     defn.path.read_bytes()).hexdigest(),
-                "base": base.describe(), "built_s": None, "digest": None,
+                "base": f"rootfs:{root}" if root else base.describe(),
+                "built_s": None, "digest": None,
             }
             meta["digest"] = tree_digest(partial)
             meta["built_s"] = round(time.monotonic() - t0, 1)

@@ -82,3 +82,21 @@ def read_def(path: Path | str) -> DefFile:
         end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
         sections[mark.group(1).lower()] = text[mark.end():end].strip("\n") + "\n"
     return DefFile(path=path, header=header, sections=sections)
+
+
+def install_script(defn: DefFile, source: str) -> str:
+    """The ``%files`` copies (from ``source``, where the project is mounted) and the ``%post``
+    as one shell script: how a runtime without a definition-file builder (enroot on the
+    cluster) takes the same contents from the same ``.def``."""
+    lines = ["#!/bin/sh", f"# {defn.path.name}: %files from {source}, then %post as written",
+             "set -e"]
+    made: set[str] = set()
+    for src, dst in defn.files:
+        origin = src if src.startswith("/") else f"{source.rstrip('/')}/{src}"
+        parent = str(Path(dst).parent)
+        if parent not in made:
+            made.add(parent)
+            lines.append(f"mkdir -p {shlex.quote(parent)}")
+        lines.append(f"cp -a {shlex.quote(origin)} {shlex.quote(dst)}")
+    lines.append(f"# %post of {defn.path.name}")
+    return "\n".join(lines) + "\n" + defn.script("post")
