@@ -343,4 +343,4 @@ def test_a_base_root_file_system_keeps_its_own_environment(tmp_path):
     # pip on such a base uses the network as the host reaches it, and never the host's PIP_* files
     got = charliecloud.rootfs_pip_env({"https_proxy": "http://p:3128", "PIP_CONFIG_FILE": "/x"})
     assert got == {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore",
-                   "https_proxy": "http://p:3128"}
+                   "PIP_BREAK_SYSTEM_PACKAGES": "1", "https_proxy": "http://p:3128"}

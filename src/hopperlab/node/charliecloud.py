@@ -130,8 +130,10 @@ def mount_points(image: Path | str, binds: Iterable[str]) -> list[Path]:
     """Make each bind's destination inside a directory image (ch-run mounts a read-only image
     only on folders that exist in it); return the ones made. NodeError when the image cannot
     take them (someone else's image): say which folder to make."""
-    made = []
+    made: list[Path] = []
     root = Path(image)
+    if not is_image_dir(root):
+        return made  # no image there (yet): ch-run will say so; never make one up
     for spec in binds:
         dest = spec.split(":")[1] if ":" in spec else spec
         target = root / dest.lstrip("/")
@@ -144,6 +146,13 @@ def mount_points(image: Path | str, binds: Iterable[str]) -> list[Path]:
                                     f"it once there (mkdir -p {root}{dest})") from None
         made.append(target)
     return made
+
+
+def is_image_dir(path: Path | str) -> bool:
+    """Whether ``path`` looks like a root file system ch-run can start (``ch/`` of Charliecloud's
+    tools, or at least a ``usr/``)."""
+    root = Path(path)
+    return (root / "ch").is_dir() or (root / "usr").is_dir()
 
 
 def has_gpu_libraries(image: Path | str) -> bool:
@@ -351,7 +360,9 @@ NETWORK_VARS = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PR
 def rootfs_pip_env(environ: Mapping[str, str]) -> dict[str, str]:
     """pip's environment inside an image built on a given root file system (an NGC base on the
     cluster): the base's own pip and constraints, the network as the host reaches it."""
-    env = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore"}
+    env = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore",
+           # Ubuntu 24.04's python (NGC 25.x) is "externally managed", as Debian 12's is
+           "PIP_BREAK_SYSTEM_PACKAGES": "1"}
     env.update({k: environ[k] for k in NETWORK_VARS if environ.get(k)})
     return env
 
@@ -395,6 +406,7 @@ def build(def_path: Path | str, target: Path | str, *, base_file: Path | str,
     with tempfile.TemporaryDirectory(prefix="hopperlab-ch-", dir=target.parent) as tmp:
         work = Path(tmp)
         kept = Path(cache).resolve() if cache else work
+        kept.mkdir(parents=True, exist_ok=True)
         wheels: Path | None = kept / "wheels"
         base_tar = kept / f"debian-{base.key()}.tar"
         try:

@@ -27,8 +27,8 @@ def annotate_record(rec: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
     rec["machine"] = name
     tags = rec.setdefault("tags", {})
     tags[TAG_MACHINE] = name
-    container = spec.site.container
-    if container.image:
+    container = getattr(spec.site, "container", None)  # a site without one: no container block
+    if container is not None and container.image:
         rec["container"] = {
             "runtime": container.runtime, "image": container.image,
             "image_file": container.image_file,

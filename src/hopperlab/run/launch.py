@@ -78,7 +78,8 @@ def container_prefix(spec: RunSpec, run_dir: Path) -> list[str]:
     c = spec.site.container
     if not c.image or c.runtime == PYXIS:
         return []
-    return job_exec_prefix(str(container_runtime(spec)), Path(str(c.image_file)),
+    runtime = resolve_site_runtime(spec.site.source, c.runtime, c.image)  # submit checks more
+    return job_exec_prefix(str(runtime), Path(str(c.image_file)),
                            _job_folders(spec, run_dir), c.binds,
                            gpus=spec.resources.gpus > 0, env=spec.site.env)
 
@@ -120,7 +121,7 @@ def check_image_ready(spec: RunSpec, runtime: str) -> None:
                f"build it first: snakemake {_relative(image)}")
         raise SpecError(f"{source}: {key}: the image {image} does not exist; {how}")
     if runtime == CHARLIECLOUD:
-        if not (Path(image) / "ch").is_dir():
+        if not charliecloud.is_image_dir(image):
             raise SpecError(f"{source}: {key}: {image} is not a Charliecloud image directory")
         if spec.resources.gpus > 0 and not charliecloud.has_gpu_libraries(image):
             raise SpecError(f"{source}: {key}: the run asks for {spec.resources.gpus} GPU(s) but "
