@@ -139,6 +139,7 @@ def test_tree_digest_follows_content_and_modes_not_place_or_meta(tmp_path):
     assert charliecloud.tree_digest(a) != first
     second = charliecloud.tree_digest(a)
     (a / "work/results").mkdir(parents=True)  # a job's mount point
+    (a / ".snakemake_timestamp").write_text("")  # the workflow's mark on a directory output
     assert charliecloud.tree_digest(a) == second
 
 
@@ -344,3 +345,8 @@ def test_a_base_root_file_system_keeps_its_own_environment(tmp_path):
     got = charliecloud.rootfs_pip_env({"https_proxy": "http://p:3128", "PIP_CONFIG_FILE": "/x"})
     assert got == {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore",
                    "PIP_BREAK_SYSTEM_PACKAGES": "1", "https_proxy": "http://p:3128"}
+    ca = tmp_path / "ca.pem"
+    ca.write_text("cert")
+    assert charliecloud.host_ca_bundle({"SSL_CERT_FILE": str(ca)}) == ca
+    assert charliecloud.host_ca_bundle({"PIP_CERT": str(tmp_path / "none")}) in (
+        None, Path(charliecloud.HOST_CA_DEFAULT))

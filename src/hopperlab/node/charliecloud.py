@@ -171,7 +171,12 @@ def image_meta(image: Path | str) -> dict[str, object] | None:
 
 
 # --------------------------------------------------------------------------- digest
-def tree_digest(root: Path | str, skip: Iterable[str] = (META_FILE,)) -> str:
+#: files left out of the digest: its own record, and the stamp Snakemake leaves in a directory
+#: output (the workflow's rule builds the image as one)
+DIGEST_SKIP = (META_FILE, ".snakemake_timestamp")
+
+
+def tree_digest(root: Path | str, skip: Iterable[str] = DIGEST_SKIP) -> str:
     """``sha256:<hex>`` of a directory tree: every file's and link's relative path, type, mode
     bits and content (a link's target), in sorted order. Owners and times are left out, so the
     same files give the same digest wherever they were unpacked; directories count only through
@@ -367,6 +372,20 @@ def rootfs_pip_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+#: where the host's CA bundle sits in the image while %post runs (removed after)
+HOST_CA_IN_IMAGE = "/ch/hopperlab-host-ca.pem"
+HOST_CA_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
+HOST_CA_DEFAULT = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def host_ca_bundle(environ: Mapping[str, str]) -> Path | None:
+    """The CA bundle this machine's pip trusts (a site's proxy CA is often only there)."""
+    for name in HOST_CA_VARS:
+        if environ.get(name) and Path(environ[name]).is_file():
+            return Path(environ[name])
+    return Path(HOST_CA_DEFAULT) if Path(HOST_CA_DEFAULT).is_file() else None
+
+
 def _unpack_root(base_root: Path, dest: Path) -> None:
     """A root file system given as a directory (ch-convert's ``dir``) or a tar (``tar``)."""
     if base_root.is_dir():
@@ -428,6 +447,10 @@ def build(def_path: Path | str, target: Path | str, *, base_file: Path | str,
             _copy_files(defn, context, partial)
             env = _write_env(defn, partial, base_env)
             post_env = BUILD_PIP_ENV if wheels is not None else rootfs_pip_env(os.environ)
+            ca = host_ca_bundle(os.environ) if wheels is None else None
+            if ca is not None:  # pip inside reaches the network as this machine's pip does
+                shutil.copy(ca, partial / HOST_CA_IN_IMAGE.lstrip("/"))
+                post_env = {**post_env, "PIP_CERT": HOST_CA_IN_IMAGE}
             for section in ("post", "test"):
                 script = defn.script(section)
                 if not script.strip():
@@ -440,6 +463,7 @@ def build(def_path: Path | str, target: Path | str, *, base_file: Path | str,
                                   run_env, path=env["PATH"]),
                      f"%{section} of {defn.path.name}", log)
                 (partial / name.lstrip("/")).unlink()
+            (partial / HOST_CA_IN_IMAGE.lstrip("/")).unlink(missing_ok=True)
             meta: dict[str, object] = {
                 "runtime": RUNTIME, "image": defn.path.stem,
                 "definition": str(defn.path), "definition_sha256": hashlib.sha256(
