@@ -6,7 +6,7 @@
 from snakemake.utils import min_version, validate
 
 from hopperlab.core.errors import SpecError
-from hopperlab.cli.workflow import check_config, check_config_file
+from hopperlab.cli.workflow import check_config, check_config_file, exit_on_config_error
 
 min_version("9.0")
 
@@ -15,7 +15,7 @@ min_version("9.0")
 try:
     check_config_file("configs/config.yaml")
 except SpecError as exc:
-    raise WorkflowError(f"hopperlab: config error:\n{exc}") from None
+    exit_on_config_error(exc)
 
 
 configfile: "configs/config.yaml"
@@ -24,7 +24,7 @@ configfile: "configs/config.yaml"
 try:
     check_config(config, "workflow/schemas/config.schema.yaml")
 except SpecError as exc:
-    raise WorkflowError(f"hopperlab: config error:\n{exc}") from None
+    exit_on_config_error(exc)
 validate(config, "workflow/schemas/config.schema.yaml")
 
 

@@ -6,6 +6,8 @@
 #   bash benchmarks/workflow_gpu.sh OUT RUNS [SUBSTITUTES]
 # RUNS: comma-separated run keys (the `only` config key). SUBSTITUTES: asset_substitutes, for a
 # node without the Hugging Face Hub. SITE, SCALE, PROFILER override gpu-node, full, nsys;
+# GPUS (1) is snakemake's --resources gpus= (4 on a 4-GPU node for its multi-GPU runs), CORES (all)
+# its --cores (1: one job at a time, e.g. so that a link measurement has the node to itself);
 # SNAKEMAKE_TIMEOUT_S stops snakemake after that long (0: never), so that what ran is still read
 # back; RESULTS names the results folder (results-gpu). Wheels missing from the node's image: in
 # $WHEELS (.whl-wf). At the end: a short table of the runs (benchmarks/run_table.py), `hopperlab
@@ -29,7 +31,7 @@ for _ in $(seq 120); do
     2>/dev/null && break; sleep 1
 done
 echo "[workflow_gpu] mlflow server up after ${SECONDS}s"
-timeout "${SNAKEMAKE_TIMEOUT_S:-0}" python3 -m snakemake --cores all --resources gpus=1 --scheduler greedy \
+timeout "${SNAKEMAKE_TIMEOUT_S:-0}" python3 -m snakemake --cores "${CORES:-all}" --resources "gpus=${GPUS:-1}" --scheduler greedy \
   --config "site=${SITE:-gpu-node}" "scale=${SCALE:-full}" "profiler=${PROFILER:-nsys}" \
   results_dir="${RESULTS:-results-gpu}" "only=$RUNS" \
   ${SUBS:+"asset_substitutes=$SUBS"} 2>&1 | tee "$OUT/snakemake.log" | \
@@ -44,4 +46,10 @@ python3 -m hopperlab.cli check "$R" | tee "$OUT/check.txt"
 tar -czf "$OUT/runs.tgz" --exclude='artifacts' --exclude='attempts' --exclude='mlflow.db' "$R" \
   2>/dev/null
 cp "$R/summary.csv" "$OUT/" 2>/dev/null
+# each run's power trace and energy windows, the report, and the energy table
+# (docs/benchmarks/energy.md)
+(cd "$R" && find . -path '*/artifacts/energy/*' -print0 | tar -czf "$OUT/energy.tgz" --null -T -) \
+  2>/dev/null
+cp "$R/report.html" "$OUT/" 2>/dev/null
+python3 benchmarks/energy_table.py "$R" | tee "$OUT/energy.txt"
 kill $SERVER 2>/dev/null

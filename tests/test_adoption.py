@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ import pytest
 
 from hopperlab.cli.workflow import forced_run_keys
 from hopperlab.config.matrix import load_matrix
+from hopperlab.config.spec import spec_data_fingerprint
 from hopperlab.core import rundir as record
 from hopperlab.run.submit import FORCED_ENV, adoptable_record, forced_by_workflow
 from tests.helpers import copy_project, edit_yaml
@@ -52,10 +54,53 @@ def test_a_failed_run_is_never_adopted_and_leaves_no_snakemake_output(project, s
     assert adoptable_record(matrix, matrix.get("selftest/faults/ok"), run_dir) is None
 
 
-def test_an_attempt_that_never_ended_is_not_adopted(project):
+def test_an_ok_record_whose_submitter_never_ended_it_is_adopted(project):
+    """Issue 28 item 3: Ctrl-C to the process group can stop `hopperlab submit` after its job
+    wrote its `ok` record and before the history's `end` line: that run is finished."""
     matrix = load_matrix(project, CONFIG)
     run_dir = _finished(matrix, "selftest/faults/ok", ended=False)
-    assert adoptable_record(matrix, matrix.get("selftest/faults/ok"), run_dir) is None
+    rec = adoptable_record(matrix, matrix.get("selftest/faults/ok"), run_dir)
+    assert rec is not None and rec["status"] == "ok"
+
+
+def test_an_attempt_without_record_or_end_is_passed_over_for_the_finished_one(project):
+    """Issue 28 items 1 and 2: a killed `hopperlab run` (or a submission that never reached
+    the scheduler) leaves attempt 2 with a spec and no outcome; attempt 1 finished ok."""
+    matrix = load_matrix(project, CONFIG)
+    spec = matrix.get("selftest/faults/ok")
+    run_dir = _finished(matrix, spec.key)
+    (run_dir / "attempts/1").mkdir(parents=True)
+    for name in ("spec.json", "record.json", "metrics.json"):
+        (run_dir / name).rename(run_dir / "attempts/1" / name)
+    record.write_json_atomic(run_dir / record.SPEC_FILE, {**spec.to_dict(), "attempt": 2})
+    (run_dir / "steps.jsonl").write_text('{"step": 0')  # torn by the kill
+    with open(run_dir / record.HISTORY_FILE, "a") as fh:
+        fh.write(json.dumps({"attempt": 2, "event": "start"}) + "\n")
+    rec = adoptable_record(matrix, spec, run_dir)
+    assert rec is not None and rec["attempt"] == 1
+
+
+def test_a_later_failed_attempt_is_retried_not_covered_by_an_older_success(project):
+    matrix = load_matrix(project, CONFIG)
+    spec = matrix.get("selftest/faults/ok")
+    run_dir = _finished(matrix, spec.key)
+    (run_dir / "attempts/1").mkdir(parents=True)
+    for name in ("spec.json", "record.json", "metrics.json"):
+        (run_dir / name).rename(run_dir / "attempts/1" / name)
+    record.write_json_atomic(run_dir / record.SPEC_FILE, {**spec.to_dict(), "attempt": 2})
+    record.write_record(run_dir, {"key": spec.key, "attempt": 2, "status": "failed"})
+    assert adoptable_record(matrix, spec, run_dir) is None
+
+
+@pytest.mark.parametrize("bad", ["[1, 2]", "null", "\"text\"", "{torn"])
+def test_a_wrong_typed_spec_or_record_never_crashes_adoption(project, bad):
+    """Issue 28 item 10: such a file made every `hopperlab submit` crash until removed."""
+    matrix = load_matrix(project, CONFIG)
+    spec = matrix.get("selftest/faults/ok")
+    for name in (record.SPEC_FILE, record.RECORD_FILE):
+        run_dir = _finished(matrix, spec.key)
+        (run_dir / name).write_text(bad)
+        assert adoptable_record(matrix, spec, run_dir) is None
 
 
 def test_a_changed_spec_is_not_adopted(project):
@@ -109,3 +154,48 @@ def test_forced_runs_follow_forcerun_force_and_forceall(project, monkeypatch):
     assert forced_by_workflow("selftest/assets/table")
     monkeypatch.delenv(FORCED_ENV)
     assert not forced_by_workflow("selftest/faults/ok")
+
+
+def _fingerprints(project, config=CONFIG):
+    matrix = load_matrix(project, config)
+    return {key: spec_data_fingerprint(spec.to_dict()) for key, spec in matrix.runs.items()}
+
+
+def test_what_does_not_change_a_result_does_not_change_the_fingerprint(tmp_path):
+    """Issue 28 item 5: the polling interval, the price, the tracking URI or a moved checkout
+    planned every finished run again (and a second MLflow run of each)."""
+    first = copy_project(tmp_path / "first")
+    before = _fingerprints(first)
+    moved = copy_project(tmp_path / "elsewhere" / "moved")
+    assert _fingerprints(moved) == before
+
+    def site(d):
+        d.update(poll_interval_s=7, cost={"per_node_hour": 9.5, "currency": "EUR"},
+                 tracking={"uri": "http://user:pw@mlflow.example.org:5000", "upload": "each"},
+                 description="another words")
+    edit_yaml(moved / "configs/sites/local.yaml", site)
+    assert _fingerprints(moved) == before
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d.update(env={"OMP_NUM_THREADS": "1"}),
+    lambda d: d.update(executor="slurm", slurm={"partition": "other"}),
+])
+def test_what_changes_a_result_changes_the_fingerprint(tmp_path, change):
+    project = copy_project(tmp_path / "project")
+    before = _fingerprints(project)
+    edit_yaml(project / "configs/sites/local.yaml", change)
+    after = _fingerprints(project)
+    assert all(after[k] != before[k] for k in before)
+
+
+def test_a_finished_run_is_adopted_in_a_moved_checkout(tmp_path):
+    first = copy_project(tmp_path / "first")
+    matrix = load_matrix(first, CONFIG)
+    run_dir = _finished(matrix, "selftest/faults/ok")
+    moved = copy_project(tmp_path / "elsewhere" / "moved")
+    shutil.copytree(first / "results", moved / "results")
+    moved_matrix = load_matrix(moved, CONFIG)
+    spec = moved_matrix.get("selftest/faults/ok")
+    assert run_dir != moved / spec.run_dir
+    assert adoptable_record(moved_matrix, spec, moved / spec.run_dir) is not None

@@ -140,9 +140,12 @@ def test_managed_skips_without_gpu(tmp_path, tpch):
     assert record["status"] == "skipped" and "CUDA device" in record["reason"]
 
 
-def test_memory_knob_must_match_placement(tmp_path, tpch):
-    with pytest.raises(ValueError, match="memory: managed goes with placement: managed"):
-        finish(tmp_path, spec(tpch, "device", memory="managed"))
+def test_memory_knob_must_match_placement():
+    from hopperlab.workloads.base import Contradiction, Knobs
+
+    with pytest.raises(Contradiction, match="memory: managed goes with placement: managed"):
+        FAMILY.check(Knobs(memory="managed"), DatabaseParams(placement="device"))
+    FAMILY.check(Knobs(memory="managed"), DatabaseParams(placement="managed"))
 
 
 def test_torch_profiler_trace(tmp_path, tpch):
@@ -252,3 +255,16 @@ print("fused ok")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300)
     assert out.returncode == 0 and "fused ok" in out.stdout, out.stderr[-3000:]
+
+
+def test_repeats_are_windows_of_the_queries_after_one_load(tmp_path, tpch):
+    """repeats: 2 loads the tables and asks DuckDB once, then times the queries twice."""
+    from hopperlab.run import repeats
+    from hopperlab.workloads.database import FAMILY as DB
+
+    s = spec(tpch, queries=("q1", "q6"))
+    s.repeats, s.headline_metrics = 2, DB.headline_metrics
+    rec = Recorder(tmp_path / "run")
+    repeats.measure(workload.run, s, rec, DB)
+    assert len(rec.samples) == 2 and {"q1_time_ms", "q6_time_ms"} <= set(rec.samples[1])
+    assert rec.metrics["q6_time_ms_n"] == 2 and rec.metrics["all_correct"] == 1.0

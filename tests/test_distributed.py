@@ -5,7 +5,6 @@ that raises (``failed`` with its traceback, within the collective timeout)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,8 @@ def test_resources_resolve_tasks_and_show_in_list(project):
     m = load_matrix(project, {"scale": "full"})
     tp = m.get("inference/tp-long-context/prompt-31k-c1").resources
     assert (tp.gpus, tp.nodes, tp.tasks_on_node, tp.world_size) == (4, 1, 4, 4)
+    tp2 = m.get("inference/tp-long-context/prompt-3k-c8-2gpu").resources
+    assert (tp2.gpus, tp2.world_size) == (2, 2)
     one = m.get("finetune/full-llama2-13b-sharded/torchao-offload-1gpu").resources
     assert (one.gpus, one.world_size) == (1, 1)
     smoke = load_matrix(project).get("finetune/full-llama2-13b-sharded/fsdp2").resources
@@ -41,14 +42,17 @@ def test_resources_resolve_tasks_and_show_in_list(project):
     rows = json.loads(out.stdout)
     sizes = {r["variant"]: r["resources"]["world_size"] for r in rows}
     assert sizes == {"prompt-31k-c1": 2, "prompt-3k-c8": 2, "prompt-31k-c1-1gpu": 1,
-                     "prompt-3k-c8-1gpu": 1}, out.stderr
+                     "prompt-3k-c8-1gpu": 1, "prompt-31k-c1-2gpu": 1,
+                     "prompt-3k-c8-2gpu": 1}, out.stderr  # smoke: TP 2 rows on one process
 
 
 def test_caps_are_refused_before_submission_naming_file_and_key(project, tmp_path):
     _site(project, "capped", max_gpus_per_node=2, max_nodes=1)
     with pytest.raises(SpecError, match=r"experiments/inference.yaml.*tp-long-context.*"
                                         r"gpus_per_node.*max_gpus_per_node 2.*capped.yaml"):
-        load_matrix(project, {"site": "capped", "scale": "full"})
+        # (only the TP runs: membench/collective asks for 4 GPUs per node at full scale too)
+        load_matrix(project, {"site": "capped", "scale": "full",
+                              "only": "inference/tp-long-context"})
     # a plain `hopperlab submit` stops there too: no run directory, no job
     out = hopperlab(["submit", "inference/tp-long-context/prompt-31k-c1", "--no-upload",
                      "--config", "site=capped", "scale=full", f"results_dir={tmp_path}/r"],
@@ -110,10 +114,8 @@ def test_two_tasks_through_the_local_launcher(project, tmp_path):
 
 def test_a_rank_that_raises_fails_the_run_with_its_traceback(project, tmp_path):
     results = tmp_path / "results"
-    t0 = time.monotonic()
     out = hopperlab(["submit", "selftest/distributed/rank-raises", "--no-upload", "--config",
                      "families=selftest", f"results_dir={results}"], project, timeout=300)
-    elapsed = time.monotonic() - t0
     assert out.returncode != 0
     run_dir = results / "selftest/distributed/rank-raises"
     rec = _record(run_dir)
@@ -121,8 +123,10 @@ def test_a_rank_that_raises_fails_the_run_with_its_traceback(project, tmp_path):
     tb = (run_dir / "traceback.txt").read_text()
     assert tb.startswith("rank 1") and "fails at step 1 on purpose" in tb
     assert not (run_dir / "metrics.json").exists()  # Snakemake retries it next time
-    # the collective timeout of the variant (30 s) bounds it, with room for a slow machine
-    assert elapsed < 30 + 90, elapsed
+    # ended by the peer's collective timeout (30 s), not by the job's time limit (issue 28
+    # item 10: behaviour, not wall time)
+    ends = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert ends[-1]["event"] == "end" and ends[-1]["state"] != "TIMEOUT", ends[-1]
     assert not (results / "selftest/distributed/ok").exists()  # no other run touched
 
 
@@ -136,6 +140,21 @@ def test_a_killed_rank_is_named(tmp_path):
     rec = ranks.merged_record(tmp_path, 1, 2)
     assert rec["status"] == "failed" and rec["reason"].startswith("ranks [1] of 2 left no record")
     assert [r["reason"] for r in rec["ranks"]][1] == "no record"
+
+
+def test_a_rank_lost_with_its_node_is_named_with_the_node(tmp_path):
+    """A node that died took its rank's record with it, not the task file the rank wrote first."""
+    from hopperlab.core.rundir import write_json_atomic
+    from hopperlab.run import ranks
+
+    peer = {"attempt": 1, "status": "failed", "metrics": {},
+            "reason": "RuntimeError: Connection closed by peer [10.231.0.2]:1234"}
+    write_json_atomic(tmp_path / "ranks/0/record.json", peer)
+    write_json_atomic(tmp_path / "ranks/0/task.json", {"rank": 0, "host": "n1"})
+    write_json_atomic(tmp_path / "ranks/1/task.json", {"rank": 1, "host": "n2"})
+    rec = ranks.merged_record(tmp_path, 1, 2)
+    assert rec["reason"].startswith("ranks [1] (on n2) of 2 left no record"), rec["reason"]
+    assert [r["host"] for r in rec["ranks"]] == ["n1", "n2"]
 
 
 def test_the_profile_wrapper_puts_each_task_under_its_rank(tmp_path):
@@ -156,3 +175,28 @@ def test_the_profile_wrapper_puts_each_task_under_its_rank(tmp_path):
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "ranks/1/seen").read_text() == "seen"
     assert str(tmp_path / "ranks/1") in out.stderr  # the profile was finished there
+
+
+def add_hung_rank_variant(project: Path) -> None:
+    edit_yaml(project / "experiments/selftest.yaml", lambda d: d["experiments"]["distributed"][
+        "variants"].__setitem__("rank-hangs", {"params": {"hang_rank": 1, "fail_step": 1}}))
+
+
+def check_hung_rank_run(run_dir: Path) -> None:
+    """The run ended by its peer's collective timeout and our cancel, not by its time limit."""
+    rec = _record(run_dir)
+    assert rec["status"] == "failed", rec
+    assert "rank 1 still ran" in rec["reason"] and "hung" in rec["reason"], rec["reason"]
+    ends = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert ends[-1]["event"] == "end" and ends[-1]["state"] == "CANCELLED", ends[-1]
+
+
+def test_a_hung_rank_is_cancelled_once_its_peers_gave_up_on_it(tmp_path):
+    """Issue 28 item 10: a hung rank held the job to its time limit although its peers hit the
+    collective timeout."""
+    project = copy_project(tmp_path / "project")
+    add_hung_rank_variant(project)
+    out = hopperlab(["submit", "selftest/distributed/rank-hangs", "--no-upload", "--config",
+                     "families=selftest"], project, timeout=400)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    check_hung_rank_run(project / "results/selftest/distributed/rank-hangs")

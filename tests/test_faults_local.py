@@ -128,3 +128,124 @@ def test_a_job_that_died_of_a_full_disk_is_recorded_as_such(tmp_path):
     outcome = launch.JobOutcome(job_id=None, state="FAILED", stderr=stderr)
     reason = submission._died_reason(outcome, submission._last_error_line(outcome))
     assert reason.startswith("no space left on ") and f"{tmp_path}/steps.jsonl" in reason
+
+
+# --------------------------------------------------------------------------- issue 28 item 9
+ODD_VALUE = "two words; $(echo not-run) `x` 'q'"
+
+
+def _env_variant(project: Path, site: str) -> None:
+    from tests.helpers import edit_yaml
+
+    edit_yaml(project / "experiments/selftest.yaml", lambda d: d["experiments"]["faults"][
+        "variants"].__setitem__("env", {"params": {
+            "env_names": "OMP_NUM_THREADS,HOPPERLAB_ODD,HF_TOKEN,MLFLOW_TRACKING_PASSWORD"}}))
+    edit_yaml(project / f"configs/sites/{site}.yaml", lambda d: d.update(
+        env={"OMP_NUM_THREADS": 1, "HOPPERLAB_ODD": ODD_VALUE}))
+
+
+def check_job_environment(run_dir: Path) -> None:
+    """What the job saw: the site's env, verbatim (no shell), and none of the secrets."""
+    rec = json.loads((run_dir / "record.json").read_text())
+    assert rec["status"] == "ok", rec
+    tags = rec["tags"]
+    assert tags["selftest.env.OMP_NUM_THREADS"] == "1", tags
+    assert tags["selftest.env.HOPPERLAB_ODD"] == ODD_VALUE, tags
+    assert tags["selftest.env.HF_TOKEN"] == "<unset>", tags
+    assert tags["selftest.env.MLFLOW_TRACKING_PASSWORD"] == "<unset>", tags
+    assert rec["hardware"]["threads"]["intra_op"] == 1, rec["hardware"]["threads"]
+
+
+SECRETS = {"HF_TOKEN": "hf_secret_token", "MLFLOW_TRACKING_PASSWORD": "pw-secret"}
+
+
+@pytest.mark.parametrize("how", ["submit", "run"])
+def test_a_sites_env_reaches_the_job_without_a_shell_and_secrets_do_not(tmp_path, how):
+    """Issue 28 items 9 and 10: a site's `env:` was recorded as applied but never applied
+    (OMP_NUM_THREADS: 1, and the job ran 2 intra-op threads); the job inherited the
+    submitting side's MLflow password and Hugging Face token."""
+    project = copy_project(tmp_path / "project")
+    _env_variant(project, "local")
+    out = hopperlab([how, "selftest/faults/env", "--no-upload", "--config", "families=selftest"],
+                    project, env=SECRETS)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    check_job_environment(project / "results/selftest/faults/env")
+
+
+@pytest.mark.parametrize("name", ["BAD-NAME", "1ST", "A B", "X=Y", ""])
+def test_an_env_name_that_is_not_a_variable_name_is_refused_naming_the_key(tmp_path, name):
+    from tests.helpers import edit_yaml
+
+    project = copy_project(tmp_path / "project")
+    edit_yaml(project / "configs/sites/local.yaml", lambda d: d.update(env={name: "1"}))
+    out = hopperlab(["list", "--config", "families=selftest"], project)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr
+    assert f"local.yaml: env.{name}:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_full_disk_the_job_reported_on_stdout_is_the_reason(tmp_path):
+    """Issue 28 item 10: a disk filling during the job gave "ended FAILED before writing its
+    record"; the "[Errno 28]" was only in job.out."""
+    stdout, stderr = tmp_path / "job.out", tmp_path / "job.err"
+    stdout.write_text("step 3\nsubmitit ERROR: job failed\nOSError: [Errno 28] No space left "
+                      f"on device: '{tmp_path}/artifacts/table.csv'\n")
+    stderr.write_text("srun: error: task 0: Exited with exit code 1\n")
+    outcome = launch.JobOutcome(job_id=None, state="FAILED", stdout=stdout, stderr=stderr)
+    reason = submission._died_reason(outcome, submission._last_error_line(outcome))
+    assert reason.startswith("no space left on ") and "table.csv" in reason, reason
+
+
+def test_a_full_disk_before_the_workflow_starts_is_one_line(tmp_path, tiny_disk):
+    """Issue 28 item 10: a full disk before the workflow started gave a traceback."""
+    from tests.helpers import snakemake
+
+    project = copy_project(tmp_path / "project")
+    results = tiny_disk.mountpoint / "results"
+    tiny_disk.fill()
+    out = snakemake(["--cores", "2", "--config", "families=selftest", "only=selftest/faults/ok",
+                     f"results_dir={results}"], project)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "Traceback" not in text and '.py", line' not in text, text[-3000:]  # no stack
+    said = [ln for ln in text.splitlines() if "no space left" in ln.lower()]
+    assert said and str(tiny_disk.mountpoint) in said[0], text[-3000:]
+
+
+@pytest.mark.parametrize("spec_text,record_text", [("[]", "null"), ('"x"', "[1]"),
+                                                   ('{"attempt": "two"}', "{torn")])
+def test_submit_goes_on_past_a_wrong_typed_spec_or_record(tmp_path, spec_text, record_text):
+    """Issue 28 item 10: a wrong-typed spec.json/record.json made `hopperlab submit` crash on
+    every call until the file was removed by hand."""
+    project = copy_project(tmp_path / "project")
+    run_dir = project / "results/selftest/faults/ok"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.json").write_text(spec_text)
+    (run_dir / "record.json").write_text(record_text)
+    (run_dir / "history.jsonl").write_text('[1]\n"start"\n{"attempt": 1, "event": "start"}\n')
+    out = hopperlab(["submit", "selftest/faults/ok", "--no-upload", "--config",
+                     "families=selftest"], project)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    rec = json.loads((run_dir / "record.json").read_text())
+    assert rec["status"] == "ok" and rec["attempt"] == 2, rec
+    assert (run_dir / "attempts").is_dir()  # the broken files kept, out of the way
+
+
+@pytest.mark.parametrize("state,said", [
+    ("CANCELLED", "slurmstepd: error: Step 11.0 exceeded memory limit (2118524 > 1048576), "
+                  "being killed\nslurmstepd: error: Exceeded job memory limit\n"),
+    ("OUT_OF_MEMORY", "slurmstepd: error: Detected 1 oom_kill event in StepId=12.batch. Some "
+                      "of the step tasks have been OOM Killed.\n"),
+])
+def test_a_job_slurm_killed_for_its_memory_is_oom(tmp_path, state, said):
+    """Issue 28 item 10: a job killed by Slurm for exceeding --mem was `failed` "CANCELLED"."""
+    matrix = load_matrix(copy_project(tmp_path / "project"), {"families": "selftest"})
+    spec = matrix.get("selftest/faults/ok")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (tmp_path / "job.err").write_text(said)
+    (tmp_path / "job.out").write_text("")
+    outcome = launch.JobOutcome(job_id=None, state=state, stderr=tmp_path / "job.err",
+                                stdout=tmp_path / "job.out")
+    rec = submission._settle_record(run_dir, spec, 1, outcome)
+    assert rec["status"] == "oom", rec
+    assert "memory" in rec["reason"] and "mem_gb" in rec["reason"], rec["reason"]

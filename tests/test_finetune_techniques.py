@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from hopperlab.memory.layers import decoder_layers
-from hopperlab.workloads.finetune import FinetuneParams
+from hopperlab.workloads.finetune import FinetuneParams, check
 from hopperlab.workloads.finetune import model as model_mod
 from hopperlab.workloads.finetune.loop import forward_backward, to_device
-from hopperlab.workloads.base import Knobs
+from hopperlab.workloads.base import Contradiction, Knobs
 from hopperlab.workloads.finetune.techniques import Techniques
 
 from .memory_helpers import architecture_dir
@@ -112,10 +112,10 @@ def test_parameter_offload_is_exact_and_streams(model_dir, batch, offload):
     assert got[2]["param_bytes_streamed"] > 0
 
 
-def test_save_on_cpu_does_not_combine_with_parameter_offload(model_dir, batch):
-    with pytest.raises(ValueError, match="save_on_cpu"):
-        loss_and_grads(model_dir, batch, replace(PARAMS, activation_offload="save_on_cpu"),
-                       Knobs(offload="both"))
+def test_save_on_cpu_does_not_combine_with_parameter_offload():
+    with pytest.raises(Contradiction, match="save_on_cpu"):
+        check(Knobs(offload="both"), replace(PARAMS, activation_offload="save_on_cpu"))
+    check(Knobs(offload="activations"), replace(PARAMS, activation_offload="save_on_cpu"))
 
 
 def test_cut_model_has_the_asked_layers(model_dir):

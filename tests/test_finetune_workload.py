@@ -15,7 +15,7 @@ from hopperlab.assets import materialize
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.rundir import Recorder, SkipRun, read_steps
 from hopperlab.core.stats import percentile
-from hopperlab.workloads.base import Knobs
+from hopperlab.workloads.base import Contradiction, Knobs
 from hopperlab.workloads.finetune import FAMILY, FinetuneParams
 from hopperlab.workloads.finetune.metrics import flops_per_token, link_floors
 from hopperlab.workloads.finetune.model import ModelCounts
@@ -142,8 +142,8 @@ def test_allocator_cap_without_cuda_is_tagged_and_refused_with_managed(assets, t
     rec = run_it(assets, tmp_path / "c", capped, offload="activations")
     assert rec.tags["finetune.allocator_cap"] == "none: no CUDA device"
     assert rec.tags["finetune.offload_budget_caps_allocator"] == "true"
-    with pytest.raises(ValueError, match="not with memory: managed"):
-        run_it(assets, tmp_path / "m", capped, offload="activations", memory="managed")
+    with pytest.raises(Contradiction, match="not with memory: managed"):
+        FAMILY.check(Knobs(offload="activations", memory="managed"), capped)
 
 
 def test_offload_staging_is_checked_and_refused_under_a_budget():
@@ -176,6 +176,9 @@ def test_cuda_only_variants_run_their_bookkeeping(assets, tmp_path):
     fp8 = run_it(assets, tmp_path / "f", replace(SMOKE, measured_steps=2), precision="fp8")
     assert int(fp8.tags["finetune.fp8_linears"]) == 2 * 7  # 2 layers x 7 frozen projections
     assert fp8.tags["finetune.compiled_layers"] == "2 (eager)"
+    # issue 28, item 11: what a CPU run of the variant leaves out is said in its record
+    assert "inductor code generation" in fp8.tags["finetune.compile_skipped"]
+    assert "emulated on the CPU" in fp8.tags["finetune.fp8_matmul"]
 
 
 def test_missing_data_becomes_synthetic_only_when_allowed(assets, tmp_path):
@@ -317,3 +320,18 @@ def test_torch_profiler_traces_the_measured_steps(assets, tmp_path):
     trace = tmp_path / "run" / "artifacts" / "profile" / "torch_trace.json"
     names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     assert {"step", "forward", "backward", "optimizer", "data.wait"} <= names
+
+
+def test_repeats_are_windows_of_measured_steps_after_one_warm_up(assets, tmp_path):
+    """repeats: 3 builds the model once and measures 3 x measured_steps (issue 29)."""
+    from hopperlab.run import repeats
+    from hopperlab.workloads.finetune import FAMILY as FT
+
+    s = spec(assets, replace(SMOKE, measured_steps=2), tmp_path / "run")
+    s.repeats, s.headline_metrics = 3, FT.headline_metrics
+    rec = Recorder(tmp_path / "run")
+    repeats.measure(run, s, rec, FT)
+    assert len(rec.samples) == 3 and rec.tags["repeat_unit"] == "windows"
+    assert all(smp["measured_steps"] == 2 for smp in rec.samples)
+    assert rec.metrics["tokens_per_s_n"] == 3
+    assert len(read_steps(tmp_path / "run")) == SMOKE.warmup_steps + 6

@@ -286,14 +286,14 @@ def test_params_refuse_bad_values(bad):
         InferenceParams(**bad)
 
 
-def test_managed_knob_only_with_offload(assets, tmp_path):
-    from hopperlab.workloads.inference.workload import check_variant, run
+def test_managed_knob_only_with_offload():
+    from hopperlab.workloads.base import Contradiction, Knobs
+    from hopperlab.workloads.inference import check
 
-    check_variant(InferenceParams(policy="offload"), "managed")
-    with pytest.raises(ValueError, match="managed"):
-        run(_spec(assets, tmp_path, "managed", policy="recompute"), Recorder(tmp_path / "x"))
-    with pytest.raises(ValueError, match="managed"):
-        check_variant(InferenceParams(study="weight-streaming"), "managed")
+    check(Knobs(memory="managed"), InferenceParams(policy="offload"))
+    for params in (InferenceParams(policy="recompute"), InferenceParams(study="weight-streaming")):
+        with pytest.raises(Contradiction, match="managed"):
+            check(Knobs(memory="managed"), params)
 
 
 def test_matrix_resolves_the_smoke_runs():
@@ -313,3 +313,17 @@ def test_matrix_resolves_the_smoke_runs():
                if s.experiment != "tp-long-context")
     assert full.get("inference/weight-streaming/stream").params.resident_fractions == \
         (0.75, 0.5, 0.25)
+
+
+def test_repeats_are_windows_on_one_loaded_model(assets, tmp_path):
+    """repeats: 2 loads the model once and serves the sessions twice (issue 29)."""
+    from hopperlab.run import repeats
+    from hopperlab.workloads.inference import FAMILY as INF
+    from hopperlab.workloads.inference.workload import run
+
+    s = _spec(assets, tmp_path, policy="offload")
+    s.repeats, s.headline_metrics = 2, INF.headline_metrics
+    rec = Recorder(tmp_path / "run")
+    repeats.measure(run, s, rec, INF)
+    assert len(rec.samples) == 2 and "model_load_s" not in rec.samples[0]
+    assert rec.metrics["ttft_ms_p50_n"] == 2

@@ -84,3 +84,16 @@ def test_holding_releases_what_it_took(tmp_path):
     with locks.holding(path, "x"):
         assert path.exists()
     assert not path.exists()
+
+
+@pytest.mark.parametrize("text", ['[1, 2]', '"a string"', '7', 'null',
+                                  '{"host": "%s", "pid": "not-a-number"}',
+                                  '{"host": ["x"], "pid": 1}'])
+def test_a_wrong_typed_lock_file_is_taken_over_never_a_crash(tmp_path, text):
+    """Issue 28 item 10: such a results lock crashed the workflow's onstart, naming no file."""
+
+    path = tmp_path / ".hopperlab" / "writer.lock"
+    path.parent.mkdir()
+    path.write_text(text.replace("%s", socket.gethostname()))
+    assert locks.acquire(path, "results folder x")
+    assert locks.read_holder(path)["pid"] == os.getpid()

@@ -11,7 +11,8 @@ import pytest
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.rundir import Recorder, SkipRun
 from hopperlab.cuda.managed_policy import oversubscription_refusal
-from hopperlab.workloads.finetune import FinetuneParams
+from hopperlab.workloads.base import Contradiction, Knobs
+from hopperlab.workloads.finetune import FinetuneParams, check
 from hopperlab.workloads.finetune import workload as ft_workload
 from hopperlab.workloads.finetune.oversubscription import check_oversubscription
 
@@ -54,9 +55,10 @@ def test_allowed_on_grace_hopper_or_by_the_site(tmp_path, hw, allow, tag):
     assert rec.tags["finetune.oversubscription"] == tag
 
 
-def test_needs_managed_memory(tmp_path):
-    with pytest.raises(ValueError, match="memory: managed"):
-        check_oversubscription(_spec(memory="device"), True, _rec(tmp_path, GH200))
+def test_needs_managed_memory():
+    with pytest.raises(Contradiction, match="memory: managed"):
+        check(Knobs(memory="device"), FinetuneParams(oversubscribe=True))
+    check(Knobs(memory="managed"), FinetuneParams(oversubscribe=True))
 
 
 def test_refused_before_the_model_or_allocator(tmp_path, monkeypatch):

@@ -21,11 +21,13 @@ from hopperlab.assets.recsys import RecsysSpec, generate, write
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.rundir import Recorder, SkipRun, read_steps
 from hopperlab.workloads import family_info
+from hopperlab.workloads.base import Contradiction, Knobs
 from hopperlab.workloads.recommender import (
     COMPONENTS,
     FAMILY,
     HEADLINE_METRICS,
     RecommenderParams,
+    check,
     workload,
 )
 from hopperlab.workloads.recommender.data import load
@@ -141,11 +143,12 @@ def test_run_records_per_component_metrics(tmp_path, data_dir, params, knobs):
     assert (tmp_path / "run" / "artifacts" / "training_loss.csv").exists()
 
 
-def test_run_refuses_contradictions_and_skips_managed_without_gpu(tmp_path, data_dir):
-    with pytest.raises(ValueError, match="contradicts"):
-        workload.run(_spec(data_dir, num_workers=4, workers_all_cores=True), Recorder(tmp_path / "a"))
-    with pytest.raises(ValueError, match="no GPU component"):
-        workload.run(_spec(data_dir, memory="managed", pipeline="cpu"), Recorder(tmp_path / "b"))
+def test_contradictions_are_refused_and_managed_skips_without_gpu(tmp_path, data_dir):
+    with pytest.raises(Contradiction, match="contradicts"):
+        check(Knobs(num_workers=4), RecommenderParams(workers_all_cores=True))
+    with pytest.raises(Contradiction, match="no GPU component"):
+        check(Knobs(memory="managed"), RecommenderParams(pipeline="cpu"))
+    check(Knobs(memory="managed"), RecommenderParams())
     with pytest.raises(SkipRun, match="CUDA"):
         workload.run(_spec(data_dir, memory="managed"), Recorder(tmp_path / "c"))
     assert workload.feature_workers(RecommenderParams(workers_all_cores=True), 0, 7) == 7
@@ -198,3 +201,19 @@ def test_run_on_gpu(tmp_path, data_dir, memory, profiler):
     if profiler == "torch":
         trace = tmp_path / "run" / "artifacts" / "profile" / "torch_trace.json"
         assert "pipeline.ranking" in trace.read_text()
+
+
+def test_repeats_are_windows_of_queries_after_one_training(tmp_path, data_dir):
+    """repeats: 3 trains once and measures 3 windows of ``queries`` each (issue 29)."""
+    from hopperlab.run import repeats
+    from hopperlab.workloads.recommender import FAMILY
+
+    s = _spec(data_dir, pipeline="cpu")
+    s.repeats, s.headline_metrics = 3, FAMILY.headline_metrics
+    rec = Recorder(tmp_path / "run")
+    repeats.measure(workload.run, s, rec, FAMILY)
+    assert len(rec.samples) == 3 and rec.tags["repeat_unit"] == "windows"
+    m = rec.metrics
+    assert m["lat_e2e_p50_ms_n"] == 3
+    assert m["lat_e2e_p50_ms_ci_low"] <= m["lat_e2e_p50_ms"] <= m["lat_e2e_p50_ms_ci_high"]
+    assert len(read_steps(tmp_path / "run")) == 3 * SMOKE["queries"]

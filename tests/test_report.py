@@ -151,9 +151,9 @@ def test_summary_csv(results: Path) -> None:
     metrics = ["alloc_us_p50", "alloc_us_p99", "d2h_gbps_peak", "h2d_gbps_64mb", "h2d_gbps_peak"]
     assert header == [
         "family", "experiment", "variant", "attempt", "status", "reason", "scale", "hostname",
-        "gpu_model", "cpu_arch", "host_link", "duration_s", "compared_to", "machine", "reference_check",
-        *metrics, *(m + "_vs_baseline" for m in metrics),
-    ]
+        "gpu_model", "cpu_arch", "host_link", "duration_s", "setup_s", "compared_to", "machine",
+        "reference_check", *metrics, *(m + "_vs_baseline" for m in metrics),
+    ]  # setup_s (every record with a step has it) is a column, never a compared metric
     assert [(r["experiment"], r["variant"], r["status"]) for r in rows] == [
         ("alloc", "caching", "skipped"), ("alloc", "expandable", "ok"),
         ("copy", "managed", "failed"), ("copy", "pageable", "ok"),
@@ -172,6 +172,7 @@ def test_summary_csv(results: Path) -> None:
 
     assert float(base["h2d_gbps_peak_vs_baseline"]) == 1.0
     assert float(base["duration_s"]) >= 0.0
+    assert 0.0 <= float(base["setup_s"]) <= float(base["duration_s"]) + 1.0
     # An oom run keeps what it measured before running out; its ratio is against the baseline.
     assert huge["h2d_gbps_peak"] == "" and huge["h2d_gbps_peak_vs_baseline"] == ""
     assert float(huge["h2d_gbps_64mb_vs_baseline"]) == 21.0 / 11.0
@@ -206,6 +207,7 @@ def test_report_html(results: Path) -> None:
     assert "http://" not in text and "https://" not in text
     assert "<script" not in text and "<link" not in text
     assert "6 runs" in visible
+    assert "set-up s" in visible
     for variant in ("pageable", "pinned", "pinned-huge", "managed", "caching", "expandable"):
         assert variant in visible
     for status in ("ok", "oom", "failed", "skipped"):
@@ -295,3 +297,29 @@ def test_a_reference_without_a_run_gives_no_ratio(tmp_path: Path) -> None:
     with open(summary, newline="") as fh:
         rows = {r["variant"]: r for r in csv.DictReader(fh)}
     assert rows["fp8"]["tokens_per_s_vs_baseline"] == "" and rows["fp8"]["compared_to"] == "bf16-compile"
+
+
+def test_runs_are_priced_at_the_sites_price_when_the_report_is_made(tmp_path):
+    """Issue 28 item 5: the price is no part of a run's fingerprint (a new price reruns
+    nothing), so the report prices the runs at the site's price of now."""
+    import csv as _csv
+    import json as _json
+
+    from tests.helpers import copy_project, edit_yaml, hopperlab
+
+    project = copy_project(tmp_path / "project")
+    run_dir = project / "results/selftest/faults/ok"
+    run_dir.mkdir(parents=True)
+    spec = {"family": "selftest", "experiment": "faults", "variant": "ok", "attempt": 1,
+            "resources": {"gpus": 0, "nodes": 1}, "params": {}}
+    (run_dir / "spec.json").write_text(_json.dumps(spec))
+    rec = {**spec, "status": "ok", "reason": None, "duration_s": 3600.0,
+           "metrics": {"value": 3.0, "cost_run": 0.1, "cost_rate_per_hour": 0.1},
+           "tags": {"cost.currency": "USD"}}
+    (run_dir / "record.json").write_text(_json.dumps(rec))
+    edit_yaml(project / "configs/sites/local.yaml",
+              lambda d: d.update(cost={"per_node_hour": 2.5, "currency": "EUR"}))
+    out = hopperlab(["report", "--config", "families=selftest"], project)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = list(_csv.DictReader((project / "results/summary.csv").open()))
+    assert float(rows[0]["cost_run"]) == pytest.approx(2.5), rows[0]

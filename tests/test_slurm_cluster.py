@@ -126,3 +126,33 @@ def test_scancelled_job_ends_cancelled(executor, slurm_cluster):
     _no_result_grace(job)
     with pytest.raises(UncompletedJobError, match="CANCELLED"):
         job.result()
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_two_nodes_each_with_its_own_name_and_address(slurm_cluster, tmp_path):
+    """The second slurmd (its own network namespace, hostname and files) makes a 2-node job."""
+    slurm_cluster.need_two_nodes()
+    states = slurm_cluster.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=True).stdout.split("\n")
+    assert sorted(line.split()[0] for line in states if line) == sorted(slurm_cluster.nodes)
+    job_id = _sbatch(slurm_cluster, tmp_path, "-N2", "--ntasks-per-node=1", "--wrap",
+                     "srun bash -c 'echo $SLURM_NODEID $(hostname) $(hostname -I)'")
+    row = slurm_cluster.wait(job_id)
+    assert row["State"] == "COMPLETED", row
+    lines = sorted((tmp_path / f"{job_id}.out").read_text().split("\n"))
+    seen = {line.split()[1]: line.split()[2:] for line in lines if line}
+    assert set(seen) == set(slurm_cluster.nodes)  # each task on its node, by that node's name
+    assert seen[slurm_cluster.nodes[0]] != seen[slurm_cluster.nodes[1]]  # two network stacks
+
+
+def test_a_one_node_cluster_fails_two_node_tests_when_slurm_is_required(monkeypatch, tmp_path):
+    """Under HOPPERLAB_REQUIRE_SLURM=1 (CI) a missing second node fails the test, never skips."""
+    from tests.infra.slurm_fixture import REQUIRE_ENV, SlurmCluster
+
+    one = SlurmCluster(dir=tmp_path, conf=tmp_path / "slurm.conf", env={}, nodes=("vm",))
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="one node"):
+        one.need_two_nodes()
+    monkeypatch.delenv(REQUIRE_ENV)
+    with pytest.raises(pytest.skip.Exception, match="one node"):
+        one.need_two_nodes()
+    SlurmCluster(dir=tmp_path, conf=tmp_path, env={}, nodes=("a", "b")).need_two_nodes()

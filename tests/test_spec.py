@@ -326,7 +326,7 @@ def test_snakemake_names_an_unknown_config_key_in_one_line(project):
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert ("configs/config.yaml (with --config overrides): sacle: unknown key; expected one "
-            "of: asset_substitutes, families, only, profiler, results_dir, scale, site") in text
+            "of: asset_substitutes, families, only, profiler, repeats, results_dir, scale, site") in text
     assert "Failed validating" not in text and "'properties'" not in text
 
 
@@ -348,3 +348,19 @@ def test_compare_to_an_unknown_variant_or_itself_is_refused_naming_file_and_key(
     msg = _error(project)
     assert "experiments/finetune.yaml" in msg and f"{name!r}" in msg
     assert "experiments.lora-llama2-7b.variants.fp8.compare_to" in msg
+
+
+def test_a_large_experiments_file_without_aliases_is_no_alias_bomb(tmp_path):
+    """Issue 28 item 10: a legitimate 10,000-variant experiments file was refused as an alias
+    bomb (its written size passed the expansion limit)."""
+    from hopperlab.core.schema import check_expansion, safe_load_yaml, value_children
+
+    variants = "".join(f"      v{i}: {{params: {{action: ok, steps: {i % 7}}}, "
+                       f"description: variant number {i}}}\n" for i in range(10_000))
+    text = ("experiments:\n  many:\n    description: ten thousand variants\n"
+            "    baseline: v0\n    variants:\n" + variants)
+    data = safe_load_yaml(text, "experiments/selftest.yaml")
+    assert len(data["experiments"]["many"]["variants"]) == 10_000
+    check_expansion(data, value_children, "experiments/selftest.yaml")  # as loaded, too
+    with pytest.raises(SpecError, match="aliases"):  # a bomb beside it is still one
+        safe_load_yaml(_bomb() + text, "experiments/selftest.yaml")

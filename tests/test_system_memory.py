@@ -15,9 +15,12 @@ import pytest
 from hopperlab.core.rundir import Recorder, SkipRun
 from hopperlab.cuda import runtime as cr
 from hopperlab.cuda.system_memory import system_memory_support
+from hopperlab.workloads.base import Contradiction, Knobs
 from hopperlab.workloads.database import DatabaseParams
+from hopperlab.workloads.database import check as database_check
 from hopperlab.workloads.database import workload as db_workload
 from hopperlab.workloads.membench import MembenchParams
+from hopperlab.workloads.membench import check as membench_check
 from hopperlab.workloads.membench import allocation, workload
 from hopperlab.workloads.membench.common import Env, HostBackend, Plan
 
@@ -103,10 +106,9 @@ def test_membench_system_on_a_cpu_node_skips(tmp_path):
 
 
 @pytest.mark.parametrize("memory,kind", [("system", "host"), ("device", "system")])
-def test_membench_system_knob_and_kind_go_together(tmp_path, memory, kind):
-    rec = Recorder(tmp_path / "run", identity={"family": "membench"})
-    with pytest.raises(ValueError, match="kind: system goes with memory: system"):
-        workload.run(_membench_spec(memory, kind), rec, use_torch=False)
+def test_membench_system_knob_and_kind_go_together(memory, kind):
+    with pytest.raises(Contradiction, match="kind: system goes with memory: system"):
+        membench_check(Knobs(memory=memory), MembenchParams(test="alloc", kind=kind))
 
 
 def test_database_system_skips_without_pageable_access(tmp_path, monkeypatch, fake_cudart):
@@ -123,5 +125,5 @@ def test_database_system_skips_without_pageable_access(tmp_path, monkeypatch, fa
 
 @pytest.mark.parametrize("memory,placement", [("system", "zero-copy"), ("device", "system")])
 def test_database_system_knob_and_placement_go_together(memory, placement):
-    with pytest.raises(ValueError, match="memory: system goes with placement: system"):
-        db_workload.check_knobs(DatabaseParams(placement=placement), memory)
+    with pytest.raises(Contradiction, match="memory: system goes with placement: system"):
+        database_check(Knobs(memory=memory), DatabaseParams(placement=placement))

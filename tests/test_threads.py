@@ -34,6 +34,29 @@ def test_a_tighter_affinity_wins_over_slurm():
     assert n == 3 and "affinity" in source and "16" in source
 
 
+def test_without_slurm_the_runs_cpus_bound_the_affinity():
+    # issue 28, item 11: the local executor runs jobs side by side (Snakemake's --cores), each
+    # asking resources.cpus; sized from the whole mask, two smoke jobs put 4 threads on 2 cores
+    n, source = cpus_given({}, {0, 1}, requested=1)
+    assert n == 1 and source.startswith("resources.cpus") and "2 CPUs" in source
+    assert cpus_given({}, {0, 1}, requested=8) == (2, "affinity")
+    assert cpus_given({"SLURM_CPUS_PER_TASK": "4"}, NODE, requested=1) == (4, "SLURM_CPUS_PER_TASK")
+
+
+def test_the_runner_sizes_a_local_job_from_its_resources(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+    from hopperlab.core.rundir import Recorder
+    from hopperlab.run import runner
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.delenv("SLURM_JOB_CPUS_PER_NODE", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    seen = {}
+    monkeypatch.setattr(runner.threads, "apply", lambda plan: seen.setdefault("plan", plan))
+    rec = Recorder(tmp_path / "run")
+    runner._size_threads(SimpleNamespace(resources=SimpleNamespace(cpus=1, threads=None)), rec)
+    assert seen["plan"].intra_op == 1 and rec.hardware["threads"]["intra_op"] == 1
+
+
 def test_plan_sizes_and_overrides():
     plan = plan_threads(8, "SLURM_CPUS_PER_TASK")
     assert (plan.intra_op, plan.dataloader_workers, plan.duckdb) == (8, 7, 8)

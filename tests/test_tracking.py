@@ -637,3 +637,92 @@ def test_the_ranks_of_a_distributed_run_are_not_runs_of_their_own(tmp_path):
         (run / rel).mkdir(parents=True, exist_ok=True)
         (run / rel / "record.json").write_text("{}")
     assert find_run_dirs(tmp_path) == [run]
+
+
+# -- issue 28 item 6: two uploaders at once -------------------------------------------------------
+def _sync_in_subprocess(results: str, uri: str, out) -> None:
+    report = tracking.sync(Path(results), uri, progress=False)
+    out.put((len(report.uploaded), len(report.already), [k for k, _ in report.failed]))
+
+
+def test_two_syncs_at_once_upload_each_run_once_and_delete_nothing(mlflow_uri, tmp_path):
+    """Two `hopperlab sync` at once against a server deleted each other's uploads in progress
+    (100 runs: 3 uploaded twice, 62 deleted, one sync "48 failed")."""
+    family = f"twosync{uid()}"
+    results = tmp_path / "results"
+    uids = [uuid.uuid4().hex for _ in range(24)]
+    for i, run_uid in enumerate(uids):
+        make_run(results, family, "e", f"v{i}", run_uid=run_uid, steps=2)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_sync_in_subprocess, args=(str(results), mlflow_uri, out))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    reports = [out.get(timeout=500) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert all(not failed for _, _, failed in reports), reports
+    assert sum(up for up, _, _ in reports) == len(uids), reports
+    client = mlflow.MlflowClient(mlflow_uri)
+    exp = client.get_experiment_by_name(family)
+    from mlflow.entities import ViewType
+
+    every = client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=1000)
+    children = [r for r in every if r.data.tags.get("hopperlab.run_uid")]
+    assert all(r.info.lifecycle_stage == "active" for r in children), \
+        [r.info.run_id for r in children if r.info.lifecycle_stage != "active"]
+    assert sorted(r.data.tags["hopperlab.run_uid"] for r in children) == sorted(uids)
+
+
+def test_another_hosts_fresh_upload_in_progress_is_never_deleted(mlflow_uri, tmp_path):
+    """Across hosts no lock is shared: a half-done upload that another host started moments ago
+    is left to it (a stale one, from an uploader that died, is replaced)."""
+    family = f"otherhost{uid()}"
+    results = tmp_path / "results"
+    fresh, stale = uuid.uuid4().hex, uuid.uuid4().hex
+    make_run(results, family, "e", "fresh", run_uid=fresh)
+    make_run(results, family, "e", "stale", run_uid=stale)
+    tracking.prepare(mlflow_uri, {(family, "e")})
+    client = mlflow.MlflowClient(mlflow_uri)
+    exp = client.get_experiment_by_name(family)
+    now = time.time()
+    theirs = {}
+    for run_uid, since in ((fresh, now - 5), (stale, now - 7200)):
+        theirs[run_uid] = client.create_run(exp.experiment_id, tags={
+            "hopperlab.run_uid": run_uid,
+            "hopperlab.uploading": f"other-host.example 4242 {since:.0f}"}).info.run_id
+    report = tracking.sync(results, mlflow_uri, progress=False)
+    assert not report.failed, report.failed
+    assert client.get_run(theirs[fresh]).info.lifecycle_stage == "active"
+    assert client.get_run(theirs[stale]).info.lifecycle_stage == "deleted"
+    assert report.busy == [f"{family}/e/fresh#1"] and report.uploaded == [f"{family}/e/stale#1"]
+
+
+# -- issue 28 item 7 ------------------------------------------------------------------------------
+def test_compare_shows_only_the_runs_of_this_results_folder(mlflow_uri, tmp_path):
+    """On a shared server `hopperlab compare` returned runs of two other folders (one a variant
+    this folder never ran)."""
+    from urllib.parse import unquote
+
+    from tests.helpers import copy_project, edit_yaml, hopperlab
+
+    project = copy_project(tmp_path / "project")
+    edit_yaml(project / "configs/sites/local.yaml",
+              lambda d: d.update(tracking={"uri": mlflow_uri}))
+    experiment = f"faults{uid()}"  # an experiment of its own on the shared server
+    edit_yaml(project / "experiments/selftest.yaml", lambda d: d["experiments"].__setitem__(
+        experiment, {**d["experiments"]["faults"]}))
+    mine = make_run(project / "results", "selftest", experiment, "ok", run_uid=uuid.uuid4().hex)
+    ours = tracking.upload_run(mine, mlflow_uri)
+    theirs = []
+    for other in ("other-a", "other-b"):
+        for variant in ("ok", "raises"):
+            run_dir = make_run(tmp_path / other, "selftest", experiment, variant,
+                               run_uid=uuid.uuid4().hex)
+            theirs.append(tracking.upload_run(run_dir, mlflow_uri))
+    out = hopperlab(["compare", f"selftest/{experiment}", "--config", "families=selftest"],
+                    project)
+    assert out.returncode == 0, out.stderr[-2000:]
+    url = unquote(out.stdout)
+    assert ours in url and not any(run_id in url for run_id in theirs), url

@@ -10,6 +10,7 @@ real snakemake runs of the selftest family, small and quick.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow import MlflowClient
 
 from tests.helpers import copy_project, edit_yaml, snakemake
@@ -170,3 +172,40 @@ def test_hand_run_submit_is_refused_on_a_run_directory_another_process_writes(tm
     assert f"pid {holder.pid} on host {socket.gethostname()}" in out.stderr
     assert "Traceback" not in out.stderr
     assert not (run_dir / "spec.json").exists()
+
+
+def test_ctrl_c_to_the_process_group_after_the_job_recorded_ok_adopts_it(tmp_path):
+    """Issue 28 item 3: a terminal's Ctrl-C reaches the whole process group, `hopperlab submit`
+    included. A run whose job wrote its `ok` record before the submit could append the
+    history's `end` line was redone by the next call (and reached MLflow twice)."""
+    project = copy_project(tmp_path / "project")
+    _add_slow_variant(project)
+    site = yaml.safe_load((project / "configs/sites/local.yaml").read_text())
+    site["poll_interval_s"] = 1  # the submit looks at its job once a second: a window to hit
+    (project / "configs/sites/slow-poll.yaml").write_text(yaml.safe_dump(site))
+    config = [*_config("selftest/faults/slow"), "site=slow-poll"]
+    run_dir = project / "results/selftest/faults/slow"
+    log = open(project / "snakemake-pg.log", "w")  # noqa: SIM115 - Popen writes it
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", *config],
+                            cwd=project, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # its own group, as a terminal's job is
+
+    def recorded_ok() -> bool:
+        try:
+            return json.loads((run_dir / "record.json").read_text())["status"] == "ok"
+        except (OSError, ValueError, KeyError):
+            return False
+
+    _wait_for(recorded_ok, "the job's ok record")
+    ended_before = any(e["event"] == "end" for e in _history(run_dir))
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: every process of the group
+    proc.wait(timeout=600)
+    _wait_for(lambda: not (run_dir / ".writer.lock").exists(), "the submit to let go")
+
+    again = snakemake(["--cores", "2", *config], project)
+    text = again.stdout + again.stderr
+    assert again.returncode == 0, text[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["attempt"] == 1, text[-3000:]
+    assert not any(e["event"] == "start" and e["attempt"] == 2 for e in _history(run_dir))
+    assert len(_mlflow_children(project / "results", "slow")) == 1
+    assert not ended_before or "adopted" in text  # the window was hit, or at least adopted

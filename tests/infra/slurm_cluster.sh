@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A real one-node Slurm cluster (slurmctld + slurmd + slurmdbd on MariaDB) for integration tests.
+# A real Slurm cluster of two nodes (slurmctld + slurmdbd on MariaDB, a slurmd on this host and a
+# second slurmd in its own network namespace) for integration tests.
 #
 #   slurm_cluster.sh install       apt-get the Debian packages if missing (root)
 #   slurm_cluster.sh start DIR     write config into DIR, start the daemons, wait until usable;
@@ -8,6 +9,9 @@
 #   slurm_cluster.sh status DIR    show the daemons; exit 0 only if all of them run
 #   slurm_cluster.sh stop-dbd DIR  stop slurmdbd only: accounting (sacct) down, the cluster up
 #   slurm_cluster.sh start-dbd DIR start slurmdbd again and wait until sacct answers
+#   slurm_cluster.sh kill-node DIR the second node dies: its slurmd and every process of its jobs
+#                                  (all of its network namespace) get SIGKILL
+#   slurm_cluster.sh start-node DIR the second node's slurmd again; wait until the node is idle
 #
 # Why each piece is here:
 # - No systemd on the test machines, so every daemon is started by hand and stopped by its pid file.
@@ -17,6 +21,13 @@
 # - `start` is re-runnable after a crash: stale pid files are ignored, an existing MariaDB datadir and
 #   Slurm state are reused. Only one cluster per machine (fixed Slurm ports, /etc/slurm symlinks):
 #   `start` refuses while another DIR's cluster runs; the pytest fixture serialises sessions with a lock.
+# - The second node (NODE2, `slurmd -N NODE2`) lives in the network namespace NETNS, joined to this
+#   host by a veth pair whose two ends are both called IFNAME (10.231.0.1 here, 10.231.0.2 there), in
+#   its own UTS namespace (hostname NODE2) and with its own /etc/hosts (/etc/netns/NETNS/hosts: both
+#   node names to their veth addresses); its spool, pid and log files carry its name (%n). Where no
+#   namespace can be made (or SLURM_CLUSTER_NODES=1) the cluster is the one node on 127.0.0.1.
+#   Jobs spanning both nodes need GLOO_SOCKET_IFNAME=IFNAME (this host's name resolves to 127.0.0.1);
+#   `start` prints it as HOPPERLAB_SLURM_IFNAME=..., with HOPPERLAB_SLURM_NODES=<node,...>.
 set -euo pipefail
 
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
@@ -26,8 +37,15 @@ CTLD_PORT=6817 SLURMD_PORT=6818 DBD_PORT=6819
 DB_NAME=slurm_acct_db DB_USER=slurm DB_PASS=hopperlab-slurm
 ETC_SLURM=/etc/slurm
 LINKED_CONFS=(slurm.conf gres.conf)
-DAEMONS_STOP_ORDER=(slurmd slurmctld slurmdbd mariadbd munged)
+NODE2=hl-node2
+# (plain "slurmd": the pid file of a cluster started by this script before it had two nodes)
+DAEMONS_STOP_ORDER=("slurmd-$NODE2" "slurmd-$(hostname -s)" slurmd slurmctld slurmdbd mariadbd munged)
 START_TIMEOUT=${SLURM_CLUSTER_START_TIMEOUT:-120}
+NETNS=hopperlab-n2 IFNAME=hlnet0 NET=10.231.0
+ADDR1=$NET.1 ADDR2=$NET.2
+HOSTS_MARK="# hopperlab test cluster"
+# A dead node is declared DOWN (its jobs NODE_FAIL) this many seconds after its last answer.
+SLURMD_TIMEOUT=${SLURM_CLUSTER_SLURMD_TIMEOUT:-15}
 
 log() { printf '[slurm_cluster] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -71,6 +89,8 @@ paths() {
 }
 
 pidfile() { echo "$RUN/$1.pid"; }
+# slurmd's files carry the node name (SlurmdPidFile=...-%n.pid): one per node.
+slurmd_pidfile() { echo "$RUN/slurmd-$1.pid"; }
 
 # Alive and not a zombie: daemons are reparented to PID 1, which may reap them late.
 alive() {
@@ -88,7 +108,7 @@ live_pid() {
   pid=$(tr -dc '0-9' <"$f")
   [[ -n $pid ]] && alive "$pid" || return 1
   comm=$(cat "/proc/$pid/comm" 2>/dev/null || true)
-  [[ $comm == "$1" || ($1 == mariadbd && $comm == mysqld) ]] || return 1
+  [[ $comm == "${1%%-*}" || ($1 == mariadbd && $comm == mysqld) ]] || return 1
   echo "$pid"
 }
 
@@ -120,27 +140,31 @@ show_logs() {
 }
 
 # ---------------------------------------------------------------- config
+# write_configs DB_PORT TWO: TWO=1 adds NODE2 (its veth address) and moves this node to ADDR1.
 write_configs() {
-  local host cpus mem_mb db_port=$1
+  local host cpus mem_mb db_port=$1 two=$2 addr=127.0.0.1 nodes
   host=$(hostname -s)
   cpus=$(nproc)
   mem_mb=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.85}' /proc/meminfo)
+  nodes=$host
+  ((two)) && { addr=$ADDR1; nodes=$host,$NODE2; }
 
   cat >"$ETC/slurm.conf" <<EOF
-# Written by tests/infra/slurm_cluster.sh; one-node test cluster.
+# Written by tests/infra/slurm_cluster.sh; test cluster of the nodes $nodes.
 ClusterName=$CLUSTER
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$host($addr)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 AuthType=auth/munge
 StateSaveLocation=$CTLD_STATE
-SlurmdSpoolDir=$SLURMD_SPOOL
+# %n: the node's name, so that the two slurmds of this host keep their files apart.
+SlurmdSpoolDir=$SLURMD_SPOOL-%n
 SlurmctldPidFile=$(pidfile slurmctld)
-SlurmdPidFile=$(pidfile slurmd)
+SlurmdPidFile=$(slurmd_pidfile %n)
 SlurmctldLogFile=$LOGD/slurmctld.log
-SlurmdLogFile=$LOGD/slurmd.log
+SlurmdLogFile=$LOGD/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 # No cgroups in the test VM/container.
@@ -169,15 +193,21 @@ OverTimeLimit=0
 KillWait=2
 InactiveLimit=0
 ReturnToService=2
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb Gres=gpu:1 State=UNKNOWN
-PartitionName=$PARTITION Nodes=$host Default=YES MaxTime=INFINITE State=UP
+# A node that stops answering is DOWN (its jobs NODE_FAIL) after this long, not the default 300 s.
+SlurmdTimeout=$SLURMD_TIMEOUT
+# Weight: one-node jobs go to this host's node first, the second only when the first is full.
+NodeName=$host NodeAddr=$addr CPUs=$cpus RealMemory=$mem_mb Gres=gpu:1 Weight=1 State=UNKNOWN
 EOF
+  if ((two)); then
+    echo "NodeName=$NODE2 NodeHostname=$NODE2 NodeAddr=$ADDR2 CPUs=$cpus" \
+      "RealMemory=$mem_mb Gres=gpu:1 Weight=100 State=UNKNOWN" >>"$ETC/slurm.conf"
+  fi
+  echo "PartitionName=$PARTITION Nodes=$nodes Default=YES MaxTime=INFINITE State=UP" \
+    >>"$ETC/slurm.conf"
 
   # A fake GPU so --gpus=1 schedules on a CPU machine (Count= alone makes the node INVAL).
-  cat >"$ETC/gres.conf" <<EOF
-AutoDetect=off
-NodeName=$host Name=gpu File=/dev/null
-EOF
+  printf 'AutoDetect=off\nNodeName=%s Name=gpu File=/dev/null\n' "$host" >"$ETC/gres.conf"
+  if ((two)); then printf 'NodeName=%s Name=gpu File=/dev/null\n' "$NODE2" >>"$ETC/gres.conf"; fi
 
   # slurmdbd refuses a config not owned by SlurmUser with mode 600.
   install -m 600 -o root -g root /dev/null "$ETC/slurmdbd.conf"
@@ -296,8 +326,76 @@ GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'localhost';
 EOF
 }
 
-node_state() { sinfo -h -N -n "$(hostname -s)" -o %T 2>/dev/null | head -n 1; }
-node_idle() { [[ $(node_state) == idle ]]; }
+node_state() { sinfo -h -N -n "${1:-$(hostname -s)}" -o %T 2>/dev/null | head -n 1; }
+node_idle() { [[ $(node_state "${1:-}") == idle ]]; }
+
+# wait_idle NODE: idle, resuming it once if a crashed run left it down/drained (ReturnToService
+# does not clear a drain).
+wait_idle() {
+  wait_for 20 "node $1 idle" node_idle "$1" && return 0
+  scontrol update nodename="$1" state=resume 2>/dev/null || true
+  wait_for "$START_TIMEOUT" "node $1 idle" node_idle "$1" || { show_logs; die "node $1 is $(node_state "$1"), not idle"; }
+}
+
+# ---------------------------------------------------------------- the second node
+netns_up() { ip netns list 2>/dev/null | grep -qw "^$NETNS"; }
+
+# The namespace, the veth pair (IFNAME on both sides) and its /etc/hosts; 1 if the kernel refuses.
+make_netns() {
+  drop_netns
+  ip netns add "$NETNS" || return 1
+  ip link add "$IFNAME" type veth peer name "${IFNAME}p" || return 1
+  ip link set "${IFNAME}p" netns "$NETNS" &&
+    ip netns exec "$NETNS" ip link set "${IFNAME}p" name "$IFNAME" &&
+    ip addr add "$ADDR1/24" dev "$IFNAME" && ip link set "$IFNAME" up &&
+    ip netns exec "$NETNS" ip addr add "$ADDR2/24" dev "$IFNAME" &&
+    ip netns exec "$NETNS" ip link set "$IFNAME" up &&
+    ip netns exec "$NETNS" ip link set lo up &&
+    ip netns exec "$NETNS" ip route add default via "$ADDR1" || return 1
+  # The second node's /etc/hosts (start_node2 binds it): both nodes by their veth address.
+  mkdir -p "/etc/netns/$NETNS"
+  printf '127.0.0.1 localhost\n%s %s\n%s %s\n' "$ADDR1" "$(hostname -s)" "$ADDR2" "$NODE2" \
+    >"/etc/netns/$NETNS/hosts"
+  # Here, NODE2 by its address too (a job's rank 0 may be there: MASTER_ADDR names it), in a line
+  # of ours that drop_netns takes out again. This host's name keeps resolving to 127.0.0.1.
+  echo "$ADDR2 $NODE2 $HOSTS_MARK" >>/etc/hosts
+}
+
+# Every process of the namespace (the node's slurmd, slurmstepds, job tasks) gets SIGKILL.
+kill_netns_procs() {
+  netns_up || return 0
+  local pids
+  pids=$(ip netns pids "$NETNS" 2>/dev/null | tr '\n' ' ')
+  [[ -n ${pids// /} ]] || return 0
+  log "killing the processes of $NETNS: $pids"
+  # shellcheck disable=SC2086
+  kill -KILL $pids 2>/dev/null || true
+  wait_for 10 "$NETNS to empty" bash -c "[[ -z \$(ip netns pids $NETNS) ]]" || true
+}
+
+drop_netns() {
+  kill_netns_procs
+  ip link del "$IFNAME" 2>/dev/null || true
+  if netns_up; then ip netns del "$NETNS" 2>/dev/null || true; fi
+  rm -rf "/etc/netns/$NETNS"
+  if grep -q "$HOSTS_MARK" /etc/hosts 2>/dev/null; then
+    # rewritten in place (not sed -i's rename): /etc/hosts may be a mount point
+    local kept
+    kept=$(grep -v "$HOSTS_MARK" /etc/hosts || true)
+    printf '%s\n' "$kept" >/etc/hosts
+  fi
+  return 0
+}
+
+# slurmd -N NODE2 in the namespace, with its own hostname (a UTS namespace of its own) and its
+# /etc/hosts (a private mount namespace). Not `ip netns exec`: its fresh /sys hides the cgroup
+# mounts that slurmd's start needs.
+start_node2() {
+  rm -f "$(slurmd_pidfile "$NODE2")"
+  nsenter --net="/run/netns/$NETNS" unshare --mount --uts bash -c \
+    "mount --bind /etc/netns/$NETNS/hosts /etc/hosts && hostname $NODE2 &&
+     exec slurmd -f '$SLURM_CONF' -N $NODE2" || return 1
+}
 cluster_registered() { sacctmgr -n -P list cluster format=cluster 2>/dev/null | grep -qx "$CLUSTER"; }
 sacct_answers() { sacct -n -X -S now >/dev/null 2>&1; }
 
@@ -318,31 +416,36 @@ cmd_start() {
   for p in $CTLD_PORT $SLURMD_PORT $DBD_PORT; do
     port_in_use "$p" && die "port $p is in use by something else (another Slurm?)"
   done
-  mkdir -p "$ETC" "$RUN" "$LOGD" "$CTLD_STATE" "$SLURMD_SPOOL"
+  mkdir -p "$ETC" "$RUN" "$LOGD" "$CTLD_STATE"
   chmod 755 "$DIR" "$ETC" "$RUN"
-  local db_port
+  local db_port two=0 host
+  host=$(hostname -s)
   db_port=$(free_port 13306)
-  write_configs "$db_port"
+  if [[ ${SLURM_CLUSTER_NODES:-2} == 2 ]]; then
+    if make_netns; then two=1; else log "no network namespace here: one node only"; drop_netns; fi
+  fi
+  write_configs "$db_port" "$two"
+  mkdir -p "$SLURMD_SPOOL-$host" "$SLURMD_SPOOL-$NODE2"
   link_configs
 
   start_munge
   start_mariadb "$db_port"
-  rm -f "$(pidfile slurmdbd)" "$(pidfile slurmctld)" "$(pidfile slurmd)"
+  rm -f "$(pidfile slurmdbd)" "$(pidfile slurmctld)" "$(slurmd_pidfile "$host")"
   slurmdbd
   wait_for 30 slurmdbd sacctmgr -n list cluster || { show_logs; die "slurmdbd did not answer"; }
   slurmctld
   wait_for 30 slurmctld scontrol ping || { show_logs; die "slurmctld did not answer"; }
-  slurmd
+  slurmd -N "$host"
+  ((two)) && { start_node2 || { show_logs; die "the second slurmd ($NODE2) did not start"; }; }
   # slurmctld adds the cluster to the accounting DB when it first connects to slurmdbd.
   wait_for "$START_TIMEOUT" "cluster registration" cluster_registered || { show_logs; die "cluster not in accounting DB"; }
-  if ! wait_for 20 "node idle" node_idle; then
-    # A node left down/drained by a crashed run: ReturnToService does not clear a drain.
-    scontrol update nodename="$(hostname -s)" state=resume 2>/dev/null || true
-    wait_for "$START_TIMEOUT" "node idle" node_idle || { show_logs; die "node is $(node_state), not idle"; }
-  fi
+  wait_idle "$host"
+  ((two)) && wait_idle "$NODE2"
   wait_for 30 sacct sacct_answers || { show_logs; die "sacct does not answer"; }
   log "cluster up in $((SECONDS - t0))s (SLURM_CONF=$SLURM_CONF)"
   echo "SLURM_CONF=$SLURM_CONF"
+  if ((two)); then echo "HOPPERLAB_SLURM_NODES=$host,$NODE2"; echo "HOPPERLAB_SLURM_IFNAME=$IFNAME"
+  else echo "HOPPERLAB_SLURM_NODES=$host"; fi
 }
 
 # ---------------------------------------------------------------- stop / status
@@ -382,6 +485,7 @@ cmd_stop() {
   fi
   local d
   for d in "${DAEMONS_STOP_ORDER[@]}"; do stop_daemon "$d"; done
+  drop_netns
   rm -rf "$RUN/munge"
   unlink_configs
 }
@@ -390,7 +494,7 @@ cmd_status() {
   [[ -n ${1:-} ]] || die "usage: $0 status DIR"
   paths "$1"
   local d pid ok=0
-  for d in munged mariadbd slurmdbd slurmctld slurmd; do
+  for d in munged mariadbd slurmdbd slurmctld "slurmd-$(hostname -s)"; do
     if pid=$(live_pid "$d"); then
       printf '%-10s running (pid %s)\n' "$d" "$pid"
     elif [[ $d == munged ]] && munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
@@ -400,8 +504,28 @@ cmd_status() {
       ok=3
     fi
   done
+  if pid=$(live_pid "slurmd-$NODE2"); then
+    printf '%-10s running (pid %s, namespace %s)\n' "slurmd-$NODE2" "$pid" "$NETNS"
+  fi
   if live_pid slurmctld >/dev/null; then sinfo -N -o '%N %P %T %G' 2>/dev/null || true; fi
   return $ok
+}
+
+# The second node dies: its slurmd and the processes of its jobs, all at once (SIGKILL).
+cmd_kill_node() {
+  need_root
+  paths "${1:?usage: $0 kill-node DIR}"
+  netns_up || die "no second node ($NETNS) to kill"
+  kill_netns_procs
+  rm -f "$(slurmd_pidfile "$NODE2")"
+}
+
+cmd_start_node() {
+  need_root
+  paths "${1:?usage: $0 start-node DIR}"
+  netns_up || die "no second node ($NETNS): the cluster runs one node"
+  live_pid "slurmd-$NODE2" >/dev/null || start_node2 || die "the second slurmd did not start"
+  wait_idle "$NODE2"
 }
 
 # An accounting outage for tests: slurmctld keeps running jobs (and caches their records) while
@@ -431,8 +555,10 @@ case ${1:-} in
   status) cmd_status "${2:-}" ;;
   stop-dbd) cmd_stop_dbd "${2:-}" ;;
   start-dbd) cmd_start_dbd "${2:-}" ;;
+  kill-node) cmd_kill_node "${2:-}" ;;
+  start-node) cmd_start_node "${2:-}" ;;
   *)
-    echo "usage: $0 {install|start DIR|stop DIR|status DIR|stop-dbd DIR|start-dbd DIR}" >&2
+    echo "usage: $0 {install|start DIR|stop DIR|status DIR|stop-dbd DIR|start-dbd DIR|kill-node DIR|start-node DIR}" >&2
     exit 2
     ;;
 esac

@@ -1,4 +1,5 @@
-"""Pytest plugin: a real one-node Slurm cluster, started once per session by slurm_cluster.sh.
+"""Pytest plugin: a real Slurm cluster, started once per session by slurm_cluster.sh: two nodes
+where a network namespace can be made (the second slurmd in its own), else one.
 
 Use the session fixture ``slurm_cluster`` (a :class:`SlurmCluster`). The cluster needs root and the
 Debian packages (installed with apt-get when missing); when that is impossible the fixture skips,
@@ -57,6 +58,28 @@ class SlurmCluster:
     conf: Path
     env: dict[str, str]
     partition: str = "debug"
+    #: the cluster's node names, this host's first
+    nodes: tuple[str, ...] = ()
+    #: the interface both nodes reach each other on (GLOO_SOCKET_IFNAME of a two-node job)
+    ifname: str | None = None
+
+    def need_two_nodes(self) -> None:
+        """Skip (or fail, under HOPPERLAB_REQUIRE_SLURM=1) a test that needs the second node."""
+        if len(self.nodes) < 2:
+            _unavailable(f"the cluster has one node ({', '.join(self.nodes)}): no network "
+                         f"namespace for a second slurmd here")
+
+    def kill_node(self) -> None:
+        """The second node dies: its slurmd and its jobs' processes get SIGKILL."""
+        proc = _script("kill-node", str(self.dir), timeout=60)
+        if proc.returncode != 0:
+            raise RuntimeError(_failure("slurm_cluster.sh kill-node", proc))
+
+    def start_node(self) -> None:
+        """The second node's slurmd again, until the node is idle."""
+        proc = _script("start-node", str(self.dir), timeout=240)
+        if proc.returncode != 0:
+            raise RuntimeError(_failure("slurm_cluster.sh start-node", proc))
 
     def run(
         self, cmd: str | Sequence[str], *, timeout: float = 60, check: bool = False, **kwargs
@@ -173,8 +196,11 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         proc = _script("start", str(cluster_dir), timeout=300)
         if proc.returncode != 0:
             pytest.fail(_failure(f"slurm_cluster.sh start {cluster_dir}", proc), pytrace=False)
-        env = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-        yield SlurmCluster(dir=cluster_dir, conf=Path(env["SLURM_CONF"]), env=env)
+        said = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+        env = {k: v for k, v in said.items() if not k.startswith("HOPPERLAB_")}
+        nodes = tuple(n for n in said.get("HOPPERLAB_SLURM_NODES", "").split(",") if n)
+        yield SlurmCluster(dir=cluster_dir, conf=Path(env["SLURM_CONF"]), env=env, nodes=nodes,
+                           ifname=said.get("HOPPERLAB_SLURM_IFNAME"))
     finally:
         try:
             if started:

@@ -8,6 +8,7 @@ from hopperlab.assets.registry import load_assets as load_asset_specs
 from hopperlab.cli.workflow import (
     check_container_runtime,
     container_inputs,
+    exit_on_config_error,
     asset_input_manifests,
     asset_rule_fingerprint,
     assets_dir_for_rules,
@@ -24,7 +25,7 @@ try:
     MATRIX = load_matrix(workflow.basedir, config)
     check_container_runtime(MATRIX)  # the one look at PATH, on the submitting side
 except SpecError as exc:
-    raise WorkflowError(f"hopperlab: config error:\n{exc}") from None
+    exit_on_config_error(exc)
 
 RESULTS = MATRIX.config["results_dir"]
 # every asset of configs/assets.yaml + configs/assets.d/, and where the site keeps them

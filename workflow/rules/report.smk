@@ -15,12 +15,13 @@ rule report:
 # learn which runs the user forced (`hopperlab submit` adopts the other finished runs of the same
 # spec that Snakemake reruns after an interrupt, rather than redoing them).
 onstart:
-    from hopperlab.core.locks import LockHeld
-    from hopperlab.cli.workflow import export_forced_runs, hold_results
+    from hopperlab.core.errors import HopperlabError
+    from hopperlab.cli.workflow import check_scheduler, export_forced_runs, hold_results
 
     try:
+        check_scheduler(MATRIX)  # Slurm down: one line, before any job moves anything
         hold_results(MATRIX)
-    except LockHeld as exc:
+    except HopperlabError as exc:
         raise WorkflowError(f"hopperlab: {exc}") from None
     export_forced_runs(MATRIX, workflow.dag_settings)
 

@@ -1,6 +1,6 @@
 """``hopperlab assets``: fetch, verify and list assets; count a model's parameters.
 
-    hopperlab assets fetch dolly-smoke-prepared [--assets-dir results/assets]
+    hopperlab assets fetch dolly-smoke-prepared [--assets-dir DIR] [--config site=NAME]
     hopperlab assets fetch --scale smoke          # every asset of a scale
     hopperlab assets verify llama-2-7b
     hopperlab assets list
@@ -21,7 +21,9 @@ from pathlib import Path
 from hopperlab.assets.manifest import verify
 from hopperlab.assets.random_weights import build_random_model, format_count
 from hopperlab.assets.registry import ASSETS_FILE, kinds, load_assets, load_scales
-from hopperlab.assets.store import DEFAULT_ASSETS_DIR, asset_dir, materialize, read_info
+from hopperlab.assets.store import asset_dir, materialize, read_info
+from hopperlab.config.matrix import load_config, parse_overrides
+from hopperlab.config.site import load_site
 from hopperlab.core.errors import SpecError
 
 
@@ -34,6 +36,13 @@ def find_root(start: Path | None = None) -> Path:
     return here
 
 
+def site_assets_dir(root: Path, overrides: list[str]) -> str:
+    """The assets folder of the configured site (``--config site=NAME``): where the workflow
+    and ``hopperlab fetch`` build assets, so that ``list`` and ``verify`` look there too."""
+    config = load_config(root, parse_overrides(overrides))
+    return load_site(root, config["site"], config["results_dir"]).assets_dir
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """``hopperlab assets fetch|verify|list|params`` under the main parser's ``sub``."""
     p = sub.add_parser("assets", help="fetch, verify and list assets; count a model's parameters",
@@ -42,11 +51,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", required=True)
 
     def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--root", type=Path, default=None,
+        q.add_argument("--root", default=argparse.SUPPRESS,
                        help="repository root (default: the folder holding configs/assets.yaml)")
-        q.add_argument("--assets-dir", default=DEFAULT_ASSETS_DIR,
-                       help=f"where assets live, relative to the root (default: "
-                            f"{DEFAULT_ASSETS_DIR})")
+        q.add_argument("--assets-dir", default=None,
+                       help="where assets live, relative to the root (default: the site's "
+                            "assets_dir, where the workflow and `hopperlab fetch` put them)")
+        q.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                       help="configs/config.yaml overrides; site=NAME picks the site")
 
     f = actions.add_parser("fetch", help="fetch or build assets (verify and repair existing ones)")
     f.add_argument("names", nargs="*", help="asset names (default with --scale: all of it)")
@@ -76,7 +87,9 @@ def _run(args: argparse.Namespace) -> int:
         _, n = build_random_model(args.config, "meta")
         print(f"{args.config}: {n} parameters ({format_count(n)})")
         return 0
-    root = (args.root or find_root()).resolve()
+    root = Path(getattr(args, "root", None) or find_root()).resolve()
+    if args.assets_dir is None:
+        args.assets_dir = site_assets_dir(root, args.config)
     if args.action == "fetch":
         names = list(args.names)
         if not names:
@@ -92,9 +105,19 @@ def _run(args: argparse.Namespace) -> int:
     specs = load_assets(root)
     if args.action == "verify":
         names = args.names or [n for n in specs if asset_dir(root, args.assets_dir, n).is_dir()]
+        unknown = [n for n in names if n not in specs]
+        if unknown:
+            raise SpecError(f"assets verify: unknown asset {', '.join(map(repr, unknown))}; "
+                            f"{ASSETS_FILE} and configs/assets.d/ define: "
+                            f"{', '.join(sorted(specs))}")
         bad = 0
         for name in names:
-            problems = verify(asset_dir(root, args.assets_dir, name), deep=not args.quick)
+            folder = asset_dir(root, args.assets_dir, name)
+            if not folder.is_dir():
+                print(f"{name}: absent (no folder {folder}; build it: hopperlab fetch {name})")
+                bad += 1
+                continue
+            problems = verify(folder, deep=not args.quick)
             print(f"{name}: {'ok' if not problems else 'DAMAGED'}")
             for line in problems:
                 print(f"  {line}")

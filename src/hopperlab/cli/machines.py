@@ -11,19 +11,29 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from hopperlab.cli import check_nodes
 from hopperlab.config.matrix import find_root, load_config, parse_overrides
+from hopperlab.config.site import load_site
+from hopperlab.core.effects import DEFAULT_MIN_EFFECT
 from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import (
+    ab,
+    ab_page,
     compare,
     descriptions,
+    history,
+    junit,
     mlflow_source,
     predict,
+    reference_update,
     references,
     runs,
 )
 from hopperlab.results.report.collect import collect_runs
 
 EXIT_REGRESSION = 1
+#: ``check --strict`` when no run had a reference (CI that must have checked something)
+EXIT_NOTHING_CHECKED = 3
 
 
 def _root(args: argparse.Namespace) -> Path:
@@ -59,6 +69,9 @@ def cmd_machines(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     root = _root(args)
+    if args.every_node:
+        refs = Path(args.references) if args.references else root / references.REFERENCES_DIR
+        return check_nodes.run(args, root, refs)
     results = Path(args.results_dir) if args.results_dir else _default_results(root, args)
     rows = collect_runs(results)
     if not rows:
@@ -74,7 +87,105 @@ def cmd_check(args: argparse.Namespace) -> int:
     machines = sorted({r.machine or "unknown" for r in rows})
     print(f"[hopperlab] check {results} ({', '.join(machines)}): "
           + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
-    return EXIT_REGRESSION if lines else 0
+    if args.junit:
+        path = junit.write(Path(args.junit), f"hopperlab check {results}", rows, judgements)
+        print(f"[hopperlab] wrote {path}")
+    failing = {references.REGRESSION} | ({references.INCONCLUSIVE} if args.strict else set())
+    if any(j.verdict in failing for j in judgements.values()):
+        return EXIT_REGRESSION
+    if set(counts) <= {references.NO_REFERENCE}:
+        print(nothing_checked(refs_dir, machines, root))
+        return EXIT_NOTHING_CHECKED if args.strict else 0
+    return 0
+
+
+def nothing_checked(refs_dir: Path, machines: list[str], root: Path) -> str:
+    """What `check` says when no run had a reference: which files it looked for, which exist,
+    and how a reference file is made."""
+    have = sorted(p.stem for p in refs_dir.glob("*.yaml")) if refs_dir.is_dir() else []
+    example = (refs_dir / f"{have[0]}.yaml") if have else refs_dir / "<machine>.yaml"
+    try:
+        example = example.relative_to(root)
+    except ValueError:
+        pass
+    return (f"[hopperlab] check: nothing was checked: no reference for "
+            f"{', '.join(machines)} in {refs_dir} (it has: {', '.join(have) or 'none'}). "
+            f"References are made from known-good runs measured with repeats: snakemake "
+            f"--config repeats=5, then hopperlab references update RESULTS_DIR (or by hand, "
+            f"as in {example}); --strict makes this exit {EXIT_NOTHING_CHECKED}")
+
+
+def cmd_references(args: argparse.Namespace) -> int:
+    root = _root(args)
+    refs_dir = Path(args.references) if args.references else root / references.REFERENCES_DIR
+    report = reference_update.update(Path(args.results_dir), refs_dir, machine=args.machine,
+                                     min_effect=args.min_effect)
+    for line in report.skipped:
+        print(f"[hopperlab] skipped {line}")
+    for name, path in report.written.items():
+        n = sum(1 for u in report.updated if u.startswith(name + " "))
+        print(f"[hopperlab] references of {name}: {n} metric(s) written to {path}")
+    if not report.written:
+        raise SpecError(f"{args.results_dir}: no reference written (every run had too few "
+                        f"samples: measure with --config repeats=N, N >= "
+                        f"{reference_update.MIN_SAMPLES})")
+    return 0
+
+
+def add_ab_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``hopperlab compare A B`` (the parser lives with ``compare``)."""
+    p.add_argument("--out", help="where compare.html and compare.csv go (default: "
+                                 "results/compare)")
+    p.add_argument("--min-effect", type=float, default=None,
+                   help="the smallest change worth reporting, a fraction (default 0.05)")
+    p.add_argument("--mlflow", metavar="URI", help="A and B are MLflow filter strings on this "
+                   "tracking server, e.g. \"tags.git_commit = 'abc123'\" (two commits, dates: "
+                   "attributes.start_time, machines: tags.machine)")
+    p.add_argument("--strict", action="store_true",
+                   help="an inconclusive metric fails the comparison too (exit 1)")
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    """``hopperlab compare A B``: exit 1 when B is worse than A beyond the noise."""
+    if len(args.targets) != 2:
+        raise SpecError("hopperlab compare --mlflow URI: give two filter strings A B")
+    a_name, b_name = args.targets
+    if args.mlflow:
+        a_rows = mlflow_source.load_query(args.mlflow, a_name)
+        b_rows = mlflow_source.load_query(args.mlflow, b_name)
+    else:
+        a_rows, b_rows = ab.load_folder(Path(a_name)), ab.load_folder(Path(b_name))
+    min_effect = args.min_effect if args.min_effect is not None else DEFAULT_MIN_EFFECT
+    changes = ab.compare_runs(a_rows, b_rows, min_effect)
+    for line in ab.text_lines(changes, a_name, b_name):
+        print(line)
+    out = Path(args.out) if args.out else _root(args) / "results" / "compare"
+    csv_path, html_path = ab_page.write(changes, out, a_name, b_name, min_effect)
+    print(f"[hopperlab] {ab_page.headline(changes)[0]} Wrote {csv_path} and {html_path}")
+    failing = ab.worse(changes) or (args.strict and [c for c in changes if c.verdict in (
+        ab.INCONCLUSIVE, ab.CHANGED)])
+    return EXIT_REGRESSION if failing else 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """``hopperlab history``: a metric over time from MLflow, change points flagged."""
+    root = _root(args)
+    uri = args.mlflow
+    if not uri:
+        config = load_config(root, parse_overrides(args.config))
+        uri = load_site(root, config["site"], config["results_dir"]).tracking_uri
+    series = history.load(uri, args.machine, args.run, args.metric)
+    min_effect = args.min_effect if args.min_effect is not None else DEFAULT_MIN_EFFECT
+    for s in series:
+        s.changes = history.change_points([p.value for p in s.points], s.direction, min_effect)
+    for line in history.text_lines(series):
+        print(line)
+    out = Path(args.out) if args.out else root / "results" / "history"
+    csv_path, html_path = history.write(series, out)
+    print(f"[hopperlab] history: {len(series)} series, "
+          f"{sum(1 for s in series if s.changes)} with change points; wrote {csv_path} and "
+          f"{html_path}")
+    return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -109,7 +220,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"    model {p.model}: {p.formula}")
         for k, v in p.inputs.items():
             print(f"    {k} = {v}")
+        if p.energy is not None:
+            print(f"    energy: {_energy_text(p.energy)}")
     return 0
+
+
+def _energy_text(e: Any) -> str:
+    if e.joules is None:
+        return f"not predicted: {e.unpredictable}"
+    text = f"{e.joules:.4g} {e.label}; {e.formula}; " + "; ".join(
+        f"{k} = {v}" for k, v in (e.inputs or {}).items())
+    if e.measured is not None and e.error is not None:
+        text += f"; measured on target {e.measured:.4g} J, error {e.error:+.1%}"
+    return text
 
 
 def _pred_dict(p: predict.Prediction) -> dict[str, Any]:
@@ -117,7 +240,11 @@ def _pred_dict(p: predict.Prediction) -> dict[str, Any]:
             "target_machine": p.target_machine, "source_value": p.source_value,
             "predicted": p.predicted, "measured": p.measured, "error": p.error,
             "model": p.model, "formula": p.formula, "inputs": p.inputs,
-            "unpredictable": p.unpredictable}
+            "unpredictable": p.unpredictable,
+            "energy": None if p.energy is None else {
+                "joules": p.energy.joules, "label": p.energy.label, "formula": p.energy.formula,
+                "inputs": p.energy.inputs, "measured": p.energy.measured,
+                "error": p.energy.error, "unpredictable": p.energy.unpredictable}}
 
 
 def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -135,6 +262,39 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
                                 "exit 1 on a regression")
     p.add_argument("results_dir", nargs="?", help="default: the config's results_dir")
     p.add_argument("--references", help="folder of reference files (default configs/references)")
+    p.add_argument("--strict", action="store_true",
+                   help="an inconclusive run (a change within the noise) fails the check "
+                        f"too (exit 1), and so does a check of nothing: no run had a "
+                        f"reference (exit {EXIT_NOTHING_CHECKED})")
+    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one test case per run)")
+    p.add_argument("--every-node", action="store_true",
+                   help="run the selected runs (--config only=...) once on every node of the "
+                        "partition (one Slurm job per node, --nodelist), judge each node against "
+                        "the references and the other nodes, name the slow one")
+    p.add_argument("--partition", help="with --every-node: the partition (default: the site's)")
+    p.add_argument("--nodes", help="with --every-node: these nodes (comma-separated) instead of "
+                                   "the partition's")
+    p.add_argument("--min-effect", type=float, default=None,
+                   help="with --every-node: the smallest difference between nodes worth "
+                        "reporting, a fraction (default 0.05)")
+    p = add("references", cmd_references, "references from repeated runs: "
+            "`hopperlab references update RESULTS_DIR`")
+    p.add_argument("action", choices=("update",))
+    p.add_argument("results_dir", help="a results folder whose runs measured with repeats")
+    p.add_argument("--machine", help="the machine the references are for (default: each run's)")
+    p.add_argument("--references", help="folder of reference files (default configs/references)")
+    p.add_argument("--min-effect", type=float, help="the smallest change worth reporting, a "
+                   "fraction (default: the file's, else 0.05)")
+    p = add("history", cmd_history, "a metric over time from MLflow, per machine and run, "
+            "with change points flagged: history.html and history.csv")
+    p.add_argument("--mlflow", metavar="URI", help="tracking server (default: the site's)")
+    p.add_argument("--machine", help="only this machine (its tag)")
+    p.add_argument("--run", help="only this run, family/experiment/variant")
+    p.add_argument("--metric", help="this metric (default: each run's first headline metric "
+                                    "with a direction)")
+    p.add_argument("--out", help="output folder (default: results/history)")
+    p.add_argument("--min-effect", type=float, default=None,
+                   help="the smallest change worth flagging, a fraction (default 0.05)")
     p = add("predict", cmd_predict, "predict a results folder's figures on another machine")
     p.add_argument("results_dir")
     p.add_argument("--machine", required=True, help="target (configs/machines/ name or alias)")

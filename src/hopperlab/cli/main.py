@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,14 +24,20 @@ from hopperlab.cli import machines as machines_cli
 from hopperlab.cli import profile as profile_cli
 from hopperlab.config.matrix import find_root, load_matrix, parse_overrides
 from hopperlab.config.spec import Matrix
-from hopperlab.core.errors import HopperlabError, SpecError
+from hopperlab.core.errors import HopperlabError, SpecError, one_line
+from hopperlab.core.quiet import silence_known_noise
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
+from hopperlab.core.rundir import RECORD_FILE, RUN_UID, SPEC_FILE
+from hopperlab.run import attempts
+from hopperlab.run.scheduler import Interrupted
 from hopperlab.run.submit import forced_by_workflow, submit
 from hopperlab.workloads.base import KNOB_DEFAULTS
 
 #: exit status of an expected error (a config mistake, a missing asset, a node that cannot...)
 EXIT_EXPECTED_ERROR = 2
+#: exit status when the reader of our output went away (128 + SIGPIPE, as a shell reports it)
+EXIT_BROKEN_PIPE = 141
 
 
 def _matrix(args: argparse.Namespace) -> Matrix:
@@ -82,8 +89,12 @@ def _uploader(args: argparse.Namespace):
 
 def cmd_submit(args: argparse.Namespace) -> int:
     # a finished run of the same spec is adopted unless the workflow was told to redo it
-    return submit(_matrix(args), args.key, upload=_uploader(args),
-                  adopt=not forced_by_workflow(args.key))
+    try:
+        return submit(_matrix(args), args.key, upload=_uploader(args),
+                      adopt=not forced_by_workflow(args.key))
+    except Interrupted as exc:  # the job was cancelled and the attempt settled
+        print(f"hopperlab: {args.key}: stopped by {exc}", file=sys.stderr)
+        return 128 + exc.signum
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -131,33 +142,66 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def _folder_run_uids(matrix: Matrix, family: str, experiment: str) -> set[str]:
+    """The attempts of an experiment that this results folder's records name (current and
+    archived): what `compare` shows of a server that other folders upload to as well."""
+    uids: set[str] = set()
+    for spec in matrix.runs.values():
+        if (spec.family, spec.experiment) != (family, experiment):
+            continue
+        run_dir = matrix.root / spec.run_dir
+        for folder in [run_dir, *attempts.archived(run_dir)]:
+            for name in (RECORD_FILE, SPEC_FILE):
+                uid = (attempts.read_object(folder / name) or {}).get(RUN_UID)
+                if isinstance(uid, str) and uid:
+                    uids.add(uid)
+    return uids
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
+    if len(args.targets) == 2 or args.mlflow:  # A B: two results folders or MLflow queries
+        return machines_cli.cmd_ab(args)
+    if len(args.targets) != 1:
+        raise SpecError("hopperlab compare: give family/experiment (the MLflow compare view), "
+                        "or two results folders A B")
+    args.experiment = args.targets[0]
     matrix = _matrix(args)
     family, _, experiment = args.experiment.partition("/")
     if (family, experiment) not in matrix.experiments():
         known = ", ".join(f"{f}/{e}" for f, e in matrix.experiments())
         raise SpecError(f"{args.experiment}: no such experiment in the matrix; it has: {known}")
     print(tracking.experiment_compare_url(matrix.site.tracking_uri, family, experiment,
-                                          ui_uri=args.ui))
+                                          ui_uri=args.ui,
+                                          run_uids=_folder_run_uids(matrix, family, experiment)))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     matrix = _matrix(args)
-    csv_path, html_path = build_report(matrix.results_dir)
+    csv_path, html_path = build_report(matrix.results_dir, price_now=True,
+                                       cost=matrix.site.cost)
     print(f"[hopperlab] wrote {csv_path} and {html_path}")
     return 0
 
 
+def add_root(p: argparse.ArgumentParser) -> None:
+    """``--root`` after the verb too (``hopperlab check --root X``), as the errors suggest it;
+    unset, it leaves the main parser's value alone."""
+    p.add_argument("--root", default=argparse.SUPPRESS,
+                   help="project root (default: found upward from the cwd)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hopperlab", description=__doc__.split("\n")[0])
-    parser.add_argument("--root", help="project root (default: found upward from the cwd)")
+    parser.add_argument("--root", help="project root (default: found upward from the cwd); "
+                                       "also accepted after the verb")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, func, help_: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_)
         p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                        help="override configs/config.yaml keys, as snakemake --config does")
+        add_root(p)
         p.set_defaults(func=func)
         return p
 
@@ -176,10 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--touch", help="write this marker file when done")
     add("sync", cmd_sync, "upload every run directory MLflow does not have yet")
     add("report", cmd_report, "write results/summary.csv and results/report.html")
-    p = add("compare", cmd_compare, "print the MLflow UI address comparing an experiment's variants")
-    p.add_argument("experiment", help="family/experiment, e.g. membench/copy")
+    p = add("compare", cmd_compare, "compare two results folders A B (verdicts per run and "
+            "metric, compare.html; exit 1 when B is worse), or print the MLflow UI address "
+            "comparing an experiment's variants (family/experiment)")
+    p.add_argument("targets", nargs="+", metavar="TARGET",
+                   help="family/experiment (e.g. membench/copy), or two results folders A B, "
+                        "or with --mlflow two MLflow filter strings A B")
     p.add_argument("--ui", help="address of the MLflow UI (default: the tracking server, or "
                                 "http://127.0.0.1:5000 for a SQLite store opened with `mlflow ui`)")
+    machines_cli.add_ab_options(p)
     for group in (assets_cli, containers_cli, profile_cli):
         group.add_commands(sub)
     machines_cli.add_verbs(sub, add)
@@ -188,14 +237,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    silence_known_noise()
     try:
-        return args.func(args)
-    except SpecError as exc:
-        print(f"hopperlab: config error:\n{exc}", file=sys.stderr)
-        return EXIT_EXPECTED_ERROR
+        rc = args.func(args)
+        sys.stdout.flush()
+        return rc
     except HopperlabError as exc:
-        print(f"hopperlab: {exc}", file=sys.stderr)
+        print(one_line(exc), file=sys.stderr)
         return EXIT_EXPECTED_ERROR
+    except BrokenPipeError:
+        # `hopperlab ... | head`: the reader has gone; stop quietly, as a SIGPIPE'd tool would
+        # (stdout pointed at /dev/null so that the interpreter's last flush cannot raise again)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

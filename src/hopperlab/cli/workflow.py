@@ -6,13 +6,14 @@ import atexit
 import contextlib
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 from hopperlab.assets.registry import asset_fingerprint, asset_inputs
 from hopperlab.config.spec import Matrix, spec_data_fingerprint, unknown_target_message
 from hopperlab.core import locks
-from hopperlab.core.errors import HopperlabError, SpecError, shown
+from hopperlab.core.errors import HopperlabError, ResultsError, SpecError, one_line, shown
 from hopperlab.core.rundir import METRICS_FILE, RECORD_FILE
 from hopperlab.core.schema import (
     check_expansion,
@@ -23,7 +24,8 @@ from hopperlab.core.schema import (
 from hopperlab.node.containers import PYXIS, resolve_site_runtime
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
-from hopperlab.run.submit import FORCED_ENV
+from hopperlab.run import scheduler
+from hopperlab.run.submit import FORCED_ENV, disk_full_reason, is_disk_full
 
 #: config keys forwarded to `hopperlab` on each rule's command line
 FORWARDED_KEYS = ("site", "scale", "results_dir", "families", "only", "profiler",
@@ -163,7 +165,7 @@ def refresh_report_if_stale(matrix: Matrix) -> bool:
                 newest = max(newest, path.stat().st_mtime)
     if newest == 0.0 or (summary.exists() and summary.stat().st_mtime >= newest):
         return False
-    build_report(results)
+    build_report(results, price_now=True, cost=matrix.site.cost)  # at today's price
     return True
 
 
@@ -199,7 +201,13 @@ def hold_results(matrix: Matrix) -> None:
     from this checkout or another, is refused with the holder's host and pid. Its own jobs
     learn the holder through the environment; the lock goes when the workflow ends."""
     path = locks.results_lock_path(matrix.results_dir)
-    locks.acquire(path, f"results folder {matrix.results_dir}")
+    try:
+        locks.acquire(path, f"results folder {matrix.results_dir}")
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise ResultsError(f"cannot start: {disk_full_reason(path, exc)}; free some space and "
+                           f"run again") from None
     os.environ[locks.HOLDER_ENV] = locks.holder_id(locks.this_process())
     atexit.register(locks.release, path)  # also when Snakemake stops on an exception
 
@@ -241,8 +249,21 @@ def container_inputs(matrix: Matrix) -> list[str]:
     return [str(path)]
 
 
+def check_scheduler(matrix: Matrix) -> None:
+    """Refuse, before any job, a Slurm site whose controller cannot be reached from here: one
+    line naming the site file, and nothing in the results folder moved (onstart)."""
+    scheduler.check_scheduler(matrix.site.executor, matrix.site.source)
+
+
 def check_container_runtime(matrix: Matrix) -> None:
     """Refuse, before any job, a site whose container cannot run on this (submitting) machine:
     loading the spec never looks at PATH, the workflow does once."""
     c = matrix.site.container
     resolve_site_runtime(matrix.site.source, c.runtime, c.image)
+
+
+def exit_on_config_error(exc: HopperlabError) -> None:
+    """Stop the Snakefile as ``hopperlab`` stops: one line on stderr and exit status 2
+    (a WorkflowError would add Snakemake's file, line and traceback lines and exit 1)."""
+    print(one_line(exc), file=sys.stderr)
+    raise SystemExit(2)

@@ -25,17 +25,21 @@ COST_RATE = "cost_rate_per_hour"
 
 @dataclass(frozen=True)
 class CostSpec:
-    """A site's price: exactly one of ``per_gpu_hour`` and ``per_node_hour``, and a currency."""
+    """A site's price: exactly one of ``per_gpu_hour`` and ``per_node_hour``, and a currency;
+    ``per_kwh`` prices the energy measured, as a line of its own (``cost_energy...``)."""
 
     per_gpu_hour: float | None = None
     per_node_hour: float | None = None
     currency: str = "USD"
+    per_kwh: float | None = None
+    #: an example rate, not a price anyone pays (the local site's): every page says so
+    example: bool = False
 
     def __post_init__(self) -> None:
         rates = [r for r in (self.per_gpu_hour, self.per_node_hour) if r is not None]
         if len(rates) != 1:
             raise ValueError("cost: give exactly one of per_gpu_hour and per_node_hour")
-        if rates[0] < 0:
+        if rates[0] < 0 or (self.per_kwh is not None and self.per_kwh < 0):
             raise ValueError("cost: a rate must not be negative")
 
     @property
@@ -50,7 +54,7 @@ class CostSpec:
 
 
 def is_cost_metric(name: str) -> bool:
-    return name == COST_RUN or name.startswith("cost_per_")
+    return name == COST_RUN or name.startswith(("cost_per_", "cost_energy"))
 
 
 def cost_direction(name: str) -> str | None:
@@ -101,6 +105,8 @@ def price(metrics: Mapping[str, float], duration_s: float | None, *, cost: CostS
     else:
         notes.append("no duration recorded: no cost_run")
     for unit in units:
+        if unit.window:
+            continue  # work done outside the run's measured part (the DuckDB peer): energy only
         rate = units_per_s(unit, metrics, params)
         if rate is None:
             continue

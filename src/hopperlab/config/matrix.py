@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hopperlab.assets.registry import apply_substitutes, load_assets
-from hopperlab.config.site import load_site, site_resources
+from hopperlab.config.site import load_site, site_repeats, site_resources
 from hopperlab.config.spec import (
     DEFAULT_RESOURCES,
     Matrix,
@@ -17,6 +17,7 @@ from hopperlab.config.spec import (
     SiteSpec,
     build_params,
     check_knobs,
+    check_variant,
 )
 from hopperlab.core.errors import SpecError, clip, shown
 from hopperlab.core.schema import (
@@ -170,19 +171,41 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                       var.get("resources", {}), var_scale.get("resources", {})]
             resources = resolve_resources(layers)
             check_time(resources, site, where, scale)
+            checked = check_knobs(info, knobs, source, var_path)
+            check_variant(info, checked, params, source, var_path)
             spec = RunSpec(
                 family=family, experiment=exp_name, variant=var_name, scale=scale,
-                knobs=check_knobs(info, knobs, source, var_path), params=params,
+                knobs=checked, params=params,
                 resources=resources, site=site,
                 run_dir=str(Path(config["results_dir"]) / family / exp_name / var_name),
                 baseline=exp["baseline"], description=var.get("description", exp.get("description", "")),
                 headline_metrics=info.headline_metrics, source=source,
                 assets=assets,
-                compare_to=_compare_to(var, exp["variants"], var_name, source, var_path))
+                compare_to=_compare_to(var, exp["variants"], var_name, source, var_path),
+                repeats=resolve_repeats(config, var, exp, site_repeats(root, site, scale)))
             if _selected(spec.key, list(config.get("only") or [])):
                 check_caps(resources, site, where, scale)  # what this site cannot start
                 runs.append(spec)
     return runs
+
+
+def resolve_repeats(config: Mapping[str, Any], var: Mapping[str, Any], exp: Mapping[str, Any],
+                    site_default: int | None) -> int:
+    """How many times a run measures: ``--config repeats=N`` (this invocation) over the
+    variant's ``repeats``, the experiment's, the site's for the scale, else 1."""
+    for value, where in ((config.get("repeats"), "configs/config.yaml (with --config "
+                          "overrides): repeats"), (var.get("repeats"), "variant repeats"),
+                         (exp.get("repeats"), "experiment repeats"), (site_default, "site")):
+        if value is None:
+            continue
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise SpecError(f"{where}: {shown(value)} is not an integer >= 1") from None
+        if n < 1 or str(n) != str(value).strip():
+            raise SpecError(f"{where}: {shown(value)} is not an integer >= 1")
+        return n
+    return 1
 
 
 def resolve_resources(layers: list[Mapping[str, Any]]) -> Resources:
@@ -253,6 +276,17 @@ def load_matrix(root: Path | str, overrides: Mapping[str, Any] | None = None) ->
             runs[spec.key] = spec
     for sel in config.get("only") or []:
         if not any(_selected(k, [sel]) for k in runs):
+            family = sel.split("/")[0]
+            if family not in config["families"]:
+                where = ("is not a known family" if family not in FAMILY_MODULES else
+                         "is not in families")
+                raise SpecError(
+                    f"configs/config.yaml: only: {shown(sel)} selects no run: {shown(family)} "
+                    f"{where} ({', '.join(config['families'])}); add it, e.g. --config "
+                    f"families={','.join([*config['families'], family])} only={sel}"
+                    if family in FAMILY_MODULES else
+                    f"configs/config.yaml: only: {shown(sel)} selects no run: {shown(family)} "
+                    f"{where} (known: {', '.join(sorted(FAMILY_MODULES))})")
             raise SpecError(f"configs/config.yaml: only: {shown(sel)} selects no run")
     return Matrix(runs=runs, config=config, site=site, root=root)
 
@@ -264,4 +298,5 @@ def find_root(start: Path | None = None) -> Path:
         if (folder / "configs" / "config.yaml").exists() and (folder / "Snakefile").exists():
             return folder
     raise SpecError(f"{here}: not inside a hopperlab project (no configs/config.yaml + Snakefile "
-                    f"found upward); pass --root")
+                    f"found upward); run it inside the project or pass --root PROJECT "
+                    f"(before or after the verb: hopperlab check --root PROJECT)")

@@ -4,12 +4,13 @@ machine (the container runtime is found on the submitting side)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from hopperlab.config.cost import CostSpec
 from hopperlab.config.spec import ContainerSettings, SiteSpec, SlurmSettings
-from hopperlab.core.errors import SpecError, clip
+from hopperlab.core.errors import SpecError, clip, shown
 from hopperlab.core.schema import (
     load_yaml,
     project_schema,
@@ -59,7 +60,7 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
         allow_oversubscription=bool(data.get("allow_oversubscription", False)),
         max_time_min=data.get("max_time_min"),
         max_nodes=data.get("max_nodes"), max_gpus_per_node=data.get("max_gpus_per_node"),
-        env={k: str(v) for k, v in data.get("env", {}).items()},
+        env=_env(data.get("env") or {}, str(path)),
         source=str(path),
         assets_dir=str((root / data.get("assets_dir", "assets")).resolve()),
         machine=data.get("machine"),
@@ -80,6 +81,35 @@ def _image_file(root: Path, data: dict[str, Any], runtime: str | None) -> str:
     return str(image_path(data["container"], root / "containers", data.get("gpu_arch"), runtime))
 
 
+#: what a job's environment variable may be called (POSIX names; no shell ever reads them)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _env(env: Any, source: str) -> dict[str, str]:
+    """The site's ``env:``, each name checked: a mistake names the key, before any job."""
+    if not isinstance(env, dict):
+        raise SpecError(f"{source}: env: expected a mapping of NAME: value")
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+            raise SpecError(f"{source}: env.{clip(str(name))}: not an environment variable "
+                            f"name (letters, digits and _, not starting with a digit)")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or \
+                "\0" in str(value):
+            raise SpecError(f"{source}: env.{name}: expected a string or a number, got "
+                            f"{shown(value)}")
+    return {k: str(v) for k, v in env.items()}
+
+
 def site_resources(root: Path, site: SiteSpec, scale: str) -> dict[str, Any]:
     data = load_yaml(Path(site.source), "site")
     return dict((data.get("resources") or {}).get(scale) or {})
+
+
+def site_repeats(root: Path, site: SiteSpec, scale: str) -> int | None:
+    """The site's ``repeats`` at ``scale`` (a number for every scale, or one per scale);
+    None: the site says nothing."""
+    data = load_yaml(Path(site.source), "site")
+    value = data.get("repeats")
+    if isinstance(value, Mapping):
+        value = value.get(scale)
+    return value

@@ -13,7 +13,7 @@ from hopperlab.config.cost import CostSpec, cost_from_mapping
 from hopperlab.core.errors import AssetMissing, SpecError, clip, shown
 from hopperlab.core.schema import typed_from_mapping
 from hopperlab.workloads import family_info
-from hopperlab.workloads.base import KNOB_DEFAULTS, FamilyInfo, Knobs
+from hopperlab.workloads.base import KNOB_DEFAULTS, Contradiction, FamilyInfo, Knobs
 
 DEFAULT_RESOURCES = {"gpus": 0, "cpus": 1, "mem_gb": 4.0, "time_min": 10}
 
@@ -146,6 +146,14 @@ class RunSpec:
     assets: dict[str, str] = field(default_factory=dict)
     #: the variant this run's ratios are taken against (``compare_to``); None: the baseline
     compare_to: str | None = None
+    #: how many times the run measures (``repeats``; the family's ``repeat_unit`` says whether
+    #: as windows after one warm-up or as reruns): each sample recorded, the median reported
+    repeats: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
+            raise SpecError(f"{self.source}: {self.key}: repeats must be an integer >= 1, "
+                            f"got {self.repeats!r}")
 
     @property
     def key(self) -> str:
@@ -178,6 +186,8 @@ class RunSpec:
         data["key"] = self.key
         if data["compare_to"] is None:  # absent: specs of runs that name none stay as they were
             del data["compare_to"]
+        if data["repeats"] == 1:  # absent likewise: a run measured once keeps its fingerprint
+            del data["repeats"]
         return data
 
     @classmethod
@@ -188,16 +198,19 @@ class RunSpec:
         site["container"] = ContainerSettings(
             **{**site["container"], "binds": tuple(site["container"]["binds"])})
         site["cost"] = cost_from_mapping(site.get("cost"))
+        knobs = Knobs(**data["knobs"])
+        params = build_params(info, data["params"], "spec.json", "params")
+        check_variant(info, knobs, params, "spec.json", "knobs")  # a hand-edited spec too
         return cls(
             family=data["family"], experiment=data["experiment"], variant=data["variant"],
-            scale=data["scale"], knobs=Knobs(**data["knobs"]),
-            params=build_params(info, data["params"], "spec.json", "params"),
+            scale=data["scale"], knobs=knobs, params=params,
             resources=Resources(**data["resources"]), site=SiteSpec(**site),
             run_dir=data["run_dir"], baseline=data["baseline"],
             description=data.get("description", ""),
             headline_metrics=tuple(data.get("headline_metrics", ())),
             source=data.get("source", ""), git_commit=data.get("git_commit"),
             assets=dict(data.get("assets", {})), compare_to=data.get("compare_to"),
+            repeats=int(data.get("repeats", 1)),
         )
 
 
@@ -245,20 +258,41 @@ def unknown_target_message(key: str, runs: Mapping[str, RunSpec]) -> str:
             f"it has: {', '.join(vars_)}")
 
 
-#: keys of a spec's data that say when, from which commit and as which attempt a run ran, not
-#: what it runs
-VOLATILE_SPEC_KEYS = ("git_commit", "attempt", "run_uid")
+#: what of a spec's data changes a run's result, and so its fingerprint: the run itself and,
+#: of its site, how and where it runs. Never how it is tracked, priced or polled, nor any
+#: absolute path (a moved checkout, another tracking server or price reruns nothing).
+RESULT_KEYS = ("family", "experiment", "variant", "scale", "knobs", "params", "resources",
+               "assets")
+RESULT_SITE_KEYS = ("executor", "env", "allow_oversubscription", "machine", "gpu_arch")
+RESULT_SLURM_KEYS = ("partition", "qos", "constraint", "extra_sbatch", "setup")
+
+
+def result_data(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a spec's data (``RunSpec.to_dict()`` or its ``spec.json``) that changes what
+    the run produces (``RESULT_KEYS``; of the site: executor, partition and scheduler options,
+    environment, the container image by name)."""
+    site = data.get("site") if isinstance(data.get("site"), Mapping) else {}
+    slurm = site.get("slurm") if isinstance(site.get("slurm"), Mapping) else {}
+    container = site.get("container") if isinstance(site.get("container"), Mapping) else {}
+    kept = {k: data.get(k) for k in RESULT_KEYS}
+    kept["site"] = {k: site.get(k) for k in RESULT_SITE_KEYS}
+    kept["site"]["slurm"] = {k: slurm.get(k) for k in RESULT_SLURM_KEYS}
+    kept["site"]["image"] = container.get("image")
+    if not kept["site"]["env"]:
+        kept["site"]["env"] = {}
+    return kept
 
 
 def spec_data_fingerprint(data: Mapping[str, Any]) -> str:
-    """A hash of a run's spec data (``RunSpec.to_dict()`` or its ``spec.json``) without its
-    volatile keys: equal exactly when the run would run the same thing. Snakemake reruns a run
-    whose fingerprint changed; ``hopperlab submit`` adopts a finished run whose did not."""
+    """A hash of what in a run's spec data changes its result (``result_data``): equal exactly
+    when the run would produce the same thing. Snakemake reruns a run whose fingerprint
+    changed; ``hopperlab submit`` adopts a finished run whose did not."""
     import hashlib
     import json
 
-    kept = {k: v for k, v in data.items() if k not in VOLATILE_SPEC_KEYS}
-    text = json.dumps(kept, sort_keys=True, default=str)
+    if not isinstance(data, Mapping):
+        return ""
+    text = json.dumps(result_data(data), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -283,3 +317,14 @@ def check_knobs(info: FamilyInfo, knobs: Mapping[str, Any], source: str, path: s
                 f"{clip(str(name))}={shown(value)}; "
                 f"expected one of: {', '.join(map(str, sorted(supported)))}")
     return Knobs(**{**KNOB_DEFAULTS, **knobs})
+
+
+def check_variant(info: FamilyInfo, knobs: Knobs, params: Any, source: str, path: str) -> None:
+    """Refuse a knob that contradicts the params (the family's ``check``) before submission,
+    naming the knob's key: the queue is no place to learn of a contradiction."""
+    if info.check is None:
+        return
+    try:
+        info.check(knobs, params)
+    except Contradiction as exc:
+        raise SpecError(f"{source}: {path}.{exc.knob}: {exc.why}") from None

@@ -69,3 +69,11 @@ def shown(value: object, limit: int = SHOWN_MAX) -> str:
 def clip(text: str, limit: int = SHOWN_MAX) -> str:
     """``text`` cut to ``limit`` characters, the cut marked by an ellipsis."""
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def one_line(exc: BaseException, prefix: str = "hopperlab") -> str:
+    """The one line an expected error is printed as: ``hopperlab: config error: <file>: <key>:
+    ...``; a message of several lines (a list of choices, two ways out) is joined with "; "."""
+    text = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    kind = "config error: " if isinstance(exc, SpecError) else ""
+    return f"{prefix}: {kind}{text}"

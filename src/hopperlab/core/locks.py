@@ -76,11 +76,16 @@ def is_stale(holder: dict[str, Any]) -> bool:
 def read_holder(path: Path) -> dict[str, Any] | None:
     """The holder named in a lock file; None when there is no lock (a torn one counts as stale)."""
     try:
-        return json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        return {"host": socket.gethostname(), "pid": 0}
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("host"), str) or \
+            isinstance(data.get("pid"), bool) or not isinstance(data.get("pid"), int):
+        # torn, or of another shape than ours: no holder can be named, so none is alive
+        return {"host": socket.gethostname(), "pid": 0, "cwd": f"(unreadable lock {path})"}
+    return data
 
 
 def held_message(path: Path, what: str, holder: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from hopperlab.core.errors import HopperlabError
 
@@ -29,6 +29,8 @@ METRICS_FILE = "metrics.json"
 #: and before a forced rerun; ``record.json`` stays (and moves to ``attempts/<n>/`` with the rest).
 RECORD_FILE = "record.json"
 STEPS_FILE = "steps.jsonl"
+#: one line per repeat of a run measured several times (``repeats``): that repeat's metrics
+SAMPLES_FILE = "samples.jsonl"
 SPEC_FILE = "spec.json"
 HARDWARE_FILE = "hardware.json"
 TRACEBACK_FILE = "traceback.txt"
@@ -37,6 +39,8 @@ MLFLOW_FILE = "mlflow.json"
 #: key of the attempt's unique id in spec.json and the record: its identity in MLflow, so that
 #: runs of the same key in two results folders are never taken for one another
 RUN_UID = "run_uid"
+#: the metric every record with a step carries: seconds from job start to the first step
+SETUP_METRIC = "setup_s"
 
 
 def new_run_uid() -> str:
@@ -74,6 +78,18 @@ def read_json(path: Path) -> Any:
         return json.load(fh)
 
 
+def process_started_at() -> float | None:
+    """When this process started (epoch seconds), from the kernel: the job's start as its task
+    sees it, imports and process-group set-up included. None where /proc cannot say."""
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(after_name[19])  # field 22, starttime: clock ticks after boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - age if age >= 0 else None
+
+
 def _number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"metric {name!r} must be a number, got {type(value).__name__}: {value!r}")
@@ -85,11 +101,18 @@ class Recorder:
 
     Workloads receive a Recorder and never touch MLflow: ``log_step`` appends to
     ``steps.jsonl`` at once (a crash keeps the steps so far), ``finish`` writes ``metrics.json``.
+    Every record with a step says ``setup_s``: seconds from ``job_started`` (the runner gives
+    the process's start; default: now) to where the workload's first step began
+    (``mark_setup_done``) or, for a workload that does not say, its first recorded step ended.
     """
 
     def __init__(self, run_dir: Path | str, *, identity: Mapping[str, Any] | None = None,
-                 attempt: int = 1) -> None:
+                 attempt: int = 1, job_started: float | None = None,
+                 may_write: Callable[[], bool] | None = None) -> None:
         self.run_dir = Path(run_dir)
+        #: asked before the record is written: False when the run directory no longer holds
+        #: this attempt (a later one replaced it), whose files this job must not overwrite
+        self.may_write = may_write or (lambda: True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.identity = dict(identity or {})
         self.attempt = attempt
@@ -99,13 +122,28 @@ class Recorder:
         self.slurm: dict[str, Any] | None = None
         self.started_at = utc_now()
         self._t0 = time.monotonic()
+        self.job_started = time.time() if job_started is None else job_started
+        self._setup_done: float | None = None
         self._steps = open(self.run_dir / STEPS_FILE, "a")
+        #: the repeat being measured (``repeats`` > 1): step lines carry it
+        self.repeat: int | None = None
+        #: each repeat's metrics, in order (``add_sample``)
+        self.samples: list[dict[str, float]] = []
 
     # -- during the run -------------------------------------------------------------------
+    def mark_setup_done(self) -> None:
+        """The workload's first step begins now: its set-up ends here (the first call counts)."""
+        if self._setup_done is None:
+            self._setup_done = time.time()
+
     def log_step(self, step: int, **metrics: float) -> None:
         """Append one step's metrics to ``steps.jsonl`` (flushed: survives a crash)."""
         clean = {k: _number(k, v) for k, v in metrics.items()}
-        line = json.dumps({"step": int(step), "time": time.time(), "metrics": clean})
+        self.mark_setup_done()  # a no-op once the workload has said where its steps begin
+        entry: dict[str, Any] = {"step": int(step), "time": time.time(), "metrics": clean}
+        if self.repeat is not None:
+            entry["repeat"] = self.repeat
+        line = json.dumps(entry)
         self._steps.write(line + "\n")
         self._steps.flush()
 
@@ -115,6 +153,15 @@ class Recorder:
     def log_metrics(self, metrics: Mapping[str, float] | None = None, **kw: float) -> None:
         for k, v in {**(metrics or {}), **kw}.items():
             self.log_metric(k, v)
+
+    def add_sample(self, metrics: Mapping[str, float]) -> None:
+        """Record one repeat's metrics (a window after warm-up, or a rerun): appended to
+        ``samples.jsonl`` at once, so that a killed run keeps the repeats it finished."""
+        clean = {k: _number(k, v) for k, v in metrics.items()}
+        self.samples.append(clean)
+        finite = {k: v for k, v in clean.items() if math.isfinite(v)}
+        with open(self.run_dir / SAMPLES_FILE, "a") as fh:
+            fh.write(json.dumps({"repeat": len(self.samples) - 1, "metrics": finite}) + "\n")
 
     def set_tag(self, name: str, value: Any) -> None:
         self.tags[name] = str(value)
@@ -130,6 +177,8 @@ class Recorder:
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}; expected one of {', '.join(STATUSES)}")
         finite = {k: v for k, v in self.metrics.items() if math.isfinite(v)}
+        if self._setup_done is not None:
+            finite.setdefault(SETUP_METRIC, round(max(0.0, self._setup_done - self.job_started), 3))
         return {
             **self.identity,
             "attempt": self.attempt,
@@ -145,10 +194,12 @@ class Recorder:
         }
 
     def finish(self, status: Status, reason: str | None = None) -> dict[str, Any]:
-        """Write ``record.json`` and (for a result) ``metrics.json``; return the record."""
+        """Write ``record.json`` and (for a result) ``metrics.json``, unless ``may_write`` says
+        the directory is another attempt's now; return the record."""
         self._steps.close()
         rec = self.record(status, reason)
-        write_record(self.run_dir, rec)
+        if self.may_write():
+            write_record(self.run_dir, rec)
         return rec
 
 
@@ -167,13 +218,38 @@ def write_record(run_dir: Path, record: Mapping[str, Any]) -> None:
         write_json_atomic(run_dir / METRICS_FILE, record)
 
 
+class BadRecord(HopperlabError, ValueError):
+    """A record file that is JSON but not an object (``null``, a list, a number...)."""
+
+
 def load_record(run_dir: Path) -> dict[str, Any] | None:
-    """The run's record: ``record.json``, else ``metrics.json``, else None."""
+    """The run's record: ``record.json``, else ``metrics.json``, else None. A file that parses
+    to anything but an object raises ``BadRecord`` naming it: such a run is shown as broken,
+    never taken for a run without a record."""
     for name in (RECORD_FILE, METRICS_FILE):
         path = Path(run_dir) / name
         if path.exists():
-            return read_json(path)
+            data = read_json(path)
+            if not isinstance(data, dict):
+                raise BadRecord(f"{path}: a run record must be a JSON object, not "
+                                f"{type(data).__name__ if data is not None else 'null'}")
+            return data
     return None
+
+
+def read_samples(run_dir: Path) -> list[dict[str, float]]:
+    """Each repeat's metrics from ``samples.jsonl`` (empty: the run was measured once); a torn
+    last line (a killed job) is skipped."""
+    path = Path(run_dir) / SAMPLES_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(dict(json.loads(line)["metrics"]))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    return out
 
 
 def read_steps(run_dir: Path) -> list[dict[str, Any]]:

@@ -73,11 +73,15 @@ def value_children(value: Any) -> list[Any]:
 
 def check_expansion(root: Any, children: Callable[[Any], list[Any]], source: str,
                     limit: int = YAML_MAX_VALUES) -> None:
-    """Refuse ``root`` when it expands to more than ``limit`` values (or loops on itself).
+    """Refuse ``root`` when its aliases add more than ``limit`` values (or it loops on itself).
 
-    Shared parts are measured once and counted at every use, so the cost is that of the
-    unexpanded document however large its expansion.
+    What the aliases add is the expansion less the document itself: a large file without
+    aliases (10,000 variants) is as big as it looks and is accepted; a small one whose aliases
+    stand for millions of values is not. Shared parts are measured once and counted at every
+    use, so the cost is that of the unexpanded document however large its expansion.
     """
+    written = _written_size(root, children)
+    limit += written
     sizes: dict[int, int] = {}
     active: set[int] = set()
 
@@ -97,7 +101,27 @@ def check_expansion(root: Any, children: Callable[[Any], list[Any]], source: str
 
     if size(root) > limit:
         raise SpecError(f"{source}: not accepted: its aliases (*name) expand to more than "
-                        f"{limit:,} values (a YAML alias bomb?)")
+                        f"{limit - written:,} values beyond the {written:,} written "
+                        f"(a YAML alias bomb?)")
+
+
+def _written_size(root: Any, children: Callable[[Any], list[Any]]) -> int:
+    """How many values the document holds as written: each container once, each leaf at
+    every place it appears (a repeated word is no alias)."""
+    seen: set[int] = set()
+    leaves = 0
+    stack = [root]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        for child in children(item):
+            if children(child):
+                stack.append(child)
+            else:
+                leaves += 1
+    return len(seen) + leaves
 
 
 def _schema_message(err: Any) -> str:

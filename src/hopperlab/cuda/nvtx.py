@@ -12,6 +12,8 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 from typing import Any, ContextManager, Iterator
 
+from hopperlab.core.window import MEASURED, window
+
 STEP = "step"
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -67,18 +69,24 @@ def measured_region() -> Iterator[None]:
 
     Under ``nsys profile --capture-range=cudaProfilerApi`` only what runs inside is recorded;
     outside nsys the calls cost nothing. The GPU is synchronised at both ends so that warm-up
-    work does not leak into the capture and the last step's kernels are inside it.
+    work does not leak into the capture and the last step's kernels are inside it. Inside the
+    synchronisations it is also the measured window (``core.window``): the energy meter reads
+    its counters there.
     """
     torch = _torch()
     if not (torch is not None and torch.cuda.is_available()):
-        yield
+        with window(MEASURED):
+            yield
         return
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     try:
-        yield
+        with window(MEASURED):
+            try:
+                yield
+            finally:
+                torch.cuda.synchronize()
     finally:
-        torch.cuda.synchronize()
         torch.cuda.profiler.stop()
 
 

@@ -148,8 +148,37 @@ def _cpu() -> dict[str, Any]:
             if v and v != "-1":
                 pkgs.add(v)
         sockets = len(pkgs) or None
-    return {"cpu_model": model, "cpu_arch": platform.machine() or None,
+    return {"cpu_model": model, "cpu_signature": cpu_signature(info),
+            "cpu_arch": platform.machine() or None,
             "cpu_cores": os.cpu_count(), "cpu_sockets": sockets}
+
+
+def cpu_signature(cpuinfo: str) -> str | None:
+    """Vendor, family, model and stepping of the first CPU (x86), or implementer, part and
+    variant (Arm): it tells apart hosts whose model name a hypervisor reduced to
+    "Intel(R) Xeon(R) Processor" (two lent H100 hosts of 2026-11-26 differed by 38 % in
+    the recommender's CPU figures under that one name)."""
+    def field(name: str) -> str | None:
+        m = re.search(rf"^{name}\s*:\s*(.+)$", cpuinfo, re.MULTILINE)
+        return m.group(1).strip() if m else None
+
+    vendor, family, model = field("vendor_id"), field("cpu family"), field("model")
+    if vendor and family and model:
+        return f"{vendor} {family}-{model}-{field('stepping') or '?'}"
+    implementer, part = field("CPU implementer"), field("CPU part")
+    if implementer and part:
+        return f"arm {implementer}-{part}-{field('CPU variant') or '?'}"
+    return None
+
+
+def host_cpu(hardware: Mapping[str, Any]) -> str | None:
+    """The host CPU a run's CPU-driven figures are keyed by: the model name, with the
+    signature when the fingerprint has one (None: no CPU recorded)."""
+    model = hardware.get("cpu_model")
+    if not model:
+        return None
+    sig = hardware.get("cpu_signature")
+    return f"{model} [{sig}]" if sig else str(model)
 
 
 def _mem_total_gb() -> float | None:
@@ -280,9 +309,33 @@ def gpu_free_memory_bytes(device: int | None = None) -> int | None:
         return None
 
 
+#: the GPU state the energy meter adds at the start and end of the workload (``gpu_state``:
+#: ``{"start": [...], "end": [...]}``, one dict per GPU, None where NVML refused a reading)
+GPU_STATE_KEYS = ("index", "uuid", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz",
+                  "temperature_c")
+
+
+def gpu_state_line(fp: Mapping[str, Any]) -> str | None:
+    """``power limit 700 W, SM 1980 MHz, 41->63 C`` of the first GPU (None: not recorded)."""
+    state = fp.get("gpu_state") or {}
+    start, end = (state.get("start") or [{}])[0], (state.get("end") or [{}])[0]
+    if not start and not end:
+        return None
+    parts = []
+    if (limit := start.get("power_limit_w") or end.get("power_limit_w")) is not None:
+        parts.append(f"power limit {limit:g} W")
+    if end.get("sm_clock_mhz") is not None:
+        parts.append(f"SM {end['sm_clock_mhz']} MHz, memory {end.get('mem_clock_mhz')} MHz at end")
+    if start.get("temperature_c") is not None or end.get("temperature_c") is not None:
+        parts.append(f"{start.get('temperature_c')}->{end.get('temperature_c')} C")
+    return ", ".join(parts) or None
+
+
 def summary_line(fp: Mapping[str, Any]) -> str:
     """One line for logs: ``GPU x n (mem) on CPU, link, driver``."""
     gpu = f"{fp.get('gpu_model')} x{fp.get('gpu_count')}" if fp.get("gpu_count") else "no GPU"
+    state = gpu_state_line(fp)
     return (f"{gpu}, {fp.get('gpu_memory_gb')} GiB; {fp.get('cpu_model')} ({fp.get('cpu_arch')}, "
             f"{fp.get('cpu_cores')} cores); link {fp.get('host_link')}; driver {fp.get('driver')}; "
-            f"torch {fp.get('torch_version')} cuda {fp.get('cuda_runtime')}")
+            f"torch {fp.get('torch_version')} cuda {fp.get('cuda_runtime')}"
+            + (f"; {state}" if state else ""))

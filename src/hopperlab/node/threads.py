@@ -51,13 +51,17 @@ def _slurm_count(text: str | None) -> int | None:
     return int(m.group(1)) if m and int(m.group(1)) > 0 else None
 
 
-def cpus_given(environ: Mapping[str, str], affinity: Iterable[int] | None) -> tuple[int, str]:
+def cpus_given(environ: Mapping[str, str], affinity: Iterable[int] | None,
+               requested: int | None = None) -> tuple[int, str]:
     """(CPUs this process may use, how that was found).
 
     Slurm's ``SLURM_CPUS_PER_TASK`` first, else this node's ``SLURM_JOB_CPUS_PER_NODE`` shared
     by its tasks (``SLURM_NTASKS_PER_NODE``); both bounded by the affinity mask, which is what
     the kernel enforces (with ``TaskPlugin=task/none`` it is the whole node, hence Slurm first).
-    Without Slurm: the affinity mask alone.
+    Without Slurm: the run's ``requested`` CPUs (its ``resources.cpus``) bounded by the affinity
+    mask. Why: the local executor starts jobs side by side as Snakemake schedules them (one CPU
+    each at smoke); sized from the whole mask, two jobs put four OpenMP threads on two cores,
+    and OpenMP's spinning barriers made steps 10-30x slower whenever the cores were shared.
     """
     n_aff = len(set(affinity)) if affinity is not None else None
     per_task = _slurm_count(environ.get("SLURM_CPUS_PER_TASK"))
@@ -74,6 +78,8 @@ def cpus_given(environ: Mapping[str, str], affinity: Iterable[int] | None) -> tu
         return n_aff, f"affinity ({n_aff} CPUs, below {source}={slurm})"
     if slurm is not None:
         return slurm, source
+    if requested and n_aff and requested < n_aff:
+        return requested, f"resources.cpus ({n_aff} CPUs in the affinity mask)"
     if n_aff:
         return n_aff, "affinity"
     return max(1, os.cpu_count() or 1), "os.cpu_count"
@@ -116,13 +122,14 @@ def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> 
     return set_now
 
 
-def job_threads(overrides: Mapping[str, Any] | None = None) -> ThreadPlan:
-    """The plan of this process: its environment and affinity mask."""
+def job_threads(overrides: Mapping[str, Any] | None = None,
+                requested: int | None = None) -> ThreadPlan:
+    """The plan of this process: its environment, affinity mask and requested CPUs."""
     try:
         affinity: Iterable[int] | None = os.sched_getaffinity(0)
     except (AttributeError, OSError):
         affinity = None
-    cpus, source = cpus_given(os.environ, affinity)
+    cpus, source = cpus_given(os.environ, affinity, requested)
     return plan_threads(cpus, source, overrides)
 
 

@@ -141,7 +141,10 @@ def finish_profile(run_dir: Path | str, profiler: str, *, nsys: str | None = Non
         summary["metrics"], summary["tags"] = metrics, {**summary["tags"], **tags}
         summary["top_kernels"] = kernel_table(timeline)
     except Exception as exc:  # noqa: BLE001 - a profile problem is reported, never fatal
-        rec = record.load_record(run_dir) or {}
+        try:
+            rec = record.load_record(run_dir) or {}
+        except (OSError, ValueError):
+            rec = {}
         if isinstance(exc, FileNotFoundError) and rec.get("status") in ("skipped", "oom"):
             # nothing was profiled because nothing ran: the record already says why
             summary["note"] = f"no profile: the run is {rec['status']}"

@@ -5,7 +5,8 @@ Done when the record is settled (``submit._settle_record``), so that a job that 
 writing its record is named and priced too, and the job itself stays free of pricing.
 The machine name goes into the record (``machine``) and its tags (MLflow tag ``machine``);
 the cost figures go into its metrics (``cost_run``, ``cost_per_...``), the currency into the tag
-``cost.currency``.
+``cost.currency``; energy per unit of work and work per joule (``config.energy``) too, priced
+at the site's ``per_kwh`` as lines of their own (``cost_energy...``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from hopperlab.config.cost import price
+from hopperlab.config.energy import energy_cost, energy_figures, energy_scope
 from hopperlab.config.spec import RunSpec
 from hopperlab.node.containers import image_digest
 from hopperlab.node.naming import machine_name
@@ -37,18 +39,27 @@ def annotate_record(rec: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
         tags["container.image"] = container.image
         if rec["container"]["digest"]:
             tags["container.digest"] = str(rec["container"]["digest"])
+    params = spec.params if isinstance(spec.params, dict) else vars(spec.params)
+    metrics = rec.setdefault("metrics", {})
+    units = family_info(spec.family).work_units
+    metrics.update(energy_figures(metrics, units, params))
     cost = spec.site.cost
     if cost is None:
         return rec
-    params = spec.params if isinstance(spec.params, dict) else vars(spec.params)
-    metrics = rec.setdefault("metrics", {})
     figures, note = price(metrics, rec.get("duration_s"), cost=cost,
                           gpus=spec.resources.gpus,
                           nodes=int(getattr(spec.resources, "nodes", 1) or 1),
-                          units=family_info(spec.family).work_units, params=params)
+                          units=units, params=params)
     metrics.update(figures)
+    energy = energy_cost(metrics, cost, units)
+    if energy:
+        metrics.update(energy)
+        tags["cost.energy"] = f"{cost.per_kwh:g} {cost.currency}/kWh x {energy_scope(metrics)} " \
+                              "energy of the measured window"
     tags["cost.currency"] = cost.currency
     tags["cost.basis"] = f"per {cost.basis} hour"
+    if cost.example:
+        tags["cost.example"] = "true"
     if note:
         tags["cost.note"] = note
     return rec

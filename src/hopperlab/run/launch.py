@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -34,7 +36,8 @@ from hopperlab.node.containers import (
 from hopperlab.profiling import profiler_prefix
 from hopperlab.profiling.command import site_settings
 from hopperlab.profiling.finish import finish_profile
-from hopperlab.run import distributed, ranks
+from hopperlab.core.errors import NodeError
+from hopperlab.run import distributed, jobenv, ranks, scheduler
 
 #: Slurm states that mean "ran out of its time limit" (submitit reports them as uncompleted).
 TIMEOUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
@@ -60,6 +63,8 @@ class JobOutcome:
     reason: str | None = None
     #: (stdout, stderr) of each task of a job of several, by rank
     task_logs: list[tuple[Path, Path]] = field(default_factory=list)
+    #: the signal that stopped the submitting process while it waited (the job was cancelled)
+    interrupted: BaseException | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -309,20 +314,30 @@ def _state(job: Any) -> str:
 
 def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
             on_submitted: Callable[[str], None] | None = None,
-            log: Callable[[str], None] = print) -> JobOutcome:
+            log: Callable[[str], None] = print,
+            stop_when: Callable[[], str | None] | None = None) -> JobOutcome:
     """Submit ``func(*args)`` as a job for ``spec`` and wait, polling gently."""
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     executor = make_executor(spec, run_dir, log)
     if spec.site.container.image and spec.site.container.runtime == CHARLIECLOUD:
         os.environ.update(charliecloud.user_env())  # ch-run will not start without $USER
-    job = executor.submit(func, *args)
+    try:
+        with jobenv.job_environment(spec.site.env):  # the site's env: in, secrets: out
+            job = executor.submit(func, *args)
+    except Exception as exc:  # noqa: BLE001 - sbatch refused: nothing runs, nothing to settle
+        raise NotSubmitted(_submit_error(spec, exc)) from exc
     job_id = str(job.job_id)
     if on_submitted:
         on_submitted(job_id)
     outcome = JobOutcome(job_id=job_id if spec.site.executor == "slurm" else None, state="UNKNOWN")
     if spec.site.executor != "debug":
-        stop = _wait(spec, job)
+        try:
+            stop = _wait(spec, job, log, stop_when)
+        except scheduler.Interrupted as exc:
+            with scheduler.uninterrupted():
+                stop = _stop_interrupted(spec, job, exc)
+            outcome.interrupted = exc
         outcome.stdout, outcome.stderr = Path(job.paths.stdout), Path(job.paths.stderr)
         outcome.task_logs = [(Path(t.paths.stdout), Path(t.paths.stderr))
                              for t in getattr(job, "_sub_jobs", [])]
@@ -349,7 +364,8 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
     return outcome
 
 
-def _wait(spec: RunSpec, job: Any) -> tuple[str, str] | None:
+def _wait(spec: RunSpec, job: Any, log: Callable[[str], None] = print,
+          stop_when: Callable[[], str | None] | None = None) -> tuple[str, str] | None:
     """Poll until the job is done; ``(state, error)`` when we stopped waiting ourselves.
 
     Locally the time limit is ours to enforce: submitit's controller would end the job with a
@@ -359,7 +375,14 @@ def _wait(spec: RunSpec, job: Any) -> tuple[str, str] | None:
     poll = min(1.0, spec.site.poll_interval_s)
     limit_s = spec.resources.time_min * 60
     t0 = time.monotonic()
+    queue = _QueueWatch(spec, str(job.job_id), log) if spec.site.executor == "slurm" else None
     while not job.done():
+        if queue is not None:
+            queue.check()
+        why = stop_when() if stop_when is not None else None
+        if why:
+            _stop(spec, job)
+            return "CANCELLED", why
         if spec.site.executor == "local" and time.monotonic() - t0 >= limit_s:
             _cancel_and_wait(job)
             return "TIMEOUT", (f"time limit of {spec.resources.time_min} min reached "
@@ -371,6 +394,74 @@ def _wait(spec: RunSpec, job: Any) -> tuple[str, str] | None:
                                f"{unknown_s:.0f} s; stopped waiting and asked Slurm to cancel it")
         time.sleep(poll)
     return None
+
+
+class NotSubmitted(NodeError):
+    """The scheduler refused the job (or could not be reached): nothing ran."""
+
+
+def _submit_error(spec: RunSpec, exc: BaseException) -> str:
+    """One line: which site, what the scheduler said."""
+    text = " ".join(str(exc).split())
+    said = re.findall(r"sbatch: error: ([^\n]+?)(?= sbatch: error:|$)", text)
+    detail = "; ".join(said) if said else f"{type(exc).__name__}: {text}"
+    return f"{spec.site.source}: {spec.site.executor} refused the job of {spec.key}: {detail[:400]}"
+
+
+def _stop_interrupted(spec: RunSpec, job: Any, exc: BaseException) -> tuple[str, str]:
+    """The submitting process got SIGINT/SIGTERM while its job ran: cancel the job and wait for
+    it to leave the scheduler, so that no later attempt runs beside it and it never writes into
+    a later attempt's files."""
+    what = getattr(exc, "signum", None)
+    name = signal.Signals(what).name if what else "an interrupt"
+    if spec.site.executor == "slurm":
+        scheduler.cancel(str(job.job_id))
+        gone = scheduler.wait_until_gone(str(job.job_id), min(2.0, spec.site.poll_interval_s))
+        note = "cancelled" if gone else "asked Slurm to cancel it, but it was still queued"
+    else:
+        job.cancel(check=False)
+        gone = scheduler.poll_until(job.done, 0.1, scheduler.CANCEL_WAIT_S)
+        note = "stopped" if gone else "asked it to stop, but it still ran"
+    return "CANCELLED", f"the submitting process got {name}; job {job.job_id} {note}"
+
+
+def _stop(spec: RunSpec, job: Any) -> None:
+    """Cancel the job and wait until it has ended (Slurm: left the queue)."""
+    if spec.site.executor == "slurm":
+        scheduler.cancel(str(job.job_id))
+        scheduler.wait_until_gone(str(job.job_id), min(2.0, spec.site.poll_interval_s))
+    else:
+        _cancel_and_wait(job)
+
+
+class _QueueWatch:
+    """Says, once per change, why a Slurm job still waits in the queue (a drained node, too
+    few resources...): a run that waits must never wait without a word. Asks squeue at most
+    once per poll interval, and only until the job has started."""
+
+    def __init__(self, spec: RunSpec, job_id: str, log: Callable[[str], None]) -> None:
+        self.spec, self.job_id, self.log = spec, job_id, log
+        self.every_s = max(1.0, spec.site.poll_interval_s)
+        self.next_at = 0.0
+        self.said: str | None = None
+        self.started = False
+
+    def check(self) -> None:
+        if self.started or time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + self.every_s
+        state, reason = scheduler.pending_reason(self.job_id)
+        if state and state != "PENDING":
+            self.started = True
+            if self.said:
+                self.log(f"[hopperlab] {self.spec.key}: job {self.job_id} started ({state})")
+            return
+        if state == "PENDING" and reason and reason != self.said and reason != "None":
+            self.said = reason
+            hint = (" (the nodes it needs are drained, down or reserved: `sinfo -R` says why)"
+                    if re.search(r"ReqNodeNotAvail|DRAIN|DOWN|Nodes required", reason) else "")
+            self.log(f"[hopperlab] {self.spec.key}: job {self.job_id} waits in the queue: "
+                     f"{reason}{hint}")
 
 
 def _cancel_and_wait(job: Any) -> None:

@@ -2,7 +2,7 @@
 
 Each rank of a distributed run records itself like a one-process run, in ``ranks/<r>/``. The
 run's own record is rank 0's figures plus what only all ranks together say: world size and
-nodes, per-GPU peak memory max and min, the slowest rank's step, each node's fingerprint, and
+nodes, per-GPU peak memory max and min, the slowest rank's step and set-up, each node's fingerprint, and
 when the run failed, the rank that failed first (not the peers that lost it) with its traceback.
 Rank 0 writes it at the end of a run that went well; the submitting side writes it from the
 same files when the job ended otherwise. No torch here: both sides import it.
@@ -18,6 +18,7 @@ from typing import Any
 from hopperlab.core.rundir import (
     HARDWARE_FILE,
     RECORD_FILE,
+    SETUP_METRIC,
     STEPS_FILE,
     TRACEBACK_FILE,
     read_json,
@@ -70,7 +71,49 @@ def _figures(recs: dict[int, dict[str, Any]]) -> dict[str, float]:
             out[f"{name}_max"], out[f"{name}_min"] = max(values), min(values)
         if name in ("step_s", "s_per_iter", "step_ms"):
             out[f"slowest_rank_{name}"] = max(values)
+        if name == SETUP_METRIC:  # the run is set up when its last rank is
+            out[name] = max(values)
     return out
+
+
+_GPU_ENERGY = re.compile(r"(^|_)energy_gpu_j$")
+_HOST_ENERGY = re.compile(r"(^|_)energy_(host|module)_j$")
+
+
+def _energy(recs: dict[int, dict[str, Any]], metrics: dict[str, float],
+            tags: dict[str, str]) -> None:
+    """Energy of the whole run: each rank measured its own GPU (summed: a rank without a
+    figure makes the sum "not measured", never a smaller number) and local rank 0 of each
+    node its host (summed over the ranks that measured it); peak power the highest rank's."""
+    names = {n for rec in recs.values() for n in rec.get("metrics", {})}
+    for name in sorted(names):
+        values = [rec["metrics"].get(name) for rec in recs.values()]
+        have = [v for v in values if v is not None]
+        if _GPU_ENERGY.search(name):
+            if len(have) == len(values):
+                metrics[name] = sum(have)
+            else:
+                metrics.pop(name, None)
+                lacking = [r for r, rec in recs.items() if name not in rec.get("metrics", {})]
+                prefix = name[: -len("energy_gpu_j")]
+                tags[f"{prefix}energy.gpu"] = (f"not measured: ranks {lacking} have no GPU "
+                                               "energy (" + "; ".join(
+                                                   str(recs[r].get("tags", {}).get(
+                                                       f"{prefix}energy.gpu")) for r in lacking)
+                                               + ")")[:500]
+        elif _HOST_ENERGY.search(name):
+            metrics[name] = sum(have)
+        elif name.endswith("power_gpu_peak_w"):
+            metrics[name] = max(have)
+        elif name.endswith("power_gpu_mean_w") and len(have) == len(values):
+            metrics[name] = sum(have) / len(have)
+
+
+def _on_hosts(ranks_: list[int], tasks: dict[int, dict[str, Any]]) -> str:
+    """`` (on n2)`` / `` (on n1, n2)``: where the given ranks ran, as far as their task files
+    say (a node that died took its ranks' records with it, not their task files)."""
+    hosts = sorted({str(tasks[r]["host"]) for r in ranks_ if tasks.get(r, {}).get("host")})
+    return f" (on {', '.join(hosts)})" if hosts else ""
 
 
 def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any] | None:
@@ -86,15 +129,16 @@ def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any
     lead = 0 if 0 in recs else min(recs)
     reason = recs[lead].get("reason")
     tb_rank = None
+    tasks = {r: _read(dirs[r] / TASK_FILE) or {} for r in dirs}
+    lost = _on_hosts(missing, tasks)
     if status != "ok":
         bad = {r: rec for r, rec in recs.items() if rec.get("status") == status}
         tb_rank = _root_cause(bad, dirs) if status == "failed" else min(bad)
         reason = f"rank {tb_rank}: {bad[tb_rank].get('reason')}"
         if missing and PEER_LOST.search(reason):  # the one that died left nothing (killed)
-            reason = f"ranks {missing} of {world_size} left no record (killed?); " + reason
+            reason = f"ranks {missing}{lost} of {world_size} left no record (killed?); " + reason
     elif missing:
-        status, reason = "failed", f"ranks {missing} of {world_size} left no record"
-    tasks = {r: _read(dirs[r] / TASK_FILE) or {} for r in dirs}
+        status, reason = "failed", f"ranks {missing}{lost} of {world_size} left no record"
     hardware = {r: _read(dirs[r] / HARDWARE_FILE) or {} for r in dirs}
     nodes_hw: dict[str, Any] = {}
     for r in sorted(hardware):
@@ -104,6 +148,7 @@ def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any
     metrics = dict(rec.get("metrics", {})) if status == "ok" else {}
     if status == "ok":
         metrics.update(_figures(recs))
+        _energy(recs, metrics, rec.setdefault("tags", {}))
         metrics.update(world_size=float(world_size), nodes=float(len(nodes_hw) or 1))
     rec.update(status=status, reason=reason, metrics=metrics, world_size=world_size,
                nodes=len(nodes_hw) or 1, hardware=hardware.get(lead) or rec.get("hardware", {}),
@@ -134,3 +179,38 @@ def write_run_files(run_dir: Path, rec: dict[str, Any]) -> None:
         text = (dirs[tb_rank] / TRACEBACK_FILE).read_text(errors="replace")
         write_text_atomic(run_dir / TRACEBACK_FILE, f"rank {tb_rank} ({host}):\n{text}")
     write_record(run_dir, {k: v for k, v in rec.items() if k != RECORD_FILE})
+
+
+class HangWatch:
+    """Asked while a distributed job runs: a reason to stop it once a rank has failed and
+    another has still not ended ``grace_s`` later (a hung rank, not in a collective, would
+    otherwise hold the job to its time limit although its peers gave up on it)."""
+
+    def __init__(self, run_dir: Path, attempt: int, world_size: int, grace_s: float) -> None:
+        self.run_dir, self.attempt, self.world_size = Path(run_dir), attempt, world_size
+        self.grace_s = grace_s
+        self._failed_at: float | None = None
+
+    def __call__(self) -> str | None:
+        import time
+
+        recs = {}
+        for r in range(self.world_size):
+            rec = _read(self.run_dir / RANKS_DIR / str(r) / RECORD_FILE)
+            if isinstance(rec, dict) and rec.get("attempt") == self.attempt:
+                recs[r] = rec
+        failed = sorted(r for r, rec in recs.items() if rec.get("status") in ("failed", "timeout"))
+        missing = sorted(set(range(self.world_size)) - set(recs))
+        if not failed or not missing:
+            self._failed_at = None
+            return None
+        if self._failed_at is None:
+            self._failed_at = time.monotonic()
+            return None
+        if time.monotonic() - self._failed_at < self.grace_s:
+            return None
+        first = failed[0]
+        why = str(recs[first].get("reason") or "")[:200]
+        return (f"rank{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} still ran "
+                f"{self.grace_s:.0f} s after rank {first} failed ({why}): hung; the job was "
+                f"cancelled")

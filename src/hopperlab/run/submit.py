@@ -40,15 +40,16 @@ from hopperlab.node.containers import (
     start_failure,
 )
 from hopperlab.profiling import check_profiler
-from hopperlab.run import launch, ranks, runner
+from hopperlab.run import attempts, launch, ranks, runner, scheduler, slurm_energy
 from hopperlab.run.annotate import annotate_record
 
-ATTEMPTS_DIR = "attempts"
-KEPT_ACROSS_ATTEMPTS = {ATTEMPTS_DIR, record.HISTORY_FILE, locks.RUN_LOCK}
 #: How long the submitting side waits for space to write a run's record on a full disk, and how
 #: often it tries again.
 DISK_FULL_WAIT_S = 3600.0
 DISK_FULL_RETRY_S = 1.0
+#: how long past its collective timeout a rank may run on after a peer failed before the job
+#: is taken for hung and cancelled (the healthy peers record their own timeouts first)
+HUNG_RANK_GRACE_S = 15.0
 #: run keys the workflow was asked to redo (``--forcerun``, ``--force``, ``--forceall``; ``*``
 #: for all), set by the Snakefile: those are rerun even when their record is complete
 FORCED_ENV = "HOPPERLAB_FORCED_RUNS"
@@ -70,56 +71,10 @@ def checkout_commit(root: Path) -> str | None:
     return commit + ("-dirty" if dirty else "")
 
 
-def previous_attempt(run_dir: Path) -> int:
-    """The attempt number of what is in ``run_dir`` now (0 when it holds no run)."""
-    spec_file = run_dir / record.SPEC_FILE
-    if spec_file.exists():
-        try:
-            return int(read_json(spec_file).get("attempt", 1))
-        except (ValueError, json.JSONDecodeError):
-            pass
-    history = run_dir / record.HISTORY_FILE
-    if history.exists():
-        return sum(1 for line in history.read_text().splitlines() if '"start"' in line)
-    return 0
-
-
-def archive_previous(run_dir: Path) -> int:
-    """Move the previous attempt's files to ``attempts/<n>/``; return the new attempt number."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    prev = previous_attempt(run_dir)
-    leftovers = [p for p in run_dir.iterdir() if p.name not in KEPT_ACROSS_ATTEMPTS]
-    if prev and leftovers:
-        dest = run_dir / ATTEMPTS_DIR / str(prev)
-        n = 1
-        while dest.exists():  # never overwrite an archive
-            dest = run_dir / ATTEMPTS_DIR / f"{prev}.{n}"
-            n += 1
-        dest.mkdir(parents=True)
-        for path in leftovers:
-            shutil.move(str(path), dest / path.name)
-    return prev + 1
-
-
 def forced_by_workflow(key: str) -> bool:
     """Whether the workflow that started this process was asked to redo ``key``."""
     forced = os.environ.get(FORCED_ENV, "").split()
     return "*" in forced or key in forced
-
-
-def _history_ended(run_dir: Path, attempt: int) -> bool:
-    """Whether ``history.jsonl`` says that ``attempt`` ended (its record was settled)."""
-    path = run_dir / record.HISTORY_FILE
-    if not path.exists():
-        return False
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line of a killed writer
-        if entry.get("attempt") == attempt and entry.get("event") == "end":
-            return True
-    return False
 
 
 def run_input_files(matrix: Matrix, spec: RunSpec) -> list[Path]:
@@ -131,62 +86,74 @@ def run_input_files(matrix: Matrix, spec: RunSpec) -> list[Path]:
     return files
 
 
-def adoptable_record(matrix: Matrix, spec: RunSpec, run_dir: Path) -> dict[str, Any] | None:
-    """The record of a finished attempt that can stand for a rerun of ``spec``, else None.
+def adoptable_attempt(matrix: Matrix, spec: RunSpec, run_dir: Path) -> attempts.Attempt | None:
+    """The finished attempt that can stand for a rerun of ``spec``, else None.
 
-    An interrupted workflow (SIGINT, or SIGKILL then ``--rerun-incomplete``) leaves jobs marked
-    incomplete whose runs had in fact finished, been recorded and uploaded. Such a run is
-    adopted when its last attempt ended as a result (not failed or timed out), for the same
-    spec fingerprint, after its inputs (assets, image) were last rebuilt. Whether the rerun
-    was asked for (``--forcerun``) is the caller's to decide: a forced run never adopts.
+    An interrupted workflow (SIGINT to the whole process group, or SIGKILL then
+    ``--rerun-incomplete``) or a killed ``hopperlab run`` leaves runs that Snakemake redoes
+    although a finished attempt of the same spec is on disk. Attempts are looked at newest
+    first; one that never produced an outcome (its submitter was killed before its job ended,
+    or its job never reached the scheduler) is passed over. The newest attempt with an outcome
+    is adopted when that outcome is a result (not failed or timed out) of the same spec
+    fingerprint, written after its inputs (assets, image) were last rebuilt. The job's own
+    ``ok`` record counts even when its submitter never appended the history's ``end`` line.
+    Whether the rerun was asked for (``--forcerun``) is the caller's to decide.
     """
-    spec_file = run_dir / record.SPEC_FILE
-    rec_file = run_dir / record.RECORD_FILE
-    if not (spec_file.exists() and rec_file.exists()):
-        return None
-    try:
-        stored, rec = read_json(spec_file), read_json(rec_file)
-    except (OSError, ValueError):
-        return None
-    attempt = stored.get("attempt")
-    if (rec.get("attempt") != attempt or rec.get("status") not in STATUSES
-            or rec.get("status") in FAILING_STATUSES or not _history_ended(run_dir, attempt)):
-        return None
-    current = json.loads(json.dumps(spec.to_dict(), default=str))
-    stored_same_keys = {k: stored.get(k) for k in current}
-    if spec_data_fingerprint(stored_same_keys) != spec_data_fingerprint(current):
-        return None
-    done = rec_file.stat().st_mtime
-    if any(p.exists() and p.stat().st_mtime > done for p in run_input_files(matrix, spec)):
-        return None
-    return rec
+    current = spec_data_fingerprint(json.loads(json.dumps(spec.to_dict(), default=str)))
+    for attempt in attempts.found(run_dir):
+        if attempts.dangling(run_dir, attempt):
+            continue
+        rec = attempt.record
+        if (rec is None or rec.get("status") not in STATUSES
+                or rec.get("status") in FAILING_STATUSES):
+            return None
+        if spec_data_fingerprint(attempt.spec) != current:
+            return None
+        done = (attempt.folder / record.RECORD_FILE).stat().st_mtime
+        if any(p.exists() and p.stat().st_mtime > done for p in run_input_files(matrix, spec)):
+            return None
+        return attempt
+    return None
+
+
+def adoptable_record(matrix: Matrix, spec: RunSpec, run_dir: Path) -> dict[str, Any] | None:
+    """The record of ``adoptable_attempt`` (None: nothing to adopt)."""
+    found = adoptable_attempt(matrix, spec, run_dir)
+    return found.record if found else None
 
 
 def _uploaded(run_dir: Path, rec: dict[str, Any]) -> bool:
     """Whether ``mlflow.json`` says this attempt was uploaded (else the upload is due)."""
-    try:
-        return read_json(run_dir / record.MLFLOW_FILE).get("attempt") == rec.get("attempt")
-    except (OSError, ValueError):
-        return False
+    data = attempts.read_object(run_dir / record.MLFLOW_FILE)
+    return bool(data) and data.get("attempt") == rec.get("attempt")
 
 
-def _adopt(run_dir: Path, spec: RunSpec, rec: dict[str, Any], upload: Uploader | None,
+def _adopt(run_dir: Path, spec: RunSpec, found: attempts.Attempt, upload: Uploader | None,
            log) -> int:
-    """Take a finished attempt as this submission's result: its record back as Snakemake's
-    output (which Snakemake deleted as incomplete), a history line, the upload if missing."""
-    write_record(run_dir, rec)
-    _append_history(run_dir, {"attempt": rec["attempt"], "event": "adopted", "time": utc_now(),
-                              "status": rec["status"]})
-    log(f"[hopperlab] {spec.key}: attempt {rec['attempt']} had finished ({rec['status']}) with "
+    """Take a finished attempt as this submission's result: an archived one back in place, its
+    record back as Snakemake's output (which Snakemake deleted as incomplete), its settling if
+    its submitter died before (the ``end`` line, machine and price), the upload if missing."""
+    if not found.current:
+        attempts.restore(run_dir, found.folder)
+    rec = dict(found.record or {})
+    if not attempts.ended(run_dir, found.number):
+        uid = found.spec.get(RUN_UID)
+        if uid:
+            rec[RUN_UID] = uid
+        annotate_record(rec, spec)
+        write_record(run_dir, rec)
+        attempts.append_history(run_dir, {"attempt": found.number, "event": "end",
+                                          "time": utc_now(), "status": rec["status"],
+                                          "settled": "on adoption"})
+    else:
+        write_record(run_dir, rec)
+    attempts.append_history(run_dir, {"attempt": found.number, "event": "adopted",
+                                      "time": utc_now(), "status": rec["status"]})
+    log(f"[hopperlab] {spec.key}: attempt {found.number} had finished ({rec['status']}) with "
         f"this spec; adopted, not rerun (`--forcerun` reruns it)")
     if upload and not _uploaded(run_dir, rec):
         upload(run_dir, spec.site.tracking_uri, log)  # interrupted before its upload
     return 0
-
-
-def _append_history(run_dir: Path, entry: dict[str, Any]) -> None:
-    with open(run_dir / record.HISTORY_FILE, "a") as fh:
-        fh.write(json.dumps(entry) + "\n")
 
 
 def _copy_logs(run_dir: Path, outcome: Any) -> str | None:
@@ -264,14 +231,25 @@ def _when_space(write: Callable[[], None], path: Path, log=print) -> bool:
 
 
 def _last_error_line(outcome: Any) -> str:
-    """The last line of the job's stderr that names an exception (else its last line)."""
-    lines: list[str] = []
-    if outcome.stderr is not None and Path(outcome.stderr).exists():
-        lines = [ln.strip() for ln in Path(outcome.stderr).read_text(errors="replace").splitlines()
-                 if ln.strip()]
-    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)
-              or "DUE TO TIME LIMIT" in ln or "CANCELLED" in ln]
-    return (errors or lines or [""])[-1][-1500:]
+    """The last line of the job's stderr, else stdout, that names an exception (else the last
+    line of stderr); a full disk ("[Errno 28]") wherever it was said comes first."""
+    texts = []
+    for path in (outcome.stderr, outcome.stdout):
+        if path is not None and Path(path).exists():
+            texts.append([ln.strip() for ln in Path(path).read_text(errors="replace").splitlines()
+                          if ln.strip()])
+        else:
+            texts.append([])
+    lines = texts[0] + texts[1]
+    full = [ln for ln in lines if "[Errno 28]" in ln or "[Errno 122]" in ln]
+    if full:
+        return full[-1][-1500:]
+    for found in texts:
+        errors = [ln for ln in found if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)
+                  or "DUE TO TIME LIMIT" in ln or "CANCELLED" in ln]
+        if errors:
+            return errors[-1][-1500:]
+    return (texts[0] or [""])[-1][-1500:]
 
 
 def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
@@ -282,7 +260,12 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
     A time limit wins over what the job said while it was being stopped (a local job sees its
     end as KeyboardInterrupt). Nothing is written here: ``_write_settled`` does that.
     """
-    rec = load_record(run_dir)
+    try:
+        rec = load_record(run_dir)
+    except (OSError, ValueError):
+        rec = None  # torn or of the wrong type: the job left no record we can use
+    if rec is not None and spec_uid_differs(rec, uid):
+        rec = None  # another job's (an earlier attempt's), never this attempt's
     if spec.resources.distributed and (rec is None or rec.get("attempt") != attempt):
         rec = ranks.merged_record(run_dir, attempt, spec.resources.world_size) or rec
         if rec is not None and rec.get("attempt") == attempt:
@@ -303,11 +286,30 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
         }
     elif outcome.timed_out and rec.get("status") == "failed":
         rec = {**rec, "status": "timeout", "reason": _timeout_reason(outcome, rec.get("reason"))}
+    elif outcome.reason and rec.get("status") in FAILING_STATUSES \
+            and outcome.reason not in str(rec.get("reason")):
+        # we stopped the job ourselves (a hung rank, an interrupt): say so before its words
+        rec = {**rec, "reason": f"{outcome.reason}; {rec.get('reason')}"}
+    killed_for_memory = _memory_kill(outcome)
+    if killed_for_memory and rec.get("status") in FAILING_STATUSES:
+        # the scheduler killed it for its memory: a result (oom), as a MemoryError would be
+        rec = {**rec, "status": "oom",
+               "reason": f"{killed_for_memory} (memory asked: {spec.resources.mem_gb:g} GB per "
+                         f"task; raise resources.mem_gb)"}
+    if (str(outcome.state).startswith("NODE_FAIL") and rec.get("status") == "failed"
+            and "NODE_FAIL" not in str(rec.get("reason"))):
+        # the scheduler's word first: a node of the job died (the ranks only saw a peer go)
+        rec = {**rec, "reason": f"a node of the job failed (Slurm NODE_FAIL); {rec.get('reason')}"}
     if uid:
         rec[RUN_UID] = uid
     if outcome.job_id:
         rec["slurm"] = {**(rec.get("slurm") or {}), "job_id": outcome.job_id,
                         "state": outcome.state}
+        if spec.site.executor == "slurm":
+            joules, note = slurm_energy.consumed_energy(outcome.job_id)
+            rec.setdefault("tags", {})[slurm_energy.TAG] = note
+            if joules is not None:
+                rec.setdefault("metrics", {})[slurm_energy.METRIC] = joules
     annotate_record(rec, spec)
     return rec
 
@@ -329,6 +331,31 @@ def _container_failure(spec: RunSpec, outcome: Any) -> str | None:
         key = SITE_BINDS_KEY  # one of the site's own binds is what failed
     return (f"{spec.site.source}: {key}: the job could not start its container "
             f"({c.runtime}, {c.image_file}): {line[:500]}")
+
+
+#: what Slurm says when it kills a job for its memory: the state (cgroup OOM) or slurmstepd's
+#: line in the job's output (the accounting plugin's OverMemoryKill; the job then reads
+#: CANCELLED or FAILED)
+MEMORY_KILL = re.compile(r"exceeded (job )?memory limit|oom[_-]kill event|OOM Killed", re.I)
+
+
+def _memory_kill(outcome: Any) -> str | None:
+    """Why the scheduler killed the job for its memory, or None when it did not."""
+    state = str(outcome.state or "").split()[0].upper() if outcome.state else ""
+    lines: list[str] = []
+    for path in (outcome.stderr, outcome.stdout):
+        if path is not None and Path(path).exists():
+            lines += [ln.strip() for ln in Path(path).read_text(errors="replace").splitlines()
+                      if MEMORY_KILL.search(ln)]
+    if state == "OUT_OF_MEMORY":
+        return "Slurm ended the job OUT_OF_MEMORY" + (f": {lines[-1][:300]}" if lines else "")
+    if lines and state in ("CANCELLED", "FAILED", "UNKNOWN", ""):
+        return f"Slurm killed the job for exceeding its memory limit: {lines[0][:300]}"
+    return None
+
+
+def spec_uid_differs(rec: dict[str, Any], uid: str | None) -> bool:
+    return bool(uid) and bool(rec.get(RUN_UID)) and rec.get(RUN_UID) != uid
 
 
 def _died_reason(outcome: Any, tail: str) -> str:
@@ -384,9 +411,12 @@ def submit(matrix: Matrix, key: str, *, upload: Uploader | None = None,
 
     ``upload`` (None: leave MLflow for ``hopperlab sync``) takes the settled run directory.
 
-    With ``adopt``, a finished attempt of the same spec is taken instead (``adoptable_record``).
+    With ``adopt``, a finished attempt of the same spec is taken instead (``adoptable_attempt``).
     The run directory is locked against a second writer, and a results folder held by another
     workflow than the one that started this process is refused (``hopperlab.core.locks``).
+    Nothing is moved before the scheduler is known to take jobs, a job still running an
+    earlier attempt is awaited (same spec) or cancelled (changed spec) first, and SIGINT or
+    SIGTERM while the job runs cancels it and settles the attempt before the process exits.
     """
     spec = matrix.get(key)
     if executor:
@@ -397,20 +427,101 @@ def submit(matrix: Matrix, key: str, *, upload: Uploader | None = None,
     run_dir = matrix.root / spec.run_dir
     check_profiler(spec)  # e.g. profiler=nsys where no nsys is: refused before anything runs
     launch.container_runtime(spec)  # a container site without its runtime here: refused too
+    scheduler.check_scheduler(spec.site.executor, spec.site.source)  # Slurm down: refused too
     locks.check_free(locks.results_lock_path(matrix.results_dir),
                      f"results folder {matrix.results_dir}", allowed=locks.workflow_holders())
     run_dir.mkdir(parents=True, exist_ok=True)
-    with locks.holding(run_dir / locks.RUN_LOCK, f"run directory {run_dir}"):
-        rec = adoptable_record(matrix, spec, run_dir) if adopt else None
-        if rec is not None:
-            return _adopt(run_dir, spec, rec, upload, log)
+    with locks.holding(run_dir / locks.RUN_LOCK, f"run directory {run_dir}"), \
+            scheduler.interrupts_raise():
+        _await_earlier_job(spec, run_dir, log)
+        found = adoptable_attempt(matrix, spec, run_dir) if adopt else None
+        if found is not None:
+            return _adopt(run_dir, spec, found, upload, log)
         return _submit_locked(spec, run_dir, upload, log, checkout_commit(matrix.root))
+
+
+def _await_earlier_job(spec: RunSpec, run_dir: Path, log) -> None:
+    """Never start an attempt while the scheduler still runs the last one (its submitter was
+    killed before it could cancel it): wait for a job of the same spec (its result may be
+    adopted), cancel one of a changed spec, and in both cases wait until it has left."""
+    found = attempts.found(run_dir)
+    if not found or attempts.ended(run_dir, found[0].number):
+        return
+    last = found[0]
+    job = attempts.job_of(run_dir, last.number)
+    if job is None or not scheduler.job_active(job):
+        return
+    poll = max(1.0, spec.site.poll_interval_s)
+    current = spec_data_fingerprint(json.loads(json.dumps(spec.to_dict(), default=str)))
+    if spec_data_fingerprint(last.spec) == current:
+        log(f"[hopperlab] {spec.key}: job {job} of attempt {last.number} still runs this spec; "
+            f"waiting for it")
+        limit_s = last_time_limit_s(last.spec) + scheduler.CANCEL_WAIT_S
+        if scheduler.poll_until(lambda: not scheduler.job_active(job), poll, limit_s):
+            return
+        log(f"[hopperlab] {spec.key}: job {job} still listed past its time limit; cancelling it")
+        note = "cancelled: still listed past its time limit"
+    else:
+        note = "cancelled: its spec changed"
+        log(f"[hopperlab] {spec.key}: job {job} of attempt {last.number} still runs an older "
+            f"spec; cancelling it before attempt {attempts.next_attempt(run_dir)}")
+    scheduler.cancel(job)
+    if not scheduler.wait_until_gone(job, poll):
+        raise scheduler.SchedulerDown(f"{spec.key}: job {job} of attempt {last.number} is still "
+                                      f"queued after scancel; try again once it has left")
+    _end_line(run_dir, last.number, "failed", job, "CANCELLED", note)
+
+
+def last_time_limit_s(spec_data: dict[str, Any]) -> float:
+    """An attempt's time limit in seconds, from its spec.json (an hour when it does not say)."""
+    res = spec_data.get("resources") if isinstance(spec_data.get("resources"), dict) else {}
+    minutes = res.get("time_min")
+    ok = isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and minutes > 0
+    return float(minutes) * 60 if ok else 3600.0
+
+
+def _end_line(run_dir: Path, attempt: int, status: str, job_id: str | None, state: str,
+              note: str | None = None) -> dict[str, Any]:
+    end = {"attempt": attempt, "event": "end", "time": utc_now(), "status": status,
+           "job_id": job_id, "state": state}
+    if note:
+        end["note"] = note
+    attempts.append_history(run_dir, end)
+    return end
+
+
+def _not_submitted(spec: RunSpec, run_dir: Path, attempt: int, archive: Path | None,
+                   reason: str, log) -> int:
+    """The scheduler refused the job (a partition it does not know, a controller gone since the
+    check): nothing ran. An earlier attempt stays the current one, as if this one never was;
+    a run with none gets a ``failed`` record saying why. One line, exit 1: the rule fails."""
+    if archive is not None:
+        attempts.discard_current(run_dir)
+        attempts.restore(run_dir, archive)
+        attempts.append_history(run_dir, {"attempt": attempt, "event": "not-submitted",
+                                          "time": utc_now(), "reason": reason})
+        log(f"[hopperlab] {spec.key}: attempt {attempt} not submitted, attempt "
+            f"{attempts.spec_attempt(run_dir)} kept: {reason}")
+        return 1
+    rec = {"key": spec.key, "family": spec.family, "experiment": spec.experiment,
+           "variant": spec.variant, "attempt": attempt, "status": "failed",
+           "reason": f"not submitted: {reason}", "metrics": {}, "tags": {},
+           "started_at": None, "finished_at": utc_now(), "duration_s": None, "hardware": {},
+           "slurm": None}
+    uid = (attempts.read_object(run_dir / record.SPEC_FILE) or {}).get(RUN_UID)
+    if uid:
+        rec[RUN_UID] = uid
+    write_record(run_dir, annotate_record(rec, spec))
+    _end_line(run_dir, attempt, "failed", None, "NOT_SUBMITTED")
+    log(f"[hopperlab] {spec.key}: failed (not submitted: {reason})")
+    return 1
 
 
 def _submit_locked(spec: RunSpec, run_dir: Path, upload: Uploader | None, log,
                    commit: str | None) -> int:
     key = spec.key
-    attempt = archive_previous(run_dir)
+    attempt = attempts.next_attempt(run_dir)
+    archive = attempts.archive_current(run_dir)
     spec_data = spec.to_dict()
     spec_data["attempt"] = attempt
     spec_data[RUN_UID] = new_run_uid()
@@ -422,20 +533,35 @@ def _submit_locked(spec: RunSpec, run_dir: Path, upload: Uploader | None, log,
         for rank in range(spec.resources.world_size if spec.resources.distributed else 0):
             (run_dir / ranks.RANKS_DIR / str(rank) / "artifacts" / "profile").mkdir(
                 parents=True, exist_ok=True)  # each rank's nsys report (launch.job_python)
-    _append_history(run_dir, {"attempt": attempt, "event": "start", "time": utc_now(),
-                              "executor": spec.site.executor})
+    attempts.append_history(run_dir, {"attempt": attempt, "event": "start", "time": utc_now(),
+                                      "executor": spec.site.executor})
     log(f"[hopperlab] {key}: attempt {attempt} via {spec.site.executor}")
-    outcome = launch.run_job(
-        spec, run_dir, runner.execute, str(spec_file.resolve()),
-        on_submitted=lambda job_id: log(f"[hopperlab] {key}: job {job_id} submitted"), log=log)
-    disk_full = _copy_logs(run_dir, outcome)
-    rec = _settle_record(run_dir, spec, attempt, outcome, spec_data[RUN_UID])
-    rec, written = _write_settled(run_dir, rec, disk_full, log)
-    end = {"attempt": attempt, "event": "end", "time": utc_now(), "status": rec["status"],
-           "job_id": outcome.job_id, "state": outcome.state}
-    written = written and _when_space(lambda: _append_history(run_dir, end),
-                                      run_dir / record.HISTORY_FILE, log)
+
+    def submitted(job_id: str) -> None:
+        if spec.site.executor == "slurm":  # what a later submission checks (_await_earlier_job)
+            attempts.append_history(run_dir, {"attempt": attempt, "event": "submitted",
+                                              "time": utc_now(), "job_id": job_id})
+        log(f"[hopperlab] {key}: job {job_id} submitted")
+
+    try:
+        res = spec.resources
+        hung = ranks.HangWatch(run_dir, attempt, res.world_size,
+                               res.collective_timeout_s + HUNG_RANK_GRACE_S) \
+            if res.distributed else None
+        outcome = launch.run_job(spec, run_dir, runner.execute, str(spec_file.resolve()),
+                                 on_submitted=submitted, log=log, stop_when=hung)
+    except launch.NotSubmitted as exc:
+        return _not_submitted(spec, run_dir, attempt, archive, str(exc), log)
+    with scheduler.uninterrupted():
+        disk_full = _copy_logs(run_dir, outcome)
+        rec = _settle_record(run_dir, spec, attempt, outcome, spec_data[RUN_UID])
+        rec, written = _write_settled(run_dir, rec, disk_full, log)
+        written = written and _when_space(
+            lambda: _end_line(run_dir, attempt, rec["status"], outcome.job_id, outcome.state),
+            run_dir / record.HISTORY_FILE, log)
     log(f"[hopperlab] {key}: {rec['status']}" + (f" ({rec['reason']})" if rec["reason"] else ""))
+    if outcome.interrupted is not None:
+        raise outcome.interrupted  # settled: the process stops as it was told to
     if not written:
         return 1
     if upload:

@@ -34,6 +34,16 @@ class Knobs:
 KNOB_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Knobs)}
 
 
+class Contradiction(ValueError):
+    """A variant's knob contradicts its params (``FamilyInfo.check``): ``knob`` names the knob,
+    set on the variant, so the matrix can say which key of which file to change."""
+
+    def __init__(self, knob: str, why: str) -> None:
+        super().__init__(f"{knob}: {why}")
+        self.knob = knob
+        self.why = why
+
+
 #: which way a metric is better, declared once with the metric (``FamilyInfo.directions``)
 HIGHER, LOWER = "higher", "lower"
 
@@ -47,6 +57,12 @@ class WorkUnit:
     milliseconds per unit), ``sum_per_ms`` (the metrics ending in ``metric`` summed, over the
     metrics ending in ``time_suffix`` summed, in ms), ``count_per_ms`` (how many metrics end in
     ``time_suffix``, over their sum in ms). ``size`` units make one priced amount.
+
+    Energy (``hopperlab.config.energy``): ``energy_per_...`` is the mean power of the run's
+    ``window`` (``""``: the measured window) over the units per second, and ``work_per_j`` names
+    the units per joule, in ``work_scale`` base units (GB scanned: 1e9 bytes). A unit with a
+    ``window`` of its own (the database's DuckDB peer) is not priced: the run's resources did
+    not do that work.
     """
 
     name: str            # the cost metric's name, e.g. cost_per_1m_train_tokens
@@ -56,6 +72,15 @@ class WorkUnit:
     metric: str = ""
     time_suffix: str = ""
     scale_param: str | None = None
+    work_per_j: str = ""     # e.g. train_tokens_per_j
+    work_label: str = ""     # e.g. "training tokens per joule"
+    work_scale: float = 1.0
+    window: str = ""
+
+    @property
+    def energy_name(self) -> str:
+        """``cost_per_1m_train_tokens`` -> ``energy_per_1m_train_tokens_j``."""
+        return "energy" + self.name[len("cost"):] + "_j"
 
 
 @dataclass(frozen=True)
@@ -84,6 +109,19 @@ class FamilyInfo:
     #: in the repository (e.g. a model config of its own) and raises SpecError at ``where``
     #: (file and key path of the run). Cheap: it runs on the login node, before submission.
     check_assets: Callable[[Any, Mapping[str, Any], str], None] | None = None
+    #: ``check(knobs, params)``: raises Contradiction where a knob contradicts the params (e.g.
+    #: ``memory: managed`` with a placement in device memory). Called when the matrix loads and
+    #: when the job reads its spec.json, so a family's ``run`` never sees such a variant.
+    #: Cheap and pure: no torch, no files.
+    check: Callable[[Knobs, Any], None] | None = None
+    #: what one of a run's ``repeats`` is (docs/benchmarks/noise.md): ``reruns`` (the runner
+    #: calls the entry ``repeats`` times in the job's process, each call with its own set-up and
+    #: warm-up) or ``windows`` (the entry sets up and warms up once, then measures
+    #: ``spec.repeats`` windows and records each with ``recorder.add_sample``)
+    repeat_unit: str = "reruns"
+    #: metrics (shell globs) a host's CPU drives, judged only against references of the same
+    #: host CPU (``hopperlab.node.hardware.host_cpu``)
+    host_cpu_metrics: tuple[str, ...] = ()
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)

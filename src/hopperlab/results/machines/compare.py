@@ -17,17 +17,25 @@ import csv
 import html
 import io
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from hopperlab.core import effects
 from hopperlab.core.errors import SpecError
-from hopperlab.core.rundir import utc_now, write_text_atomic
+from hopperlab.core.rundir import read_samples, utc_now, write_text_atomic
+from hopperlab.core.stats import half_width
+from hopperlab.results.machines import ab
 from hopperlab.results.machines import cost as costs
+from hopperlab.results.machines import energy as energies
 from hopperlab.results.machines.descriptions import MachineDescription
 from hopperlab.results.machines.predict import Prediction, predict
 from hopperlab.results.machines.references import direction
 from hopperlab.results.machines.runs import MachineRuns
+from hopperlab.results.machines.verdicts import machine_verdicts
+from hopperlab.results.report import marks
+from hopperlab.results.report.collect import RunRow
 from hopperlab.workloads import family_info
 
 CSV_FILE = "machines.csv"
@@ -36,7 +44,9 @@ NO_DATA = "no data"
 CSV_COLUMNS = ("family", "experiment", "variant", "metric", "direction", "machine",
                "reference_machine", "status", "value", "ratio_to_reference", "better",
                "link_floor", "over_floor", "cost_run", "currency", "cost_unit",
-               "cost_per_unit", "cheaper_per_unit_x", "reference_check")
+               "cost_per_unit", "cheaper_per_unit_x", "reference_check", "energy_unit",
+               "energy_per_unit_j", "energy_node_per_unit_j", "less_energy_per_unit_x",
+               "work_per_j", "work_per_j_unit")
 
 
 @dataclass
@@ -55,6 +65,17 @@ class Cell:
     unit: costs.UnitCost | None = None
     cheaper: float | None = None
     check: str | None = None
+    energy: energies.UnitEnergy | None = None
+    less_energy: float | None = None
+    #: why the figure is a CPU stand-in's (marks.stand_in), an example price, one sample
+    stand_in: str | None = None
+    example_price: bool = False
+    one_sample: bool = False
+    #: half the 95 % interval of a repeated figure (``value ± half``; None: measured once)
+    half: float | None = None
+    #: the noise test's words for the ratio (docs/benchmarks/noise.md), when both sides
+    #: measured with repeats: e.g. "x0.912 [0.90, 0.93]"
+    interval: str = ""
 
 
 @dataclass
@@ -77,12 +98,41 @@ def _headline(groups: Sequence[MachineRuns], key: str) -> list[str]:
     return metrics
 
 
+#: a ratio this close to 1 is "same": one run per machine cannot tell a smaller difference
+#: from run-to-run noise (a red "worse" for 0.999x read as a regression)
+SAME_WITHIN = 0.02
+
+
 def _better(value: float | None, ref: float | None, way: str | None) -> str:
     if value is None or ref is None or way is None:
         return ""
-    if math.isclose(value, ref, rel_tol=1e-9):
+    if ref and abs(value / ref - 1.0) < SAME_WITHIN or math.isclose(value, ref, rel_tol=1e-9):
         return "same"
     return "better" if (value > ref) == (way == "higher") else "worse"
+
+
+def _noise_better(row: RunRow, ref_row: RunRow | None, metric: str, way: str | None
+                  ) -> tuple[str, str] | None:
+    """better / worse / same / inconclusive by the noise test (core.effects), when both runs
+    measured with repeats; None: not enough samples (then the fixed band of ``_better``)."""
+    if ref_row is None or way is None:
+        return None
+    mine = ab.measure_of(row, metric, _samples(row))
+    theirs = ab.measure_of(ref_row, metric, _samples(ref_row))
+    if mine is None or theirs is None or mine.spread is None or theirs.spread is None:
+        return None
+    try:
+        eff = effects.compare(mine, theirs, direction=way)
+    except ValueError:
+        return None
+    word = {effects.WORSE: "worse", effects.BETTER: "better", effects.SAME: "same",
+            effects.UNCLEAR: "inconclusive"}[eff.verdict]
+    return word, f"[{eff.ratio_low:.3f}, {eff.ratio_high:.3f}]"
+
+
+def _samples(row: RunRow) -> list[dict[str, float]]:
+    folder = Path(row.run_dir)
+    return read_samples(folder) if folder.is_dir() else []
 
 
 def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
@@ -98,6 +148,8 @@ def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
             floors = {}
         ref_row = ref_group.runs.get(key)
         ref_units = {u.metric: u for u in costs.unit_costs(ref_row)} if ref_row else {}
+        ref_energy = energies.unit_energy(ref_row) if ref_row and ref_row.status == "ok" \
+            else None
         for metric in _headline(groups, key) or ["-"]:
             way = direction(family, metric)
             ref_value = ref_row.metrics.get(metric) if ref_row and ref_row.status == "ok" else None
@@ -110,10 +162,20 @@ def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
                 value = row.metrics.get(metric) if row.status == "ok" else None
                 cell = Cell(g.machine, row.status, value, check=row.reference_check,
                             cost_run=costs.run_cost(row),
-                            currency=row.tags.get("cost.currency", ""))
+                            currency=row.tags.get("cost.currency", ""),
+                            stand_in=marks.stand_in(row),
+                            example_price=marks.example_price(row),
+                            one_sample=g.machine != reference and
+                            marks.one_sample(row, ref_row, metric))
                 if value is not None and ref_value:
                     cell.ratio = value / ref_value
                 cell.better = "" if g.machine == reference else _better(value, ref_value, way)
+                if value is not None:
+                    cell.half = half_width(row.metrics, metric)
+                if g.machine != reference and value is not None and ref_value is not None:
+                    tested = _noise_better(row, ref_row, metric, way)
+                    if tested is not None:
+                        cell.better, cell.interval = tested
                 floor_metric = floors.get(metric)
                 if floor_metric and floor_metric in row.metrics:
                     cell.floor = row.metrics[floor_metric]
@@ -123,6 +185,9 @@ def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
                 if units:
                     cell.unit = units[0]
                     cell.cheaper = costs.cheaper(ref_units.get(units[0].metric), units[0])
+                if row.status == "ok":
+                    cell.energy = energies.unit_energy(row)
+                    cell.less_energy = energies.less_energy(ref_energy, cell.energy)
                 cells.append(cell)
             lines.append(Line(family, experiment, variant, metric, way, cells))
     return lines
@@ -143,7 +208,12 @@ def write_csv(lines: Sequence[Line], reference: str, path: Path) -> Path:
                         NO_DATA if c.value is None else repr(c.value), _num(c.ratio), c.better,
                         _num(c.floor), _num(c.over_floor), _num(c.cost_run), c.currency,
                         c.unit.label if c.unit else "", _num(c.unit.value if c.unit else None),
-                        _num(c.cheaper), c.check or ""])
+                        _num(c.cheaper), c.check or "",
+                        c.energy.label if c.energy else "",
+                        _num(c.energy.joules) if c.energy else "not measured",
+                        _num(c.energy.node_joules if c.energy else None),
+                        _num(c.less_energy), _num(c.energy.work_per_j if c.energy else None),
+                        c.energy.work_label if c.energy else ""])
     write_text_atomic(path, buf.getvalue())
     return path
 
@@ -159,34 +229,55 @@ def _f(value: float | None, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
-def _chart(experiment_lines: Sequence[Line], machines: Sequence[str]) -> str | None:
-    """A grouped bar chart: variants on the axis, one bar per machine, first metric of each
-    variant, as the ratio to the reference machine (units differ across variants)."""
+def _chart(experiment_lines: Sequence[Line], machines: Sequence[str], reference: str
+           ) -> str | None:
+    """Per variant (first metric of each), how many times better each machine is than the
+    reference: higher is better whatever the metric's direction (a time is inverted), bars from
+    1 (the reference) so that 5-10 % differences show, labelled with their value."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     firsts: dict[str, Line] = {}
     for line in experiment_lines:
         firsts.setdefault(line.variant, line)
-    rows = [ln for ln in firsts.values() if any(c.ratio is not None for c in ln.cells)]
+    rows = [ln for ln in firsts.values() if any(c.ratio for c in ln.cells)]
     if not rows:
         return None
-    fig = Figure(figsize=(max(5.0, 1.1 * len(rows) * max(1, len(machines)) / 2 + 2), 3.2))
+    others = [m for m in machines if m != reference] or list(machines)
+    fig = Figure(figsize=(max(5.5, 0.9 * len(rows) * max(1, len(others)) + 2.5), 3.4))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    width = 0.8 / max(1, len(machines))
-    for i, machine in enumerate(machines):
-        heights = []
-        for ln in rows:
+    width = 0.8 / max(1, len(others))
+    lows, highs = [1.0], [1.0]
+    for i, machine in enumerate(others):
+        xs, tops = [], []
+        for j, ln in enumerate(rows):
             cell = next((c for c in ln.cells if c.machine == machine), None)
-            heights.append(cell.ratio if cell and cell.ratio is not None else 0.0)
-        xs = [j + (i - (len(machines) - 1) / 2) * width for j in range(len(rows))]
-        ax.bar(xs, heights, width, label=machine)
+            if cell is None or not cell.ratio:
+                continue
+            times = cell.ratio if ln.direction != "lower" else 1.0 / cell.ratio
+            xs.append(j + (i - (len(others) - 1) / 2) * width)
+            tops.append(times)
+        if not xs:
+            continue
+        colours = ["#2e7d32" if t >= 1 + SAME_WITHIN else "#c62828" if t <= 1 - SAME_WITHIN
+                   else "#90a4ae" for t in tops]
+        bars = ax.bar(xs, [t - 1.0 for t in tops], width, bottom=1.0, color=colours,
+                      edgecolor="#37474f", linewidth=0.5, label=machine)
+        ax.bar_label(bars, labels=[f"{t:.3g}x" for t in tops], fontsize=7, padding=1)
+        lows.extend(tops)
+        highs.extend(tops)
+    lo, hi = min(lows), max(highs)
+    pad = max(0.05, (hi - lo) * 0.25)
+    ax.set_ylim(max(0.0, lo - pad), hi + pad)
+    ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([f"{ln.variant}\n{ln.metric}" for ln in rows], fontsize=7)
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_ylabel("x reference machine")
-    ax.legend(fontsize=7)
+    ax.set_xticklabels([f"{ln.variant}\n{ln.metric}" for ln in rows], fontsize=7,
+                       rotation=30 if len(rows) > 4 else 0, ha="right" if len(rows) > 4
+                       else "center", rotation_mode="anchor")
+    ax.set_ylabel(f"times better than\n{reference}", fontsize=8)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.set_title(", ".join(others), fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
@@ -198,55 +289,146 @@ margin:.5em 0 1em}td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;ver
 th{background:#f0f0f0}.num{text-align:right}.better{color:#2e7d32;font-weight:bold}
 .worse{color:#c62828;font-weight:bold}.nodata{color:#999;font-style:italic}.meta{color:#555}
 .pred{background:#fff8e1}.regression{color:#c62828;font-weight:bold}.improvement{color:#2e7d32}
-code{font-size:12px}"""
+code{font-size:12px}.mark{display:inline-block;margin-left:.3em;padding:0 .35em;
+border-radius:3px;background:#fff3e0;color:#8d4a00;font-size:11px;font-weight:600}
+.src{font-size:12px;color:#455a64}"""
 
 
 def _cell_html(c: Cell, reference: str) -> str:
     if c.status is None:
         return f'<td><span class="nodata">{NO_DATA} (no run)</span></td>'
-    parts = [_f(c.value)]
+    parts = [_f(c.value) + (f" ± {c.half:.2g}" if c.half is not None else "")]
     if c.value is None and c.status != "ok":
         parts = [f'<span class="nodata">{NO_DATA} ({_e(c.status)})</span>']
+    if c.stand_in:
+        parts[0] += f' <span class="mark" title="{_e(c.stand_in)}">{marks.STAND_IN}</span>'
     if c.ratio is not None and c.machine != reference:
         cls = c.better if c.better in ("better", "worse") else ""
         parts.append(f'<span class="{cls}">{c.ratio:.3f}x</span>'
-                     + (f" {c.better}" if c.better else ""))
+                     + (f" {_e(c.interval)}" if c.interval else "")
+                     + (f" {c.better}" if c.better else "")
+                     + (f' <span class="mark" title="one run on each machine">'
+                        f"{marks.ONE_SAMPLE}</span>" if c.one_sample else ""))
     if c.floor is not None:
-        parts.append(f"floor {_f(c.floor)}" + (f" ({c.over_floor:.2f}x floor)"
-                                                if c.over_floor else ""))
+        if c.over_floor is not None and c.over_floor < 1:
+            # faster than moving its bytes over the link: the data never crossed it
+            parts.append(f'<span class="nodata">link floor {_f(c.floor)}: not a bound (the '
+                         "data stays on the device)</span>")
+        else:
+            parts.append(f"link floor {_f(c.floor)}" + (f" ({c.over_floor:.2f}x the floor)"
+                                                         if c.over_floor else ""))
+    example = (f' <span class="mark">{marks.EXAMPLE_PRICE}</span>'
+               if c.example_price else "")
     if c.unit is not None:
         txt = f"{c.unit.value:.4g} {_e(c.unit.currency)} {_e(c.unit.label)}"
         if c.cheaper is not None and c.machine != reference:
-            txt += f"; {c.cheaper:.2f}x cheaper per unit"
-        parts.append(txt)
+            txt += "; " + _cheaper_text(c.cheaper)
+        parts.append(txt + example)
     elif c.cost_run is not None:
-        parts.append(f"run {c.cost_run:.4g} {_e(c.currency)}")
+        parts.append(f"run {c.cost_run:.4g} {_e(c.currency)}" + example)
+    if c.energy is not None:
+        txt = f"{c.energy.joules:.4g} J {_e(c.energy.label)}"
+        if c.energy.node_joules is not None:
+            txt += f" ({c.energy.node_joules:.4g} J with host)"
+        if c.less_energy is not None and c.machine != reference:
+            txt += f"; {c.less_energy:.2f}x less energy per unit"
+        if c.energy.work_per_j is not None:
+            txt += f"; {c.energy.work_per_j:.4g} {_e(c.energy.work_label)}"
+        parts.append(txt)
+    elif c.status == "ok":
+        parts.append('<span class="nodata">energy not measured</span>')
     if c.check and c.check != "no-reference":
         parts.append(f'<span class="{_e(c.check)}">check: {_e(c.check)}</span>')
     return "<td>" + "<br>".join(parts) + "</td>"
 
 
+def _cheaper_text(times: float) -> str:
+    """``1.15x cheaper per unit`` or ``1.15x dearer per unit``, never "0.87x cheaper"."""
+    if abs(times - 1.0) < SAME_WITHIN:
+        return "the same cost per unit"
+    return (f"{times:.2f}x cheaper per unit" if times > 1
+            else f"{1 / times:.2f}x dearer per unit")
+
+
+def _energy_cell(p: Prediction, sources: "_Sources") -> str:
+    e = p.energy
+    if e is None:
+        return '<td class="nodata">no energy predicted</td>'
+    if e.joules is None:
+        return f'<td class="nodata">energy not predicted: {_e(e.unpredictable)}</td>'
+    measured = (f"<br>measured on target {e.measured:.4g} J ({e.error * 100:+.1f} %)"
+                if e.measured is not None and e.error is not None else "")
+    inputs = sources.inputs(e.inputs or {})
+    return (f'<td class="pred">{e.joules:.4g} {_e(e.label)}{measured}<br>'
+            f"<code>{_e(e.formula)}</code><br>{inputs}</td>")
+
+
+class _Sources:
+    """Citations said once: an input's long parenthesised source ("4.8 (NVIDIA H200 product
+    page ...)") becomes "4.8 [3]", its text listed once under the table. Repeated in every row,
+    they made the prediction table 32,000 px tall."""
+
+    MIN_LEN = 40
+
+    def __init__(self) -> None:
+        self.texts: dict[str, int] = {}
+
+    def cite(self, value: object) -> str:
+        text = str(value)
+        m = re.match(r"^(.*?)\s*\((.+)\)\s*$", text, re.S)
+        if not m or len(m.group(2)) < self.MIN_LEN:
+            return _e(text)
+        n = self.texts.setdefault(m.group(2), len(self.texts) + 1)
+        return f'{_e(m.group(1))} <a href="#src-{n}">[{n}]</a>'
+
+    def inputs(self, items: dict) -> str:
+        return "<br>".join(f"<code>{_e(k)}</code> = {self.cite(v)}" for k, v in items.items())
+
+    def listing(self) -> str:
+        if not self.texts:
+            return ""
+        rows = "".join(f'<li id="src-{n}">{_e(t)}</li>'
+                       for t, n in sorted(self.texts.items(), key=lambda kv: kv[1]))
+        return f'<p class="meta">Sources of the inputs:</p><ol class="src">{rows}</ol>'
+
+
 def _prediction_table(preds: Sequence[Prediction]) -> str:
+    sources = _Sources()
     out = ['<table><thead><tr><th>run</th><th>metric</th><th>from</th><th>measured there</th>'
            "<th>PREDICTION for</th><th>predicted</th><th>measured on target</th><th>error</th>"
-           "<th>model and formula</th><th>inputs</th></tr></thead><tbody>"]
+           "<th>model and formula</th><th>inputs</th><th>energy on target (PREDICTION)</th>"
+           "</tr></thead><tbody>"]
     for p in preds:
         if p.unpredictable:
             body = (f'<td colspan="4" class="nodata">not predicted: {_e(p.unpredictable)}</td>'
-                    "<td></td><td></td>")
+                    "<td></td><td></td><td></td>")
         else:
             err = p.error
             body = (f'<td class="num pred">{_f(p.predicted)}</td>'
                     f'<td class="num">{_f(p.measured) if p.measured is not None else "-"}</td>'
                     f'<td class="num">{"-" if err is None else f"{err * 100:+.1f} %"}</td>'
                     f"<td><b>{_e(p.model)}</b>: <code>{_e(p.formula)}</code></td>"
-                    "<td>" + "<br>".join(f"<code>{_e(k)}</code> = {_e(v)}"
-                                         for k, v in p.inputs.items()) + "</td>")
+                    "<td>" + sources.inputs(p.inputs) + "</td>"
+                    + _energy_cell(p, sources))
         out.append(f"<tr><td>{_e(p.key)}</td><td>{_e(p.metric)}</td><td>{_e(p.source_machine)}"
                    f'</td><td class="num">{_f(p.source_value)}</td><td>{_e(p.target_machine)}'
                    f" ({_e(p.label)})</td>{body}</tr>")
     out.append("</tbody></table>")
+    out.append(sources.listing())
     return "".join(out)
+
+
+def _verdicts_html(lines: Sequence[Line], reference: str) -> str:
+    """The page's lead: per family, each machine against the reference, then the details."""
+    found = machine_verdicts(lines, reference)
+    if not found:
+        return ""
+    items = "".join(f"<li><b>{_e(fam)}</b><ul>" + "".join(f"<li>{_e(t)}</li>" for t in texts)
+                    + "</ul></li>" for fam, texts in found.items())
+    return ("<h2>Verdicts</h2><p class=\"meta\">per family, each run's first headline metric "
+            "(faster/slower: the noise test where both machines measured with repeats, else "
+            f"beyond {SAME_WITHIN:.0%}); the tables below have every figure</p>"
+            f"<ul>{items}</ul>")
 
 
 def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[Line],
@@ -256,23 +438,30 @@ def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[L
            f"<title>hopperlab machines</title><style>{_CSS}</style></head><body>",
            "<h1>Machines side by side</h1>",
            f'<p class="meta">made {_e(utc_now())}; reference machine <b>{_e(reference)}</b>; '
-           "ratios are value / reference; better/worse by the metric's declared direction; "
-           f'a figure a machine did not record reads "{NO_DATA}".</p>',
+           "ratios are value / reference; better/worse by the metric's declared direction, "
+           f"\"same\" within {SAME_WITHIN:.0%}; "
+           f'a figure a machine did not record reads "{NO_DATA}". Marked: '
+           f"<b>{marks.STAND_IN}</b> (no GPU measured), <b>{marks.EXAMPLE_PRICE}</b> (not a real "
+           f"rate), <b>{marks.ONE_SAMPLE}</b> (one run per machine: noise can exceed the "
+           "difference).</p>",
            "<table><thead><tr><th>machine</th><th>from</th><th>runs</th></tr></thead><tbody>"]
     for g in groups:
         out.append(f"<tr><td><b>{_e(g.machine)}</b></td><td><code>{_e(g.source)}</code></td>"
                    f'<td class="num">{len(g.runs)}</td></tr>')
     out.append("</tbody></table>")
+    out.append(_verdicts_html(lines, reference))
     experiments: dict[tuple[str, str], list[Line]] = {}
     for line in lines:
         experiments.setdefault((line.family, line.experiment), []).append(line)
     for (family, experiment), exp_lines in experiments.items():
         out.append(f"<h2>{_e(family)} / {_e(experiment)}</h2>")
-        png = _chart(exp_lines, machines)
+        png = _chart(exp_lines, machines, reference)
         if png:
             out.append(f'<figure><img alt="{_e(experiment)}: machines side by side" '
                        f'src="data:image/png;base64,{png}"><figcaption>each variant\'s first '
-                       f"headline metric as a multiple of {_e(reference)} (dashed line)"
+                       f"headline metric: how many times better than {_e(reference)} (a time "
+                       "or a latency inverted, so that higher is better everywhere); green "
+                       f"better, red worse, grey within {SAME_WITHIN:.0%} of it"
                        "</figcaption></figure>")
         out.append("<table><thead><tr><th>variant</th><th>metric</th><th>better</th>"
                    + "".join(f"<th>{_e(m)}</th>" for m in machines) + "</tr></thead><tbody>")

@@ -9,6 +9,7 @@ where the machine does not have the thing (direct host reads over PCIe), and the
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,10 @@ class Figure:
     def __post_init__(self) -> None:
         if not self.source.strip():
             raise ValueError("source: must say where the figure comes from")
+        if self.value is not None and (isinstance(self.value, bool)
+                                       or not math.isfinite(self.value) or self.value <= 0):
+            raise ValueError(f"value: is {self.value!r}; a machine's figure is a finite number "
+                             f"above 0 (null: not known)")
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,9 @@ class MachineDescription:
     host_memory_gb: Figure
     host_memory_gbps: Figure
     cpu_cores: Figure
+    #: the module's (GH200: CPU + GPU + memory) or board's power in W, for energy predictions;
+    #: optional: a description without it predicts no energy and says so
+    module_power_w: Figure | None = None
     source_file: str = ""
 
     def figure(self, path: str) -> Figure:
@@ -87,6 +95,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
     values = dict(data)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
+        optional = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(optional) == 1 and dataclasses.is_dataclass(optional[0]) \
+                and values.get(f.name) is not None:
+            tp = optional[0]  # an optional figure given: built like a required one
         if dataclasses.is_dataclass(tp) and f.name in values:
             values[f.name] = _build(tp, values[f.name], f"{where}.{f.name}")
     return typed_from_mapping(cls, values, where, "key of a machine description",

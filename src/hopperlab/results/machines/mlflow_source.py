@@ -15,6 +15,12 @@ from typing import Any, Mapping, Sequence
 from hopperlab.core.errors import SpecError
 from hopperlab.results import tracking
 from hopperlab.results.machines.runs import MachineRuns
+from hopperlab.results.tracking.client import (
+    mlflow_client,
+    require_reachable,
+    retry,
+    translate_errors,
+)
 from hopperlab.results.report.collect import RunRow
 
 
@@ -54,30 +60,62 @@ def _row(run: Any, spec: Mapping[str, Any]) -> RunRow:
 
 def load(tracking_uri: str, machines: Sequence[str] = ()) -> list[MachineRuns]:
     """Every machine's latest runs on the server (only ``machines`` when given)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
+    # the other verbs' short retries, one-line errors and scrubbed URI: a server that is down
+    # is TrackingUnavailable at once, never minutes of MLflow's own retries and a traceback
+    with translate_errors(tracking_uri):
+        require_reachable(tracking_uri)
+        client = mlflow_client(tracking_uri)
+        runs = [run for exp in retry(client.search_experiments)
+                for run in retry(client.search_runs, [exp.experiment_id], max_results=50000)]
     groups: dict[str, MachineRuns] = {}
     attempts: dict[tuple[str, str], int] = {}
-    for exp in client.search_experiments():
-        for run in client.search_runs([exp.experiment_id], max_results=50000):
-            tags = run.data.tags
-            machine = tags.get("machine")
-            if not machine or tags.get(tracking.TAG_ROLE) == "parent" or \
-                    tracking.TAG_VARIANT not in tags or (machines and machine not in machines):
-                continue
-            spec = unflatten(run.data.params)
-            row = _row(run, spec)
-            slot = (machine, row.key)
-            if slot in attempts and attempts[slot] >= (row.attempt or 0):
-                continue
-            attempts[slot] = row.attempt or 0
-            group = groups.setdefault(machine, MachineRuns(machine, tracking.redact_uri(
-                tracking_uri)))
-            group.runs[row.key] = row
-            group.specs[row.key] = spec
+    for run in runs:
+        tags = run.data.tags
+        machine = tags.get("machine")
+        if not machine or tags.get(tracking.TAG_ROLE) == "parent" or \
+                tracking.TAG_VARIANT not in tags or (machines and machine not in machines):
+            continue
+        spec = unflatten(run.data.params)
+        row = _row(run, spec)
+        slot = (machine, row.key)
+        if slot in attempts and attempts[slot] >= (row.attempt or 0):
+            continue
+        attempts[slot] = row.attempt or 0
+        group = groups.setdefault(machine, MachineRuns(machine, tracking.redact_uri(
+            tracking_uri)))
+        group.runs[row.key] = row
+        group.specs[row.key] = spec
     if not groups:
         wanted = f" of machine(s) {', '.join(machines)}" if machines else ""
         raise SpecError(f"--mlflow {tracking.redact_uri(tracking_uri)}: no runs{wanted} with a "
                         f"machine tag")
     return list(groups.values())
+
+
+def load_query(tracking_uri: str, filter_string: str) -> dict[str, RunRow]:
+    """The child runs an MLflow filter string selects (e.g. ``tags.git_commit = 'abc'``), on
+    every experiment of the server: the latest attempt of each run key (``compare --mlflow``)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    rows: dict[str, RunRow] = {}
+    where = f"--mlflow {tracking.redact_uri(tracking_uri)}"
+    for exp in client.search_experiments():
+        try:
+            found = client.search_runs([exp.experiment_id], filter_string=filter_string,
+                                       max_results=50000)
+        except MlflowException as exc:
+            raise SpecError(f"{where}: the filter {filter_string!r} is not valid: "
+                            f"{str(exc).splitlines()[0]}") from None
+        for run in found:
+            tags = run.data.tags
+            if tags.get(tracking.TAG_ROLE) == "parent" or tracking.TAG_VARIANT not in tags:
+                continue
+            row = _row(run, unflatten(run.data.params))
+            old = rows.get(row.key)
+            if old is None or (row.attempt or 0) > (old.attempt or 0):
+                rows[row.key] = row
+    if not rows:
+        raise SpecError(f"{where}: no run matches {filter_string!r}")
+    return rows

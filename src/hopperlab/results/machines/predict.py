@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from hopperlab.results.machines.descriptions import MachineDescription
+from hopperlab.results.machines.energy import PredictedEnergy, predict_energy
 from hopperlab.results.machines.runs import MachineRuns
 from hopperlab.results.report.collect import RunRow
+from hopperlab.workloads.inference import TP_SHAPES
 
 PREDICTION = "prediction"
 
@@ -43,6 +45,8 @@ class Prediction:
     #: the target's own measurement, where the target was measured too
     measured: float | None = None
     label: str = PREDICTION
+    #: energy per unit on the target: predicted time x its module power (None: not predicted)
+    energy: PredictedEnergy | None = None
 
     @property
     def error(self) -> float | None:
@@ -106,6 +110,8 @@ def _overlap(t: float, c: float, link: float, k: float, r_ratio: float) -> float
 
 # ----------------------------------------------------------------------------- families
 def _membench(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
+    if ctx.params.get("test", "copy") == "collective":
+        raise _Unsupported("the GPU-GPU link (NVLink, network) is in no machine description yet")
     if ctx.params.get("test", "copy") != "copy":
         raise _Unsupported("allocation cost and first touch depend on the driver and the OS, "
                            "which no machine description holds")
@@ -188,6 +194,8 @@ def _inference(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
     if ctx.knobs.get("memory", "device") != "device":
         raise _Unsupported("managed memory's page migration is not modelled")
     study = ctx.params.get("study", "kv-cache")
+    if study == "tensor-parallel":
+        return _tensor_parallel(ctx, metric)
     if study == "weight-streaming":
         if ctx.params.get("streamer") == "accelerate":
             raise _Unsupported("accelerate's offload copies synchronously in its own hooks; "
@@ -239,6 +247,34 @@ def _inference(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
         return (ttft_t if metric == "ttft_ms_p50" else ctx.metric(metric) * ttft_t / ttft), \
             model, formula
     raise _Unsupported(f"{metric} is not modelled for the kv-cache study")
+
+
+def _tensor_parallel(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
+    """Serving split over the node's GPUs: decode reads weights (HBM), prefill computes
+    (bf16); the all-reduces' measured cost is kept as it is (an assumption: the target's GPUs
+    joined by NVLink like the source's; no machine description holds a GPU-GPU link yet)."""
+    layers = ctx.metric("tp_layers")
+    whole = TP_SHAPES[ctx.params.get("model_shape", "tiny")][-1]
+    if not ctx.params.get("num_layers") and layers < whole:
+        raise _Unsupported(f"the run held {layers:.0f} of the {whole} layers (what fit the "
+                           f"source's GPU); what fits the target's differs")
+    ttft = ctx.metric("ttft_ms_p50", label="ttft (ttft_ms_p50)")
+    dec = ctx.metric("decode_ms_per_token", label="d (decode_ms_per_token)")
+    ar = ctx.row.metrics.get("allreduce_cost_ms_per_token", 0.0)
+    ctx.inputs["a (allreduce_cost_ms_per_token)"] = f"{ar:.6g} (measured: {ctx.row.key}; 0 on one GPU)"
+    batch = ctx.metric("concurrency", label="b (concurrency)")
+    steps = ctx.params.get("decode_tokens", 1) - 1
+    ttft_t = ttft * ctx.compute_scale("bf16")
+    dec_t = (dec - ar) * ctx.compute_scale("hbm") + ar
+    formula = ("ttft' = ttft * k_bf16; d' = (d - a) * k_hbm + a (all-reduces as measured: "
+               "NVLink assumed alike); k = peak S/T")
+    if metric == "ttft_ms_p50":
+        return ttft_t, "compute", formula
+    if metric == "decode_tokens_per_s":
+        return batch / dec_t * 1e3, "compute", formula + "; tokens/s' = b / d'"
+    if metric == "request_latency_ms_p50":
+        return ttft_t + steps * dec_t, "compute", formula + "; latency' = ttft' + (new - 1) * d'"
+    raise _Unsupported(f"{metric} is not modelled for the tensor-parallel study")
 
 
 def _recommender(ctx: _Ctx, metric: str) -> tuple[float, str, str]:
@@ -306,7 +342,7 @@ MODELS: dict[str, Callable[[_Ctx, str], tuple[float, str, str]]] = {
 PREDICTED_METRICS: dict[str, tuple[str, ...]] = {
     "membench": ("gbps_at_largest",),
     "finetune": ("tokens_per_s",),
-    "inference": ("ttft_ms_p50", "decode_tokens_per_s"),
+    "inference": ("ttft_ms_p50", "decode_tokens_per_s", "request_latency_ms_p50"),
     "recommender": ("lat_e2e_p50_ms",),
     "database": ("q1_time_ms", "q3_time_ms", "q5_time_ms", "q6_time_ms", "q12_time_ms",
                  "q14_time_ms"),
@@ -338,6 +374,8 @@ def predict_run(group: MachineRuns, key: str, src: MachineDescription,
         except (_Unsupported, _Missing) as exc:
             pred.unpredictable = str(exc)
         pred.inputs = ctx.inputs
+        if pred.predicted is not None:
+            pred.energy = predict_energy(row.family, metric, pred.predicted, tgt, ctx.params)
         out.append(pred)
     if not PREDICTED_METRICS.get(row.family):
         out.append(Prediction(key, row.family, row.experiment, row.variant, "-", group.machine,
@@ -356,5 +394,8 @@ def predict(group: MachineRuns, src: MachineDescription, tgt: MachineDescription
             if measured is not None and key in measured.runs:
                 other = measured.runs[key]
                 pred.measured = other.metrics.get(pred.metric) if other.status == "ok" else None
+                if pred.energy is not None and pred.energy.joules is not None:
+                    pred.energy = predict_energy(pred.family, pred.metric, pred.predicted, tgt,
+                                                 group.params(key), other)
             out.append(pred)
     return out

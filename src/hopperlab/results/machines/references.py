@@ -1,45 +1,109 @@
 """``configs/references/<machine>.yaml``: known-good figures per machine, and judging runs by them.
 
 The way ReFrame pins performance references per system: per run (``family/experiment/variant``,
-shell globs allowed) and metric, a value and tolerances as fractions of it. A run is judged on
-the machine it landed on: ``pass`` (every referenced metric inside its band), ``regression``
-(one is outside on the worse side, is missing, or the run did not end ok), ``improvement``
-(outside on the better side, none worse), ``no-reference``. A metric without a declared
-direction that leaves its band either way is a regression: a check must not guess which way is
-good. ``hopperlab check`` prints every regression and exits 1 if there is one.
+shell globs allowed) and metric, a reference. A reference that knows its noise (written by
+``hopperlab references update`` from repeated runs) holds the value (a median), the relative
+``spread`` of one sample, the sample count ``n`` and the ``min_effect`` worth reporting; a run is
+judged against it by the test of ``hopperlab.core.effects``: ``pass``, ``regression`` (worse
+beyond the noise and by at least the minimum effect), ``improvement``, ``inconclusive`` (a change
+that big but within the noise at this many samples: repeat) or, without one, ``no-reference``.
+An older reference with only a tolerance band (``lower``/``upper``, fractions of the value) is
+still judged by its band. A metric without a declared direction that changes either way is a
+regression: a check must not guess which way is good. A figure the host's CPU drives
+(``FamilyInfo.host_cpu_metrics``) is judged only against a reference of the same host CPU
+(``host_cpu``; ``hopperlab.node.hardware.host_cpu``). ``hopperlab check`` prints every
+regression and exits 1 if there is one.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from hopperlab.config.cost import cost_direction
+from hopperlab.config.energy import energy_direction
+from hopperlab.core import effects
 from hopperlab.core.errors import SpecError
+from hopperlab.core.rundir import read_samples
 from hopperlab.core.schema import load_yaml, typed_from_mapping
+from hopperlab.node.hardware import host_cpu
 from hopperlab.workloads import family_info
 from hopperlab.workloads.base import HIGHER, LOWER
 
 REFERENCES_DIR = Path("configs") / "references"
 PASS, REGRESSION, IMPROVEMENT, NO_REFERENCE = "pass", "regression", "improvement", "no-reference"
+INCONCLUSIVE = "inconclusive"
+#: a run's verdict is its worst finding's, in this order
+VERDICT_ORDER = (REGRESSION, INCONCLUSIVE, IMPROVEMENT, PASS, NO_REFERENCE)
+_FROM_EFFECT = {effects.WORSE: REGRESSION, effects.BETTER: IMPROVEMENT, effects.SAME: PASS,
+                effects.UNCLEAR: INCONCLUSIVE}
 
 
 @dataclass(frozen=True)
 class Reference:
+    """One metric's reference: measured (``spread`` and ``n``) or a tolerance band."""
+
     value: float
-    lower: float
-    upper: float
-    source: str
+    lower: float | None = None
+    upper: float | None = None
+    source: str = ""
+    #: the relative spread of one sample (robust standard deviation over the median)
+    spread: float | None = None
+    #: how many samples the value and spread come from
+    n: int | None = None
+    #: the smallest change worth reporting, a fraction (default effects.DEFAULT_MIN_EFFECT)
+    min_effect: float | None = None
+    #: the host CPU it was measured on (``node.hardware.host_cpu``); None: any
+    host_cpu: str | None = None
 
     def __post_init__(self) -> None:
-        if self.lower > 0 or self.upper < 0:
+        if not math.isfinite(self.value):
+            raise ValueError(f"value is {self.value!r}, not a finite number")
+        for name in ("lower", "upper"):
+            bound = getattr(self, name)
+            if bound is not None and not math.isfinite(bound):
+                raise ValueError(f"{name} is {bound!r}, not a finite fraction of the value")
+        if (self.lower is None) != (self.upper is None):
+            raise ValueError("lower and upper go together (a tolerance band: fractions of the "
+                             "value, e.g. -0.05 and 0.05); give both or neither")
+        if self.lower is not None and (self.lower > 0 or self.upper < 0):  # type: ignore[operator]
             raise ValueError("lower must be <= 0 <= upper (fractions of value, e.g. -0.05 and "
                              "0.05)")
+        if self.n is not None and self.spread is None:
+            raise ValueError(f"n: {self.n} without spread: a measured reference gives both")
+        if self.spread is not None:
+            if not math.isfinite(self.spread) or self.spread < 0:
+                raise ValueError(f"spread is {self.spread!r}: a relative spread is a finite "
+                                 f"fraction >= 0")
+            if self.n is None or self.n < 2:
+                raise ValueError(f"spread without a sample count n of 2 or more (n: {self.n}): "
+                                 f"one sample has no spread; `hopperlab references update` "
+                                 f"writes both from repeated runs")
+            if self.value <= 0:
+                raise ValueError("a measured reference's value must be positive (a ratio)")
+        if self.lower is None and self.spread is None:
+            raise ValueError("a reference without spread: give spread and n (measured: "
+                             "`hopperlab references update RESULTS_DIR` from runs with "
+                             "repeats) or a tolerance band lower and upper")
+        if self.min_effect is not None and not 0 <= self.min_effect < 1:
+            raise ValueError(f"min_effect is {self.min_effect!r}; a fraction in [0, 1)")
+
+    @property
+    def measured(self) -> bool:
+        return self.spread is not None
+
+    @property
+    def effect_floor(self) -> float:
+        return effects.DEFAULT_MIN_EFFECT if self.min_effect is None else self.min_effect
 
     @property
     def bounds(self) -> tuple[float, float]:
+        if self.lower is None or self.upper is None:
+            raise ValueError("a measured reference has no band")
         a, b = self.value * (1 + self.lower), self.value * (1 + self.upper)
         return (min(a, b), max(a, b))
 
@@ -47,18 +111,23 @@ class Reference:
 @dataclass(frozen=True)
 class References:
     machine: str
-    #: run pattern -> metric -> Reference, in file order
-    entries: dict[str, dict[str, Reference]]
+    #: run pattern -> metric -> its references (several: one per host CPU), in file order
+    entries: dict[str, dict[str, list[Reference]]]
     source_file: str = ""
 
-    def for_run(self, key: str) -> dict[str, Reference]:
+    def candidates(self, key: str) -> dict[str, list[Reference]]:
         """Every reference whose pattern matches ``key`` (an exact pattern wins over a glob)."""
-        out: dict[str, Reference] = {}
+        out: dict[str, list[Reference]] = {}
         for pattern, metrics in self.entries.items():
             if pattern != key and fnmatch.fnmatchcase(key, pattern):
                 out.update(metrics)
         out.update(self.entries.get(key, {}))
         return out
+
+    def for_run(self, key: str) -> dict[str, Reference]:
+        """One reference per metric: the first of each (the one without a host CPU first)."""
+        return {m: sorted(refs, key=lambda r: r.host_cpu is not None)[0]
+                for m, refs in self.candidates(key).items()}
 
 
 def load_references(path: Path) -> References:
@@ -85,24 +154,42 @@ def load_references(path: Path) -> References:
         if not isinstance(metrics, Mapping) or not metrics:
             raise SpecError(f"{where}: references.{run}: expected metric: {{value, lower, upper, "
                             f"source}}")
-        entries[str(run)] = {
-            str(m): typed_from_mapping(Reference, ref if isinstance(ref, Mapping) else {"value": ref},
-                                       f"{where}: references.{run}.{m}", "key of a reference")
-            for m, ref in metrics.items()}
+        entries[str(run)] = {str(m): _metric_refs(ref, f"{where}: references.{run}.{m}")
+                             for m, ref in metrics.items()}
     return References(machine=str(data["machine"]), entries=entries, source_file=where)
+
+
+def _metric_refs(data: Any, where: str) -> list[Reference]:
+    """A metric's reference, or a list of them (one per host CPU)."""
+    items = data if isinstance(data, list) else [data]
+    if not items:
+        raise SpecError(f"{where}: an empty list of references")
+    out = []
+    for i, ref in enumerate(items):
+        at = f"{where}[{i}]" if isinstance(data, list) else where
+        out.append(typed_from_mapping(Reference, ref if isinstance(ref, Mapping) else
+                                      {"value": ref}, at, "key of a reference"))
+    cpus = [r.host_cpu for r in out]
+    if len(set(cpus)) != len(cpus):
+        raise SpecError(f"{where}: two references for the same host CPU ({cpus})")
+    return out
+
+
+#: what a machine name may be (configs/machines, configs/references and records agree)
+MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
 def references_for(folder: Path, machine: str | None) -> References | None:
     """The machine's references (None: no file for it)."""
-    if not machine:
-        return None
+    if not machine or not MACHINE_NAME.fullmatch(machine):
+        return None  # a record's machine is a name, never a path (``../`` would leave folder)
     path = Path(folder) / f"{machine}.yaml"
     return load_references(path) if path.is_file() else None
 
 
 def direction(family: str, metric: str) -> str | None:
     """``higher`` or ``lower`` as the family (or pricing) declares it; None: not declared."""
-    declared = cost_direction(metric)
+    declared = cost_direction(metric) or energy_direction(metric)
     if declared:
         return declared
     try:
@@ -112,11 +199,33 @@ def direction(family: str, metric: str) -> str | None:
 
 
 def judge_value(value: float, ref: Reference, way: str | None) -> str:
+    """A value against a reference's tolerance band (a reference without measured spread)."""
     low, high = ref.bounds
     if low <= value <= high:
         return PASS
     better = (value > high) if way == HIGHER else (value < low) if way == LOWER else False
     return IMPROVEMENT if better else REGRESSION
+
+
+def cpu_driven(family: str, metric: str) -> bool:
+    """Whether the family declares ``metric`` a figure its host's CPU drives."""
+    try:
+        patterns = family_info(family).host_cpu_metrics
+    except (KeyError, ImportError, AttributeError):
+        return False
+    return any(fnmatch.fnmatchcase(metric, p) for p in patterns)
+
+
+def pick(refs: Sequence[Reference], cpu: str | None, driven: bool) -> Reference | None:
+    """The reference for a run on host CPU ``cpu``: the one of that CPU, else one that names
+    no CPU, else (for a figure the CPU does not drive) another CPU's; None: none applies."""
+    same = [r for r in refs if r.host_cpu is not None and r.host_cpu == cpu]
+    if same:
+        return same[0]
+    anyhost = [r for r in refs if r.host_cpu is None]
+    if anyhost:
+        return anyhost[0]
+    return None if driven else refs[0] if refs else None
 
 
 @dataclass
@@ -127,8 +236,9 @@ class Finding:
     metric: str
     verdict: str
     value: float | None
-    reference: Reference
+    reference: Reference | None
     detail: str
+    effect: effects.Effect | None = None
 
 
 @dataclass
@@ -137,45 +247,84 @@ class Judgement:
     findings: list[Finding] = field(default_factory=list)
 
 
+def overall(verdicts: Iterable[str]) -> str:
+    """A run's (or a node's) verdict from its findings': the first of ``VERDICT_ORDER``."""
+    seen = set(verdicts)
+    return next((v for v in VERDICT_ORDER if v in seen), NO_REFERENCE)
+
+
+def judge_metric(family: str, key: str, metric: str, samples: Sequence[float],
+                 ref: Reference, where: str) -> Finding:
+    """One metric's samples (one or more) against a reference."""
+    way = direction(family, metric)
+    value = sorted(samples)[len(samples) // 2] if len(samples) % 2 else \
+        sum(sorted(samples)[len(samples) // 2 - 1:len(samples) // 2 + 1]) / 2
+    if not ref.measured:
+        low, high = ref.bounds
+        verdict = judge_value(value, ref, way)
+        return Finding(key, metric, verdict, value, ref,
+                       f"{metric} = {value:.4g}; reference {ref.value:g} [{low:.4g}, {high:.4g}] "
+                       f"(a tolerance band, no measured spread; {where})")
+    try:
+        eff = effects.change(samples, ref.value, direction=way, min_effect=ref.effect_floor,
+                             old_spread=ref.spread, old_n=ref.n)
+    except ValueError as exc:
+        return Finding(key, metric, INCONCLUSIVE, value, ref, f"{metric}: {exc} ({where})")
+    verdict = _FROM_EFFECT[eff.verdict]
+    return Finding(key, metric, verdict, value, ref, f"{metric} {eff.detail}; reference "
+                   f"{ref.value:.4g} ± {ref.spread:.2%} of {ref.n} samples ({where})", eff)
+
+
 def judge_run(family: str, key: str, status: str, metrics: Mapping[str, float],
-              refs: References | None, run_file: str = "") -> Judgement:
-    """The run's verdict against its machine's references."""
-    wanted = refs.for_run(key) if refs else {}
+              refs: References | None, run_file: str = "",
+              samples: Sequence[Mapping[str, float]] = (), cpu: str | None = None) -> Judgement:
+    """The run's verdict against its machine's references. ``samples``: each repeat's metrics
+    (none: the run measured once, its metrics are the one sample); ``cpu``: its host CPU."""
+    wanted = refs.candidates(key) if refs else {}
     if not wanted:
         return Judgement(NO_REFERENCE)
+    assert refs is not None
     findings = []
-    for metric, ref in wanted.items():
-        value = metrics.get(metric)
-        low, high = ref.bounds
-        band = f"reference {ref.value:g} [{low:.4g}, {high:.4g}] ({refs.source_file})"
+    for metric, options in wanted.items():
+        ref = pick(options, cpu, cpu_driven(family, metric))
+        if ref is None:
+            known = ", ".join(sorted(str(r.host_cpu) for r in options))
+            findings.append(Finding(key, metric, NO_REFERENCE, metrics.get(metric), None,
+                                    f"{metric} follows the host CPU; references exist for "
+                                    f"{known}, this host has {cpu}: run `hopperlab references "
+                                    f"update` with repeats on this CPU ({refs.source_file})"))
+            continue
+        first = options[0]
+        band = f"reference {first.value:g} ({refs.source_file})"
         if status != "ok":
             findings.append(Finding(key, metric, REGRESSION, None, ref,
                                     f"run ended {status}, no {metric}; {band}"))
             continue
-        if value is None:
+        values = [float(s[metric]) for s in samples if metric in s] or (
+            [metrics[metric]] if metric in metrics else [])
+        if not values:
             findings.append(Finding(key, metric, REGRESSION, None, ref,
                                     f"{metric} missing in {run_file or key}; {band}"))
             continue
-        verdict = judge_value(value, ref, direction(family, metric))
-        findings.append(Finding(key, metric, verdict, value, ref,
-                                f"{metric} = {value:.4g}; {band}"))
-    verdicts = {f.verdict for f in findings}
-    verdict = REGRESSION if REGRESSION in verdicts else (
-        IMPROVEMENT if IMPROVEMENT in verdicts else PASS)
-    return Judgement(verdict, findings)
+        findings.append(judge_metric(family, key, metric, values, ref, refs.source_file))
+    return Judgement(overall(f.verdict for f in findings), findings)
 
 
 def judge_rows(rows: Iterable[Any], references_dir: Path) -> dict[str, Judgement]:
-    """Judge report rows (``RunRow``: family, key, status, metrics, machine, run_dir); sets each
-    row's ``reference_check`` and returns the judgements by run directory."""
+    """Judge report rows (``RunRow``: family, key, status, metrics, machine, run_dir,
+    hardware); sets each row's ``reference_check`` and returns the judgements by run
+    directory. Each run's samples (``samples.jsonl``) are read from its directory."""
     cache: dict[str, References | None] = {}
     out: dict[str, Judgement] = {}
     for row in rows:
         machine = row.machine
         if machine not in cache:
             cache[machine] = references_for(references_dir, machine)
+        run_dir = Path(row.run_dir)
+        samples = read_samples(run_dir) if run_dir.is_dir() else []
         j = judge_run(row.family, row.key, row.status, row.metrics, cache[machine],
-                      str(Path(row.run_dir) / "metrics.json"))
+                      str(run_dir / "metrics.json"), samples,
+                      host_cpu(getattr(row, "hardware", None) or {}))
         row.reference_check = j.verdict
         out[str(row.run_dir)] = j
     return out
@@ -185,13 +334,14 @@ def regressions(judgements: Mapping[str, Judgement]) -> list[Finding]:
     return [f for j in judgements.values() for f in j.findings if f.verdict == REGRESSION]
 
 
-def check_lines(rows: Sequence[Any], judgements: Mapping[str, Judgement]) -> list[str]:
-    """One line per regression, naming the machine, run and metric."""
+def check_lines(rows: Sequence[Any], judgements: Mapping[str, Judgement],
+                shown: Sequence[str] = (REGRESSION, INCONCLUSIVE)) -> list[str]:
+    """One line per regression (and inconclusive finding), naming the machine, run and metric."""
     by_dir = {str(r.run_dir): r for r in rows}
     lines = []
     for run_dir, j in judgements.items():
         for f in j.findings:
-            if f.verdict == REGRESSION:
-                lines.append(f"REGRESSION {by_dir[run_dir].machine} {f.key} {f.metric}: "
-                             f"{f.detail}")
+            if f.verdict in shown:
+                lines.append(f"{f.verdict.upper()} {by_dir[run_dir].machine} {f.key} "
+                             f"{f.metric}: {f.detail}")
     return lines

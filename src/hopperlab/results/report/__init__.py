@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hopperlab.config.cost import CostSpec
 from hopperlab.results.machines.references import judge_rows
 from hopperlab.results.report.collect import collect_runs
 from hopperlab.results.report.html import REPORT_FILE, write_html
+from hopperlab.results.report.pricing import reprice
 from hopperlab.results.report.summary import SUMMARY_FILE, write_summary
 
 
@@ -22,12 +24,16 @@ def _references_dir(results_dir: Path) -> Path | None:
     return None
 
 
-def build_report(results_dir: Path, references_dir: Path | None = None) -> tuple[Path, Path]:
+def build_report(results_dir: Path, references_dir: Path | None = None, *,
+                 price_now: bool = False, cost: CostSpec | None = None) -> tuple[Path, Path]:
     """Write ``summary.csv`` and ``report.html`` into ``results_dir``; return their paths.
     Each run is judged against its machine's references (``references_dir``, default the
-    project's configs/references/)."""
+    project's configs/references/). With ``price_now``, runs are priced at ``cost`` (the
+    site's price of now; None: not priced), not at the rate recorded when they ran."""
     results_dir = Path(results_dir)
     runs = collect_runs(results_dir)
+    if price_now:
+        reprice(runs, cost)
     refs = references_dir or _references_dir(results_dir)
     if refs is not None:
         judge_rows(runs, refs)

@@ -95,6 +95,20 @@ def profile_breakdown(metrics: Mapping[str, float]) -> dict[str, float] | None:
     return out
 
 
+#: a bar this many times the next tallest is drawn cut (labelled "off scale") so that the
+#: others stay readable: one variant slowed by a neighbour's job flattened the rest
+OUTLIER_FACTOR = 4.0
+
+
+def scale_top(values: Sequence[float | None]) -> float | None:
+    """The top of the value axis when one value dwarfs the rest (None: no cut). Only for
+    positive values: the axis starts at zero."""
+    vals = sorted(v for v in values if v is not None and math.isfinite(v) and v > 0)
+    if len(vals) < 3 or vals[-1] < OUTLIER_FACTOR * vals[-2]:
+        return None
+    return vals[-2] * 1.5
+
+
 class Plotter:
     """Bar charts as base64 PNG; matplotlib is imported on first use, without pyplot."""
 
@@ -142,6 +156,7 @@ class Plotter:
         ax = fig.add_subplot()
         base_value = None
         labels = []
+        top = scale_top([r.metrics.get(metric) for r in runs if r.status == "ok"])
         for i, r in enumerate(runs):
             value = r.metrics.get(metric) if r.status == "ok" else None
             name = r.variant if len(r.variant) <= 28 else r.variant[:27] + "\u2026"
@@ -149,11 +164,13 @@ class Plotter:
             if value is not None:
                 if r.is_baseline:
                     base_value = value
-                bars = ax.bar(i, value, width=0.7,
+                cut = top is not None and value > top
+                bars = ax.bar(i, top if cut else value, width=0.7,
                               color="#90a4ae" if r.is_baseline else "#3f6fb5",
                               edgecolor="#37474f", linewidth=0.6,
-                              hatch="///" if r.is_baseline else None)
-                ax.bar_label(bars, labels=[fmt(value)], fontsize=7, padding=1)
+                              hatch="///" if r.is_baseline else ("..." if cut else None))
+                ax.bar_label(bars, labels=[fmt(value) + (" \u2191 off scale" if cut else "")],
+                             fontsize=7, padding=1, fontweight="bold" if cut else None)
             else:
                 # An empty slot says why there is no bar, rather than dropping the variant.
                 text = r.status.upper() if r.status != "ok" else "n/a"
@@ -172,6 +189,8 @@ class Plotter:
                 tick.set_fontweight("bold")
         ax.set_xlim(-0.6, n - 0.4)
         ax.margins(y=0.18)
+        if top is not None:
+            ax.set_ylim(0, top * 1.18)
         ax.tick_params(axis="y", labelsize=8)
         ax.set_title(_plain(metric), fontsize=9, y=1.0, pad=4)  # a fixed y skips a costly re-layout
         ax.spines[["top", "right"]].set_visible(False)

@@ -53,6 +53,9 @@ class RunRow:
     tags: dict[str, str] = field(default_factory=dict)
     #: pass | regression | improvement | no-reference (configs/references/<machine>.yaml)
     reference_check: str | None = None
+    #: seconds from job start to the first step (the record's ``setup_s``, every family's):
+    #: a column of its own, not a metric compared with the baseline
+    setup_s: float | None = None
 
     @property
     def key(self) -> str:
@@ -129,7 +132,9 @@ def _run_row(run_dir: Path, results_dir: Path) -> RunRow | None:
         gpu_model=_str_or_none(hardware.get("gpu_model")),
         host_link=_str_or_none(hardware.get("host_link")),
         duration_s=_float_or_none(record.get("duration_s")),
-        metrics=_clean_metrics(record.get("metrics")),
+        metrics={k: v for k, v in _clean_metrics(record.get("metrics")).items()
+                 if k != rec.SETUP_METRIC},
+        setup_s=_clean_metrics(record.get("metrics")).get(rec.SETUP_METRIC),
         run_dir=run_dir,
         baseline=_str_or_none(spec.get("baseline")),
         compare_to=_str_or_none(spec.get("compare_to")),

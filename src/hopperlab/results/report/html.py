@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from hopperlab.core import rundir as rec
 from hopperlab.core.progress import track
+from hopperlab.core.stats import half_width
 from hopperlab.results.report.charts import (
     DASH,
     STATUS_COLOURS,
@@ -23,6 +24,9 @@ from hopperlab.results.report.charts import (
     profile_breakdown,
 )
 from hopperlab.results.report.census import census_table
+from hopperlab.results.report.verdicts import family_verdicts
+from hopperlab.results.report.energy import energy_section
+from hopperlab.results.report import marks
 from hopperlab.results.report.collect import (
     RunRow,
     baseline_name,
@@ -109,6 +113,30 @@ def _knobs(knobs: Mapping[str, Any]) -> str:
     return ", ".join(changed) or "defaults"
 
 
+def _mark(text: str, why: str) -> str:
+    return f' <span class="mark" title="{_e(why)}">{_e(text)}</span>'
+
+
+def _marks_note(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
+    """One line under an experiment's table: what its marks mean, for the marks it shows."""
+    notes = []
+    stand = [r for r in runs if marks.stand_in(r)]
+    if stand:
+        notes.append(f"{marks.STAND_IN}: {len(stand)} of the ok variants ran without a GPU "
+                     f"({_e(marks.stand_in(stand[0]))}); their figures measure the CPU code "
+                     "path, not the memory or device their names say, and their ratios compare "
+                     "CPU runs")
+    if any(marks.example_price(r) for r in runs):
+        notes.append(f"{marks.EXAMPLE_PRICE}: the site's rate is an example (its cost block "
+                     "says example: true), not what the run cost")
+    if metrics and any(marks.one_sample(r, reference_run(r, runs), m) for r in runs
+                       for m in metrics if r.status == "ok" and not r.is_baseline):
+        notes.append(f"{marks.ONE_SAMPLE}: a ratio of two single runs; a neighbour's job or a "
+                     "cold cache moves it by more than many effects (measure with --config "
+                     "repeats=N for an interval)")
+    return "".join(f'<p class="note marks">{n}.</p>' for n in notes)
+
+
 def _compared_note(run: RunRow, runs: Sequence[RunRow]) -> str:
     """``(baseline)``, or ``(vs X)`` for a variant compared with another variant than it."""
     if run.is_baseline:
@@ -120,20 +148,24 @@ def _compared_note(run: RunRow, runs: Sequence[RunRow]) -> str:
 
 def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
     show_knobs = any(r.knobs for r in runs)
-    head = ["variant", "status", "attempt", "scale", "host", "duration s"]
+    head = ["variant", "status", "attempt", "scale", "host", "duration s", "set-up s"]
     head += ["knobs"] if show_knobs else []
     others = any(r.compare_to and r.compare_to != baseline_name(runs) for r in runs)
     show_check = any(r.reference_check not in (None, "no-reference") for r in runs)
     show_cost = any("cost_run" in r.metrics for r in runs)
+    example = any(marks.example_price(r) for r in runs)
     head += ["reference check"] if show_check else []
-    head += ["cost of the run"] if show_cost else []
+    head += [f"cost of the run ({marks.EXAMPLE_PRICE})" if example else "cost of the run"] \
+        if show_cost else []
     for m in metrics:
         head += [m, "\u00d7 reference" if others else "\u00d7 baseline"]
-    head.append("reason")
     out = ['<div class="scroll"><table><thead><tr>', *(f"<th>{_e(h)}</th>" for h in head),
            "</tr></thead><tbody>"]
     for r in runs:
         variant = _e(r.variant) + _compared_note(r, runs)
+        why = marks.stand_in(r)
+        if why:
+            variant += _mark(marks.STAND_IN, why)
         base = reference_run(r, runs)
         cells = [
             f'<td class="{"base" if r.is_baseline else ""}">{variant}</td>',
@@ -142,6 +174,7 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
             f"<td>{_e(r.scale)}</td>",
             f"<td>{_e(r.hostname)}</td>",
             f'<td class="num">{_e(r.duration_s)}</td>',
+            f'<td class="num">{_e(r.setup_s)}</td>',
         ]
         if show_knobs:
             cells.append(f'<td class="wrap"><code>{_e(_knobs(r.knobs))}</code></td>')
@@ -150,14 +183,23 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
         if show_cost:
             cost = r.metrics.get("cost_run")
             cells.append(f'<td class="num">{_e(cost)} {_e(r.tags.get("cost.currency", ""))}'
-                         "</td>" if cost is not None else f"<td>{DASH}</td>")
+                         + (_mark("example", marks.EXAMPLE_PRICE) if marks.example_price(r)
+                            else "") + "</td>" if cost is not None else f"<td>{DASH}</td>")
         for m in metrics:
             value = r.metrics.get(m)
             ratio = ratio_to(value, base, m)
-            cells.append(f'<td class="num">{_e(value)}</td>')
-            cells.append(f'<td class="num">{_e(None if ratio is None else round(ratio, 3))}</td>')
-        cells.append(f'<td class="reason">{_e(r.reason or "")}</td>')
+            half = half_width(r.metrics, m) if value is not None else None
+            cells.append(f'<td class="num">{_e(value)}'
+                         + (f' <span class="pm">± {half:.2g}</span>' if half is not None else "")
+                         + "</td>")
+            shown = _e(None if ratio is None else round(ratio, 3))
+            if ratio is not None and not r.is_baseline and marks.one_sample(r, base, m):
+                shown += _mark("\u00b9", marks.ONE_SAMPLE)
+            cells.append(f'<td class="num">{shown}</td>')
         out.append("<tr>" + "".join(cells) + "</tr>")
+        if r.reason:   # the reason spans the row: a narrow last column made rows very tall
+            out.append(f'<tr class="why"><td></td><td colspan="{len(head) - 1}" class="reason">'
+                       f"{_e(r.reason)}</td></tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
 
@@ -173,18 +215,24 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
                + ("" if not base or any(r.variant == base for r in runs)
                   else " <span class=\"note\">(no run)</span>") + "</p>")
     out.append(_status_table(runs, metrics))
+    out.append(_marks_note(runs, metrics))
     out.append(census_table(runs))
+    out.append(energy_section(runs, charts=plotter is not None))
     charts = []
     for m in metrics:
         if plotter is None or not any(r.status == "ok" and m in r.metrics for r in runs):
             charts.append(f'<p class="note">No ok variant has a value for {_e(m)}.</p>')
             continue
+        same = {r.metrics[m] for r in runs if r.status == "ok" and m in r.metrics}
+        if len(same) == 1 and sum(r.status == "ok" for r in runs) > 1:
+            # a chart of equal bars says nothing a sentence does not (all_correct: 1s)
+            charts.append(f'<p class="note">{_e(m)}: {_e(next(iter(same)))} for every ok '
+                          "variant (not charted).</p>")
+            continue
         png = plotter.bar_chart(runs, m)
         charts.append(f'<figure><img alt="{_e(m)} per variant" src="data:image/png;base64,'
-                      f'{png}"><figcaption>{_e(m)}'
-                      + (f" \u2014 hatched bar, bold label and dashed line: baseline {_e(base)}"
-                         if base else "")
-                      + "</figcaption></figure>")
+                      f'{png}"><figcaption>{_e(m)}{_caption_tail(runs, base)}'
+                      "</figcaption></figure>")
     if plotter is not None and any(r.status == "ok" and profile_breakdown(r.metrics)
                                    for r in runs):
         out.append('<figure class="profile"><img alt="profile breakdown per variant" '
@@ -202,6 +250,25 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
                        "metrics common to the ok variants.</p>")
         out.append('<div class="charts">' + "".join(charts) + "</div>")
     return "\n".join(out)
+
+
+def _caption_tail(runs: Sequence[RunRow], base: str | None) -> str:
+    """What the hatched bar is, the variants the table compares with another one, and the
+    stand-ins among the bars."""
+    tail = ""
+    if base:
+        tail += (f" \u2014 hatched bar, bold label and dashed line: the baseline variant, "
+                 f"{_e(base)}")
+    others = sorted({(r.variant, r.compare_to) for r in runs
+                     if r.compare_to and r.compare_to != base})
+    if others:
+        tail += "; the table compares " + ", ".join(f"{_e(v)} with {_e(c)}" for v, c in others)
+    stand = [r.variant for r in runs if marks.stand_in(r)]
+    if stand:
+        tail += (f"; {marks.STAND_IN}s (no GPU measured): "
+                 + ("every bar" if len(stand) == sum(r.status == "ok" for r in runs)
+                    else ", ".join(_e(v) for v in stand)))
+    return tail
 
 
 def _family_charts(family: str, runs: Sequence[RunRow]) -> list[str]:
@@ -234,6 +301,19 @@ def _plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
+def _verdicts(runs: Sequence[RunRow]) -> str:
+    """The page's lead: per family, which variant beats its baseline and by how much."""
+    found = family_verdicts(runs)
+    if not found:
+        return ""
+    items = "".join(f"<li><b>{_e(fam)}</b><ul>" + "".join(f"<li>{_e(line)}</li>" for line in lines)
+                    + "</ul></li>" for fam, lines in found.items())
+    return ('<h2>Verdicts</h2><p class="meta">each experiment\'s variants against the variant '
+            "they are compared with (the baseline unless they name another) on the first headline "
+            "metric: the ratio of medians with its 95 % interval "
+            "(docs/benchmarks/noise.md); details below</p>" + f'<ul class="verdicts">{items}</ul>')
+
+
 def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
                 source: str | None = None) -> str:
     """The report as one self-contained HTML string."""
@@ -262,6 +342,7 @@ def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
         f'<li><a href="#{_anchor(*key)}">{_e(key[0])} / {_e(key[1])}</a> {_counts(groups[key])}</li>'
         for key in groups
     )
+    out.append(_verdicts(runs))
     out.append(f'<ul class="toc">{toc}</ul>')
     out.append("<h2>Hardware</h2>")
     out.append(_hardware_table(runs))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hopperlab.core import rundir as rec
+from hopperlab.core.stats import half_width
 from hopperlab.results.report.collect import (
     RunRow,
     group_by_experiment,
@@ -22,11 +23,18 @@ SUMMARY_FILE = "summary.csv"
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "family", "experiment", "variant", "attempt", "status", "reason", "scale",
-    "hostname", "gpu_model", "cpu_arch", "host_link", "duration_s", "compared_to", "machine", "reference_check",
+    "hostname", "gpu_model", "cpu_arch", "host_link", "duration_s", "setup_s", "compared_to", "machine", "reference_check",
 )
 
 
 RATIO_SUFFIX = "_vs_baseline"
+#: a repeated run's 95 % interval of the median, as ``value ± half-width`` (``repeats``)
+HALF_WIDTH_SUFFIX = "_pm"
+#: how each run's energy was measured, or why not ("not measured: ..."): columns present when
+#: any run carries energy (``energy.*`` tags of the record)
+ENERGY_COLUMNS: tuple[tuple[str, str], ...] = (("energy_gpu", "energy.gpu"),
+                                               ("energy_host", "energy.host"),
+                                               ("energy_window", "energy.window"))
 
 
 def _cell(value: Any) -> str:
@@ -40,17 +48,22 @@ def _cell(value: Any) -> str:
 def summary_rows(runs: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     """The header and rows of ``summary.csv`` (cells as strings, empty for missing)."""
     metrics = metric_names(runs)
-    header = [*SUMMARY_COLUMNS, *metrics, *(m + RATIO_SUFFIX for m in metrics)]
+    energy = [c for c in ENERGY_COLUMNS] if any("energy.window" in r.tags for r in runs) else []
+    pm = [m for m in metrics if any(half_width(r.metrics, m) is not None for r in runs)]
+    header = [*SUMMARY_COLUMNS, *(c for c, _ in energy), *metrics,
+              *(m + RATIO_SUFFIX for m in metrics), *(m + HALF_WIDTH_SUFFIX for m in pm)]
     rows = []
     for group in group_by_experiment(runs).values():
         for r in group:
             base = reference_run(r, group)
             fixed = [r.family, r.experiment, r.variant, r.attempt, r.status, r.reason, r.scale,
-                     r.hostname, r.gpu_model, r.cpu_arch, r.host_link, r.duration_s,
-                     reference_name(r, group), r.machine, r.reference_check]
+                     r.hostname, r.gpu_model, r.cpu_arch, r.host_link, r.duration_s, r.setup_s,
+                     reference_name(r, group), r.machine, r.reference_check,
+                     *(r.tags.get(tag, "not measured") for _, tag in energy)]
             values = [r.metrics.get(m) for m in metrics]
             ratios = [ratio_to(r.metrics.get(m), base, m) for m in metrics]
-            rows.append([_cell(v) for v in (*fixed, *values, *ratios)])
+            halves = [half_width(r.metrics, m) for m in pm]
+            rows.append([_cell(v) for v in (*fixed, *values, *ratios, *halves)])
     return header, rows
 
 

@@ -240,6 +240,30 @@ def store_lock(tracking_uri: str) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+#: the run locks of one tracking server on a host: a run's uid picks one (bounded files)
+RUN_LOCK_BUCKETS = 64
+
+
+@contextlib.contextmanager
+def run_upload_lock(tracking_uri: str, uid: str) -> Iterator[None]:
+    """Held for the whole upload of one run to a server, by every uploader on this host (each
+    `hopperlab sync`, each job's upload): two never upload, or delete, the same run at once."""
+    digest = hashlib.sha256(redact_uri(tracking_uri).encode()).hexdigest()[:16]
+    bucket = int(hashlib.sha256(uid.encode()).hexdigest(), 16) % RUN_LOCK_BUCKETS
+    path = Path(tempfile.gettempdir()) / f"hopperlab-mlflow-{digest}-run{bucket}.lock"
+    try:
+        fh = open(path, "a")
+    except OSError as exc:
+        raise TrackingUnavailable(tracking_uri, f"cannot open the lock file {path}: "
+                                  f"{exc.strerror or exc}") from exc
+    with fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 def mlflow_client(tracking_uri: str):
     import mlflow
 

@@ -75,6 +75,9 @@ TAG_UPLOADED = "hopperlab.uploaded"
 
 
 TAG_PARENT = "mlflow.parentRunId"
+#: set when an upload starts: ``host pid epoch-seconds`` of the uploader; a run without
+#: ``TAG_UPLOADED`` is another uploader's work in progress while this is fresh
+TAG_UPLOADING = "hopperlab.uploading"
 
 
 def run_key(family: str, experiment: str, variant: str, attempt: int) -> str:
@@ -244,12 +247,16 @@ def compare_url(tracking_uri: str, run_ids: Iterable[str], experiment_ids: Itera
 
 
 def experiment_compare_url(tracking_uri: str, family: str, experiment: str,
-                           ui_uri: str | None = None) -> str:
+                           ui_uri: str | None = None,
+                           run_uids: Iterable[str] | None = None) -> str:
     """Compare view of one experiment's variants, the latest attempt of each.
 
     ``ui_uri`` is where a person opens the UI (``mlflow ui`` on a SQLite store serves
     http://127.0.0.1:5000); it defaults to the tracking URI when that is a server.
+    ``run_uids`` (the attempts one results folder's records name) keeps out the runs other
+    folders uploaded to a shared server.
     """
+    wanted = set(run_uids) if run_uids is not None else None
     with translate_errors(tracking_uri):
         client = mlflow_client(tracking_uri)
         exp = retry(client.get_experiment_by_name, family)
@@ -263,12 +270,17 @@ def experiment_compare_url(tracking_uri: str, family: str, experiment: str,
         tags = run.data.tags
         if tags.get(TAG_ROLE) == "parent" or TAG_VARIANT not in tags:
             continue
+        if wanted is not None and tags.get(TAG_RUN_UID) not in wanted:
+            continue  # another results folder's run
         variant = tags[TAG_VARIANT]
         attempt = int(tags.get(TAG_ATTEMPT, 0))
         if variant not in latest or attempt > int(latest[variant].data.tags.get(TAG_ATTEMPT, 0)):
             latest[variant] = run
     if not latest:
-        raise TrackingError(f"no runs of {family}/{experiment} at {redact_uri(tracking_uri)}")
+        mine = " from this results folder (`hopperlab sync` uploads them)" \
+            if wanted is not None else ""
+        raise TrackingError(f"no runs of {family}/{experiment}{mine} at "
+                            f"{redact_uri(tracking_uri)}")
     base = ui_uri or (tracking_uri if is_http(tracking_uri) else "http://127.0.0.1:5000")
     return compare_url(base, [latest[v].info.run_id for v in sorted(latest)],
                        [exp.experiment_id])

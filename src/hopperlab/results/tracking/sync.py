@@ -33,6 +33,7 @@ from hopperlab.results.tracking.client import (
 from hopperlab.results.tracking.layout import TAG_RUN_UID, TAG_UPLOADED, prepare
 from hopperlab.results.tracking.upload import (
     RunFiles,
+    UploadInProgress,
     find_spec,
     read_run,
     run_uid,
@@ -48,7 +49,12 @@ class SyncReport:
     uploaded: list[str] = field(default_factory=list)  # run keys
     already: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (run dir or key, why)
+    #: runs another uploader (another host's sync or job) was uploading: left to it
+    busy: list[str] = field(default_factory=list)
     unavailable: bool = False  # the server went away part-way; the rest was not tried
+    #: runs the store had and whose mlflow.json already said so (nothing to do; ``already``
+    #: lists those whose mlflow.json had to be rewritten)
+    in_sync: list[str] = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -57,7 +63,12 @@ class SyncReport:
 
     def __str__(self) -> str:
         c = self.counts
-        text = f"{c['uploaded']} uploaded, {c['already']} already in MLflow, {c['failed']} failed"
+        present = c["already"] + len(self.in_sync)
+        total = c["uploaded"] + present + c["failed"]
+        text = (f"{total} run{'s' * (total != 1)}: {c['uploaded']} uploaded, {present} already "
+                f"in MLflow, {c['failed']} failed")
+        if self.busy:
+            text += f", {len(self.busy)} being uploaded by another uploader (left to it)"
         return text + (" (MLflow became unreachable)" if self.unavailable else "")
 
 
@@ -157,6 +168,8 @@ def sync(results_dir: Path, tracking_uri: str, *, progress: bool | None = None) 
         if not is_synced(run.run_dir, tracking_uri, run.record, run_id):
             write_mlflow_json(run, run_id, experiment_id, tracking_uri)
             report.already.append(run.key)
+        else:
+            report.in_sync.append(run.key)
     if not todo:
         return report
 
@@ -166,6 +179,9 @@ def sync(results_dir: Path, tracking_uri: str, *, progress: bool | None = None) 
     for run in track(todo, f"uploading to {redact_uri(tracking_uri)}", show=progress):
         try:
             _, created = upload_run_files(run, tracking_uri)
+        except UploadInProgress:
+            report.busy.append(run.key)
+            continue
         except TrackingUnavailable as exc:
             report.unavailable = True
             report.failed.append((run.key, str(exc)))

@@ -7,6 +7,8 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
+import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,12 +30,14 @@ from hopperlab.core.rundir import (
     read_steps,
     write_json_atomic,
 )
+from hopperlab.core.stats import half_width, plus_minus
 from hopperlab.results.tracking.client import (
     TrackingError,
     TrackingUnavailable,
     mlflow_client,
     require_reachable,
     retry,
+    run_upload_lock,
     scrub,
     sqlite_path,
     store_lock,
@@ -54,6 +58,7 @@ from hopperlab.results.tracking.layout import (
     TAG_RUN_UID,
     TAG_STATUS,
     TAG_UPLOADED,
+    TAG_UPLOADING,
     TAG_VARIANT,
     chunks,
     end_ms,
@@ -157,6 +162,11 @@ def _tags(run: RunFiles, parent_id: str) -> dict[str, str]:
     })
     if rec.get("reason"):
         tags[TAG_REASON] = rec["reason"]
+    metrics = {k: v for k, v in (rec.get("metrics") or {}).items() if isinstance(v, (int, float))}
+    for name, value in metrics.items():  # repeated runs: "value ± half-width" beside the metric
+        half = half_width(metrics, name)
+        if half is not None:
+            tags[f"pm.{name}"] = plus_minus(value, half)
     out = {safe_key(k): scrub(str(v))[:MAX_TAG_VALUE] for k, v in tags.items() if v is not None}
     out[TAG_PARENT] = parent_id
     return out
@@ -289,9 +299,38 @@ def upload_run_files(run: RunFiles, tracking_uri: str) -> tuple[str, bool]:
             with contextlib.nullcontext() if sqlite else store_lock(tracking_uri):
                 experiment_id, parent_id = ensure_parent(client, tracking_uri, run.family,
                                                    run.experiment)
-            run_id, created = _upload(client, run, experiment_id, parent_id)
+            # a server: the run's own lock for the whole upload (SQLite: the store's, above)
+            with contextlib.nullcontext() if sqlite else run_upload_lock(tracking_uri, run.uid):
+                run_id, created = _upload(client, run, experiment_id, parent_id)
     write_mlflow_json(run, run_id, experiment_id, tracking_uri)
     return run_id, created
+
+
+#: a half-done upload younger than this is another uploader's work in progress (another
+#: host's: this host's are kept apart by ``run_upload_lock``), never deleted
+FRESH_UPLOAD_S = 900.0
+
+
+class UploadInProgress(TrackingError):
+    """Another uploader is uploading this run now: left to it (``sync`` looks again later)."""
+
+
+def _uploader_mark() -> str:
+    return f"{socket.gethostname()} {os.getpid()} {time.time():.0f}"
+
+
+def _fresh_elsewhere(tags: Mapping[str, str]) -> str | None:
+    """Who uploads a half-done run now, if it is fresh and not this host's (whose uploads of
+    one run never overlap: ``run_upload_lock``)."""
+    host, _, rest = (tags.get(TAG_UPLOADING) or "").partition(" ")
+    pid, _, since = rest.partition(" ")
+    try:
+        age = time.time() - float(since)
+    except ValueError:
+        return None
+    if host == socket.gethostname() or age > FRESH_UPLOAD_S:
+        return None
+    return f"pid {pid} on host {host}, {max(0.0, age):.0f} s ago"
 
 
 def _upload(client, run: RunFiles, experiment_id: str, parent_id: str) -> tuple[str, bool]:
@@ -299,6 +338,11 @@ def _upload(client, run: RunFiles, experiment_id: str, parent_id: str) -> tuple[
         if old.data.tags.get(TAG_UPLOADED) == "true":
             log.debug("%s already in MLflow as %s", run.key, old.info.run_id)
             return old.info.run_id, False
+    for old in _existing(client, experiment_id, run.uid):
+        who = _fresh_elsewhere(old.data.tags)
+        if who:
+            raise UploadInProgress(f"{run.key}: being uploaded by {who} (MLflow run "
+                                   f"{old.info.run_id}); left to it")
         log.info("%s: deleting half-uploaded MLflow run %s", run.key, old.info.run_id)
         retry(client.delete_run, old.info.run_id)
     legacy = _legacy_upload(client, run, experiment_id)
@@ -308,7 +352,8 @@ def _upload(client, run: RunFiles, experiment_id: str, parent_id: str) -> tuple[
     tags = _tags(run, parent_id)
     created = retry(client.create_run, experiment_id,
                      start_time=to_ms(run.record.get("started_at")),
-                     tags={TAG_PARENT: parent_id, TAG_RUN_KEY: run.key, TAG_RUN_UID: run.uid},
+                     tags={TAG_PARENT: parent_id, TAG_RUN_KEY: run.key, TAG_RUN_UID: run.uid,
+                           TAG_UPLOADING: _uploader_mark()},
                      run_name=run_name(run.variant, run.attempt))
     run_id = created.info.run_id
 
@@ -334,6 +379,8 @@ def upload_quietly(run_dir: Path, tracking_uri: str, log=print) -> bool:
     try:
         upload_run(run_dir, tracking_uri)
         return True
+    except UploadInProgress as exc:
+        log(f"[hopperlab] {exc}")
     except TrackingUnavailable as exc:
         log(f"[hopperlab] {exc}; the run is on disk in {run_dir}; "
             f"run `hopperlab sync` once MLflow is back")

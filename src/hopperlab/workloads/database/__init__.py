@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
+from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
+                                      WorkUnit)
 
 QUERIES = ("q1", "q3", "q5", "q6", "q12", "q14")
 #: device: columns in GPU memory before timing; host-pinned: pinned host memory, streamed in
@@ -93,14 +94,30 @@ class DatabaseParams:
             raise ValueError(f"link_gbps: expected a positive number, got {self.link_gbps!r}")
 
 
+def check(knobs: Knobs, params: DatabaseParams) -> None:
+    """Refuse a variant whose knobs contradict its params (``FamilyInfo.check``): the memory
+    knob and the placement name the same memory, or neither names managed or system."""
+    for kind in ("managed", "system"):
+        if (knobs.memory == kind) != (params.placement == kind):
+            raise Contradiction("memory", f"{knobs.memory!r} with placement {params.placement!r}: "
+                                f"memory: {kind} goes with placement: {kind}, and only with it")
+
+
 #: which way each figure is better, what a run's cost is divided by, and link floors
 METRIC_DIRECTIONS = {**{f"{q}_time_ms": LOWER for q in QUERIES},
               **{f"{q}_speedup_vs_duckdb": HIGHER for q in QUERIES},
               **{f"{q}_gbps": HIGHER for q in QUERIES}, "all_correct": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1k_queries", "per 1000 queries", 1e3, "count_per_ms",
-                       time_suffix="_time_ms"),
+                       time_suffix="_time_ms", work_per_j="queries_per_j",
+                       work_label="queries per joule"),
               WorkUnit("cost_per_tb_scanned", "per TB scanned", 1e12, "sum_per_ms",
-                       "_bytes_read", time_suffix="_time_ms"))
+                       "_bytes_read", time_suffix="_time_ms", work_per_j="gb_scanned_per_j",
+                       work_label="GB scanned per joule", work_scale=1e9),
+              # the DuckDB peer on the host's cores, in its own energy window (energy only)
+              WorkUnit("cost_per_1k_duckdb_queries", "per 1000 DuckDB queries", 1e3,
+                       "count_per_ms", time_suffix="_duckdb_ms",
+                       work_per_j="duckdb_queries_per_j", work_label="DuckDB queries per joule",
+                       window="duckdb"))
 FLOORS = {f"{q}_time_ms": f"{q}_floor_ms" for q in QUERIES}
 
 FAMILY = FamilyInfo(
@@ -116,4 +133,7 @@ FAMILY = FamilyInfo(
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
     floors=FLOORS,
+    check=check,
+    # loading the tables and the DuckDB answers take most of a run: windows of the queries
+    repeat_unit="windows",
 )

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
+from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
+                                      WorkUnit)
 from hopperlab.workloads.finetune.moe_config import check_assets
 
 BACKENDS = ("torch", "nemo", "sharded")
@@ -208,12 +209,36 @@ class FinetuneParams:
             raise ValueError("lora_targets: LoRA needs at least one target module name")
 
 
+def check(knobs: Knobs, params: FinetuneParams) -> None:
+    """Refuse a variant whose knobs contradict its params (``FamilyInfo.check``); beyond
+    ``oversubscribe``, what the torch backend's techniques cannot combine (techniques.py)."""
+    if params.oversubscribe and knobs.memory != "managed":
+        raise Contradiction("memory", f"{knobs.memory!r}, but oversubscribe: needs the knob memory: "
+                            f"managed (only managed memory can exceed the GPU's)")
+    if params.backend != "torch":
+        return
+    if knobs.memory == "managed":
+        for name in ("expandable_segments", "offload_budget_caps_allocator"):
+            if getattr(params, name):
+                raise Contradiction("memory", f"managed, but {name}: not with memory: managed "
+                                    f"(the managed allocator replaces the caching allocator)")
+    if OFFLOADS[knobs.offload] == {"activations", "parameters"} and \
+            params.activation_offload == "save_on_cpu":
+        raise Contradiction("offload", f"{knobs.offload}, but activation_offload: save_on_cpu "
+                            f"cannot be combined with parameter offload (one pair of saved-tensor "
+                            f"hooks at a time); use async")
+    if knobs.precision == "fp8" and params.recompute_elementwise:
+        raise Contradiction("precision", "fp8, but recompute_elementwise: not with precision fp8 "
+                            "or compile (torch.compile's partitioner chooses what to recompute)")
+
+
 #: which way each figure is better, what a run's cost is divided by, and link floors
 METRIC_DIRECTIONS = {"tokens_per_s": HIGHER, "step_time_p50_s": LOWER, "peak_gpu_allocated_gib": LOWER,
               "mfu": HIGHER, "data_wait_fraction": LOWER, "loss_drop": HIGHER,
               "link_floor_s": LOWER, "step_over_link_floor": LOWER}
 WORK_UNITS = (WorkUnit("cost_per_1m_train_tokens", "per 1M training tokens", 1e6, "per_s",
-                       "tokens_per_s"),)
+                       "tokens_per_s", work_per_j="train_tokens_per_j",
+                       work_label="training tokens per joule"),)
 FLOORS = {"step_time_p50_s": "link_floor_s"}
 
 FAMILY = FamilyInfo(
@@ -233,4 +258,8 @@ FAMILY = FamilyInfo(
     work_units=WORK_UNITS,
     floors=FLOORS,
     check_assets=check_assets,
+    check=check,
+    # building a 7B model takes longer than its measured steps: windows of measured steps
+    # (the torch backend; sharded and NeMo runs fall back to reruns)
+    repeat_unit="windows",
 )

@@ -13,17 +13,12 @@ from typing import Any
 from hopperlab.core.rundir import SkipRun
 from hopperlab.cuda.managed_policy import oversubscription_refusal
 from hopperlab.node import hardware
-from hopperlab.workloads.base import spec_knob
 
 
 def check_oversubscription(spec: Any, oversubscribe: bool, recorder: Any) -> None:
     """Raise SkipRun where this node may not oversubscribe; tag the decision either way."""
     if not oversubscribe:
         return
-    memory = str(spec_knob(spec, "memory", "device"))
-    if memory != "managed":
-        raise ValueError(f"oversubscribe: needs the knob memory: managed (got memory: {memory}): "
-                         f"only managed memory can exceed the GPU's")
     hw = getattr(recorder, "hardware", None) or hardware.fingerprint()
     site = getattr(spec, "site", None)
     allow = bool(getattr(site, "allow_oversubscription", False))

@@ -5,8 +5,12 @@ step on the CPU: the role DeepSpeed's ZeRO-Offload plays in the source), and tor
 
 The model is our own small Llama (RMSNorm, RoPE attention, SwiGLU), built from a shape with
 random weights: a performance study needs the architecture, not the weights, and random tokens
-as data. The same seed gives the same model and batches whatever the world size, so a sharded
-step can be checked against one process (tests/test_distributed_workloads.py).
+as data. Every variant is built on the meta device and each rank materialises its own shard
+only, drawn where it will live (``shard_init``): the same seed gives the same model and batches
+whatever the world size, so a sharded step can be checked against one process
+(tests/test_distributed_workloads.py). Each run logs its step against the step's floor
+(``step_floor``): GPU compute measured alone on a probe, host-link bytes at the measured pinned
+rate, the optimizer step.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from __future__ import annotations
 import math
 import resource
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -25,6 +30,9 @@ from torch.utils.checkpoint import checkpoint
 
 from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import percentile
+from hopperlab.cuda.nvtx import measured_region
+from hopperlab.memory.pinned import pinned_empty
+from hopperlab.workloads.finetune import host_need, shard_init, step_floor
 
 
 @dataclass(frozen=True)
@@ -42,8 +50,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(var + 1e-5)).to(x.dtype) * self.weight
+        # float32 at least: a float64 model (the tests') stays float64 throughout
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        var = wide.pow(2).mean(-1, keepdim=True)
+        return (wide * torch.rsqrt(var + 1e-5)).to(x.dtype) * self.weight
 
 
 def rope(x: torch.Tensor) -> torch.Tensor:
@@ -95,15 +105,36 @@ class Llama(nn.Module):
 
 def build_model(shape: Shape, dtype: Any, device: Any, seed: int,
                 checkpointing: bool = False) -> Llama:
-    """The model with weights drawn from ``seed`` (N(0, 0.02), norms at 1): the same for every
-    world size."""
-    torch.manual_seed(seed)
-    model = Llama(shape, dtype, device, checkpointing)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.endswith("norm.weight"):
-                p.normal_(0.0, 0.02)
+    """The whole model on ``device``, built on the meta device and filled from ``seed``
+    (``shard_init``: norms at 1, the rest N(0, 0.02)): the model every sharded build of the
+    same seed holds a shard of."""
+    model = Llama(shape, dtype, "meta", checkpointing)
+    model.to_empty(device=device)
+    shard_init.init_weights(model, seed, device)
     return model
+
+
+def build_sharded(shape: Shape, dtype: Any, mode: str, seed: int, device: Any, cuda: bool,
+                  checkpointing: bool = False, host_alloc: Callable[[int], Any] | None = None
+                  ) -> tuple[Llama, list[Any]]:
+    """This rank's part of the model of ``seed``, never the whole of it on any rank.
+
+    FSDP2 modes: built on the meta device, sharded there, then only this rank's shard gets
+    memory and values, drawn on ``device`` (the GPU when there is one). Under CPU offload the
+    shard lives in host memory: in buffers of ``host_alloc`` (default with a GPU: exact-size
+    pinned, ``memory.pinned``). torchao: the whole model on ``device``.
+    Returns the model and the host buffers it lives in (keep them as long as the model)."""
+    if not mode.startswith("fsdp2"):
+        return build_model(shape, dtype, device, seed, checkpointing), []
+    model = Llama(shape, dtype, "meta", checkpointing)
+    shard(model, mode, cuda)
+    offload = mode == "fsdp2-cpu-offload"
+    if offload and host_alloc is None and cuda and pinned_empty(4096).is_pinned():
+        host_alloc = pinned_empty  # else FSDP2 would copy the shards into pinned memory of its own
+    bases = shard_init.materialise(model, "cpu" if offload else device,
+                                   host_alloc if offload else None)
+    shard_init.init_weights(model, seed, device)
+    return model, bases
 
 
 def batch(step: int, micro: int, rank: int, world: int, seq_len: int, vocab: int, seed: int,
@@ -114,8 +145,11 @@ def batch(step: int, micro: int, rank: int, world: int, seq_len: int, vocab: int
 
 
 def loss_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy, in float32 at least (float64 stays float64: the tests compare
+    world sizes there)."""
     logits = model(tokens[:, :-1])
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
 def shard(model: Llama, mode: str, cuda: bool) -> None:
@@ -237,57 +271,106 @@ def run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] 
     if plan.global_batch % (plan.micro_batch * world):
         raise ValueError(f"global_batch {plan.global_batch} is not a multiple of micro_batch "
                          f"{plan.micro_batch} x world size {world}")
+    if not plan.mode.startswith("fsdp2") and world > 1:
+        raise ValueError(f"{plan.mode} is a one-GPU peer: run it with one task")
+    if plan.mode == "torchao-cpu-offload" and not cuda:
+        raise SkipRun("torchao's CPUOffloadOptimizer moves optimizer states between a GPU and "
+                      "host memory: it needs a CUDA device")
     accum = plan.global_batch // (plan.micro_batch * world)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    # at world size 1 the whole model is built on the device first: the compute part of the
-    # floor is measured there before the offloading set-up moves it
-    probe = world == 1 and plan.mode != "fsdp2"
-    build_on = "cpu" if (plan.mode == "fsdp2-cpu-offload" and not probe) or not cuda else device
-    model = build_model(plan.shape, plan.dtype, build_on, plan.seed, plan.checkpointing)
-    compute_s = measure_compute(model, plan, device, accum) if probe else None
-    if probe and plan.mode == "fsdp2-cpu-offload":
-        model.to("cpu")
-        if cuda:
-            torch.cuda.empty_cache()
     own_group = plan.mode.startswith("fsdp2") and not dist.is_initialized()
     if own_group:  # FSDP2 at world size 1 still shards through a process group (of one)
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
     try:
-        _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum, compute_s)
+        if cuda and plan.mode != "fsdp2":
+            check_host_memory(plan, world, recorder, device)
+        t0 = time.perf_counter()
+        model, pinned = build_sharded(plan.shape, plan.dtype, plan.mode, plan.seed, device, cuda,
+                                      plan.checkpointing)
+        _sync(device)
+        recorder.log_metric("build_s", time.perf_counter() - t0)
+        _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum)
+        if pinned:  # after the steps: FSDP2 may re-pin a shard at its lazy init
+            recorder.log_metrics(pinned_exact_gb=sum(b.numel() for b in pinned) / 1e9,
+                                 params_in_exact_pinned=shard_init.share_in(model, pinned))
     finally:
         if own_group:
             dist.destroy_process_group()
 
 
+def check_host_memory(plan: Plan, world: int, recorder: Any, device: Any,
+                      meminfo: str | None = None) -> None:
+    """Skip, with the figures, an offloading run this node's free host memory cannot hold
+    (``host_need``), before any of it is allocated; log the estimate either way. ``meminfo``:
+    /proc/meminfo's text (read when not given)."""
+    from pathlib import Path
+
+    model = Llama(plan.shape, plan.dtype, "meta")
+    elt = torch.finfo(plan.dtype).bits // 8
+    split = world if plan.mode.startswith("fsdp2") else 1
+    local = [-(-p.shape[0] // split) * (p.numel() // p.shape[0]) * elt
+             for p in model.parameters()]
+    need = host_need.host_bytes(plan.mode, local, exact_params=True)
+    recorder.log_metric("host_need_gb", need / 1e9)
+    need *= max(1, min(world, torch.cuda.device_count()))  # this node's ranks share its memory
+    try:
+        free = host_need.available_bytes(meminfo if meminfo is not None
+                                         else Path("/proc/meminfo").read_text())
+    except OSError:
+        free = None
+    short = torch.tensor([float(free is not None and need > free)], device=device)
+    if world > 1:  # every rank skips or none does: a lone skip would leave its peers waiting
+        dist.all_reduce(short, op=dist.ReduceOp.MAX)
+    if short.item():
+        raise SkipRun(f"{plan.mode} of {plan.shape.layers} layers needs about {need / 1e9:.0f} GB "
+                      f"of host memory for this node's ranks (pinned parameters and gradients, "
+                      f"AdamW states); this node has {(free or 0) / 1e9:.0f} GB available")
+
+
+def probe_compute(plan: Plan, device: Any, accum: int) -> float:
+    """The floor's compute part: forward and backward of this rank's micro batches of one step
+    on a model whole on ``device`` (``measure_compute``), with up to 4 decoder layers so that it
+    fits beside the run; more layers are extrapolated from probes of 2 and 4."""
+    from dataclasses import replace
+
+    layers = plan.shape.layers
+    sizes = (layers,) if layers <= 4 else (2, 4)
+    times = []
+    for n in sizes:
+        probe = build_model(replace(plan.shape, layers=n), plan.dtype, device, plan.seed,
+                            plan.checkpointing)
+        times.append(measure_compute(probe, plan, device, accum))
+        del probe
+        if getattr(device, "type", "") == "cuda":
+            torch.cuda.empty_cache()
+    if len(times) == 1:
+        return times[0]
+    return step_floor.extrapolate_layers(times[0], times[1], sizes[0], sizes[1], layers)
+
+
 def _run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] | None,
-         model: Llama, device: Any, rank: int, world: int, accum: int,
-         compute_s: float | None) -> None:
-    n_params = sum(p.numel() for p in model.parameters())
-    if plan.mode.startswith("fsdp2"):
-        shard(model, plan.mode, cuda)
-    elif world > 1:
-        raise ValueError(f"{plan.mode} is a one-GPU peer: run it with one task")
-    if plan.mode == "torchao-cpu-offload" and not cuda:
-        raise SkipRun("torchao's CPUOffloadOptimizer moves optimizer states between a GPU and "
-                      "host memory: it needs a CUDA device")
-    if plan.mode != "fsdp2-cpu-offload":
-        model.to(device)
+         model: Llama, device: Any, rank: int, world: int, accum: int) -> None:
+    n_params = sum(p.numel() for p in model.parameters())  # global sizes, sharded or not
     opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     times, opt_times, losses = [], [], []
-    for step in range(plan.warmup + plan.steps):
-        _sync(device)
-        t0 = time.perf_counter()
-        loss, opt_s = train_step(model, opt, step, accum, rank, world, plan.seq_len,
-                                 plan.micro_batch, plan.shape.vocab, plan.seed, device)
-        dt = time.perf_counter() - t0
-        recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s)
-        losses.append(loss)
-        if step >= plan.warmup:
-            times.append(dt)
-            opt_times.append(opt_s)
+    recorder.mark_setup_done()  # set-up ends where the first step begins (setup_s)
+    with ExitStack() as measured:  # the measured window: the steps after warm-up
+        for step in range(plan.warmup + plan.steps):
+            if step == plan.warmup:
+                measured.enter_context(measured_region())
+            _sync(device)
+            t0 = time.perf_counter()
+            loss, opt_s = train_step(model, opt, step, accum, rank, world, plan.seq_len,
+                                     plan.micro_batch, plan.shape.vocab, plan.seed, device)
+            dt = time.perf_counter() - t0
+            recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s)
+            losses.append(loss)
+            if step >= plan.warmup:
+                times.append(dt)
+                opt_times.append(opt_s)
     s_iter = percentile(times, 50)
     if world > 1:  # the run is as fast as its slowest rank
         t = torch.tensor([s_iter], dtype=torch.float64, device=device)
@@ -303,22 +386,14 @@ def _run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float]
     if cuda:
         figures["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         figures["peak_gpu_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    if cuda and pinned_gbps and plan.mode != "fsdp2":
-        # bytes over the host link per step: parameters in (forward and again in backward
-        # under FSDP2 offload, once for torchao), gradients out, on this rank's shard
-        share = n_params * elt / (world if plan.mode.startswith("fsdp2") else 1)
-        h2d = share * (2 if plan.mode == "fsdp2-cpu-offload" else 1)
-        floor = max(h2d / (pinned_gbps[0] * 1e9), share / (pinned_gbps[1] * 1e9))
-        figures.update(link_floor_s=floor, step_over_link_floor=s_iter / floor,
-                       h2d_gb_per_step=h2d / 1e9, d2h_gb_per_step=share / 1e9)
-        if compute_s is not None:
-            # the issue's floor: GPU compute or the link each way, whichever is longer (they
-            # can overlap), plus the CPU optimizer step, which neither overlaps
-            full = max(compute_s, floor) + figures["optimizer_step_s"]
-            figures.update(floor_s=full, step_over_floor=s_iter / full)
-    if compute_s is not None:
-        figures["compute_s"] = compute_s
     pinned = pinned_host_gb() if cuda else None
     if pinned is not None:
         figures["pinned_host_peak_gb"] = pinned
+    # the floor's compute part is measured after the run (not in its set-up), on a probe model
+    compute_s = probe_compute(plan, device, accum)
+    rates = pinned_gbps if cuda and pinned_gbps else (None, None)
+    floor = step_floor.step_floor(step_floor.FloorInputs(
+        mode=plan.mode, params=n_params, elt_bytes=elt, world=world, compute_s=compute_s,
+        optimizer_s=figures["optimizer_step_s"], h2d_gbps=rates[0], d2h_gbps=rates[1]))
+    figures.update(compute_s=compute_s, **floor, **step_floor.over_floor(s_iter, floor))
     recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})

@@ -46,6 +46,12 @@ def _allocator_settings(settings: str) -> None:
     setter(settings)
 
 
+#: what a CPU (smoke) run of a compiled or FP8 variant does not do, said in its record
+CPU_COMPILE_NOTE = ("inductor code generation: torch.compile's eager backend on a CPU (dynamo "
+                    "traces and guards each layer; no kernels are generated)")
+CPU_FP8_NOTE = ("FP8 tensor cores: torch._scaled_mm emulated on the CPU (the conversion, scaling "
+                "and autograd path run; FP8's speed is not measured)")
+
 @dataclass
 class Techniques:
     knobs: Any
@@ -113,11 +119,6 @@ class Techniques:
         """Route allocations through cudaMallocManaged (knob memory: managed), capped at the
         GPU's free memory, or give the caching allocator expandable segments. Without CUDA:
         the cap policy only (tagged), training on the host."""
-        if self.knobs.memory == "managed":
-            for name in ("expandable_segments", "offload_budget_caps_allocator"):
-                if getattr(self.params, name):
-                    raise ValueError(f"{name}: not with memory: managed (the managed allocator "
-                                     f"replaces the caching allocator)")
         if self.params.expandable_segments and self.cuda:
             _allocator_settings("expandable_segments:True")
             self._expandable = True
@@ -147,14 +148,7 @@ class Techniques:
     def prepare_model(self, model: Any, layers: Any) -> Any:
         """Apply checkpointing, FP8 / compile, and the offloads to the decoder ``layers``."""
         p = self.params
-        if self.offloads_parameters and self.offloads_activations and \
-                p.activation_offload == "save_on_cpu":
-            raise ValueError("activation_offload: save_on_cpu cannot be combined with parameter "
-                             "offload (one pair of saved-tensor hooks at a time); use async")
-        if p.recompute_elementwise:
-            if self.compiles:
-                raise ValueError("recompute_elementwise: not with precision fp8 or compile "
-                                 "(torch.compile's partitioner chooses what to recompute)")
+        if p.recompute_elementwise:  # not with fp8 or compile: the family's check refuses them
             handle = recompute_elementwise.apply(model)
             self.tags["finetune.recomputed_modules"] = handle.describe()
         if p.loss_chunk_tokens is not None and hasattr(model, "use_chunked_loss"):
@@ -170,12 +164,16 @@ class Techniques:
                 fp8.require_fp8(self.device)  # Fp8Unavailable: the workload skips the run
             converted = fp8.convert_to_fp8(model, lora=p.method == "lora")
             self.tags["finetune.fp8_linears"] = str(len(converted))
+            if not self.cuda:   # the record says what a CPU run of this variant leaves out
+                self.tags["finetune.fp8_matmul"] = CPU_FP8_NOTE
         if self.compiles:
             # CPU (smoke): dynamo's tracing and guards with the eager backend; the inductor
             # kernels are a GPU matter and would cost minutes of C++ compilation here
             kwargs = {} if self.cuda else {"backend": "eager"}
             n = fp8.compile_layers(model, **kwargs)
             self.tags["finetune.compiled_layers"] = f"{n} ({kwargs.get('backend', 'inductor')})"
+            if not self.cuda:
+                self.tags["finetune.compile_skipped"] = CPU_COMPILE_NOTE
         if self.offloads_parameters:
             self._param_offload = ParameterOffload(
                 layers, self.device, resident_layers=p.resident_layers,

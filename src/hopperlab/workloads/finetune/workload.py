@@ -168,10 +168,11 @@ def train(run: TorchRun, *, optimizer: Any = None,
         recorder.set_tag("finetune.gpu", gpu_name)
     tech.forward_context = _forward_context(run, forward_context or tech.forward_context)  # type: ignore[method-assign]
     census = SavedTensorCensus(run.model, run.layers) if params.census else None
+    windows = int(getattr(run.spec, "repeats", 1) or 1)  # repeat_unit "windows": of steps
     try:
         records = loop.train(
             run.model, optimizer, data.timed_batches(loader), device=run.device,
-            warmup_steps=params.warmup_steps, measured_steps=params.measured_steps,
+            warmup_steps=params.warmup_steps, measured_steps=params.measured_steps * windows,
             techniques=tech, profiler=str(run.spec.knobs.profiler), cuda=run.cuda,
             on_step=lambda rec: _log_step(run, rec),
             trace_path=lambda: recorder.artifact_path("profile/torch_trace.json"),
@@ -181,8 +182,16 @@ def train(run: TorchRun, *, optimizer: Any = None,
         tech.close()
     if census is not None:
         _record_census(run, census, records)
-    final = metrics.summarize(records, flops_token=metrics.flops_per_token(
-        counts, source.seq_len, params.method), peak=metrics.peak_flops(gpu_name))
+    flops_token = metrics.flops_per_token(counts, source.seq_len, params.method)
+    final = metrics.summarize(records, flops_token=flops_token, peak=metrics.peak_flops(gpu_name))
+    if windows > 1:
+        measured = [r for r in records if r.measured]
+        n = params.measured_steps
+        for w in range(windows):
+            window = measured[w * n:(w + 1) * n]
+            recorder.add_sample({**metrics.summarize(
+                window, flops_token=flops_token, peak=metrics.peak_flops(gpu_name)),
+                **_per_step_extras(window)})
     final.update(_per_step_extras(records))
     final.update(_memory_figures(run))
     final.update(_host_traffic(run, final))

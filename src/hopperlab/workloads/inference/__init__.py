@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
+from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
+                                      WorkUnit)
 
 STUDIES = ("kv-cache", "weight-streaming", "tensor-parallel")
 #: study tensor-parallel: decoder shapes (hidden, heads, kv heads, ffn, vocab, layers)
@@ -76,6 +77,9 @@ class InferenceParams:
     num_layers: int = 0
     concurrency: int = 1
     requests: int = 2
+    #: tensor-parallel on a GPU: fuse the block's pieces between collectives with torch.compile
+    #: (False: eager kernels, as on the CPU)
+    compile_kernels: bool = True
 
     def __post_init__(self) -> None:
         choices = {"study": STUDIES, "policy": POLICIES, "streamer": STREAMERS, "dtype": DTYPES,
@@ -119,14 +123,25 @@ class InferenceParams:
                              f"a run: give one share, got {list(fractions)!r}")
 
 
+def check(knobs: Knobs, params: InferenceParams) -> None:
+    """Refuse a variant whose knobs contradict its params (``FamilyInfo.check``)."""
+    if knobs.memory == "managed" and not (params.study == "kv-cache"
+                                          and params.policy == "offload"):
+        raise Contradiction("memory", f"managed keeps evicted KV caches in managed memory; it "
+                            f"needs study: kv-cache and policy: offload (got study "
+                            f"{params.study!r}, policy {params.policy!r})")
+
+
 #: which way each figure is better and what a run's cost is divided by
 METRIC_DIRECTIONS = {"request_latency_ms_p50": LOWER, "allreduce_share": LOWER,
               "ttft_ms_p50": LOWER, "ttft_ms_p99": LOWER, "decode_tokens_per_s": HIGHER,
               "reload_gbps": HIGHER, "floor_fraction": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1m_generated_tokens", "per 1M generated tokens", 1e6, "per_s",
-                       "decode_tokens_per_s"),
+                       "decode_tokens_per_s", work_per_j="generated_tokens_per_j",
+                       work_label="generated tokens per joule"),
               WorkUnit("cost_per_1k_first_tokens", "per 1000 first tokens", 1e3, "ms_each",
-                       "ttft_ms_p50"))
+                       "ttft_ms_p50", work_per_j="first_tokens_per_j",
+                       work_label="first tokens per joule"))
 
 FAMILY = FamilyInfo(
     name="inference",
@@ -139,4 +154,8 @@ FAMILY = FamilyInfo(
     headline_metrics=HEADLINE_METRICS,
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
+    check=check,
+    # loading the model takes longer than serving its sessions: windows, each with its own
+    # warm-up sessions, on the one loaded model (tensor-parallel runs fall back to reruns)
+    repeat_unit="windows",
 )

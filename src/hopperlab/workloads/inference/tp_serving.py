@@ -3,18 +3,55 @@
 3,349 + 100 at concurrency 8). Every rank runs every request; rank 0's figures are the run's.
 
 Figures: request latency, time to first token (the prefill), decode tokens/s (all requests of
-the batch), the share of the request spent in all-reduces (timed), and each GPU's peak memory
-(the run's record adds max and min over ranks).
+the batch), each beside its floor on this node (``tp_floor.py``: HBM, matmul and all-reduce
+rates measured at the start of the run) as ``decode_over_floor`` and ``prefill_over_floor``;
+the all-reduce share of a request from the collective's own time x calls, and apart from it
+what the all-reduces cost a decode step beyond that (the step's graph replayed with and
+without them: the wait for the slowest peer and lost overlap); each GPU's peak memory while
+serving, and what it holds.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from hopperlab.core.stats import percentile
+from hopperlab.core.rundir import SkipRun
+from hopperlab.core.stats import GB, percentile
+from hopperlab.cuda.collectives import collective_latency
+from hopperlab.cuda.nvtx import measured_region
+from hopperlab.cuda.device_rates import hbm_gbps, matmul_tflops
 from hopperlab.workloads.base import no_cuda_reason
 from hopperlab.workloads.inference import TP_SHAPES, InferenceParams
 from hopperlab.workloads.inference import tensor_parallel as tp
+from hopperlab.workloads.inference.tp_floor import (NodeRates, TPShape, decode_floor_s,
+                                                    layers_that_fit, prefill_allreduce_floor_s,
+                                                    prefill_floor_s)
+
+#: decode steps replayed with and without their all-reduces, for what the collectives cost
+_COLLECTIVE_PROBE_STEPS = 20
+
+
+def _rates(torch: Any, device: Any, floor: TPShape, batch: int, tokens: int) -> NodeRates:
+    """The node's rates, measured now on every rank (the collectives are run by all)."""
+    decode_msg = batch * floor.hidden * floor.dtype_bytes
+    prefill_msg = batch * tokens * floor.hidden * floor.dtype_bytes
+    multi = floor.world > 1
+    return NodeRates(hbm_gbps=hbm_gbps(device), matmul_tflops=matmul_tflops(device),
+                     allreduce_decode_s=collective_latency(decode_msg, 50, graph=True) if multi else 0.0,
+                     allreduce_prefill_s=collective_latency(prefill_msg, 3) if multi else 0.0)
+
+
+def _layers(torch: Any, dist: Any, device: Any, floor: TPShape, requested: int, batch: int,
+            max_len: int) -> int:
+    """``requested`` layers, or (0) as many as every rank's GPU holds."""
+    if requested:
+        return requested
+    free = torch.cuda.mem_get_info(device)[0]
+    fit = torch.tensor([layers_that_fit(floor, free, batch, max_len)], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(fit, op=dist.ReduceOp.MIN)
+    return int(fit.item())
 
 
 def run(spec: Any, recorder: Any, params: InferenceParams) -> None:
@@ -27,43 +64,98 @@ def run(spec: Any, recorder: Any, params: InferenceParams) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     world = dist.get_world_size() if dist.is_initialized() else 1
     hidden, heads, kv_heads, ffn, vocab, layers = TP_SHAPES[params.model_shape]
-    shape = tp.Shape(hidden, heads, kv_heads, ffn, vocab, params.num_layers or layers)
+    dtype = getattr(torch, params.dtype)
+    batch, max_len = params.concurrency, params.prompt_tokens + params.decode_tokens
+    floor = TPShape(hidden, heads, kv_heads, ffn, vocab, layers, world,
+                    torch.empty(0, dtype=dtype).element_size())
+    rates = _rates(torch, device, floor, batch, params.prompt_tokens) if cuda else None
+    n_layers = _layers(torch, dist, device, floor, params.num_layers, batch, max_len) if cuda \
+        else params.num_layers or layers
+    if n_layers < 1:
+        raise SkipRun(f"not one layer of {params.model_shape} fits beside the KV cache of "
+                      f"{batch} x {max_len} tokens on this GPU")
+    floor = TPShape(hidden, heads, kv_heads, ffn, vocab, n_layers, world, floor.dtype_bytes)
+    shape = tp.Shape(hidden, heads, kv_heads, ffn, vocab, n_layers)
     recorder.set_tag("inference.study", params.study)
     recorder.set_tag("inference.target", "cuda" if cuda else "host")
-    recorder.set_tag("inference.tp_layers", f"{shape.layers} of {layers}")
+    fitted = " (what fits)" if cuda and not params.num_layers and n_layers < layers else ""
+    recorder.set_tag("inference.tp_layers", f"{n_layers} of {layers}{fitted}")
+    recorder.set_tag("inference.decode_path", "cuda-graph" if cuda else "eager")
     if not cuda:
         recorder.set_tag("inference.no_cuda_reason", why)
-    dtype = getattr(torch, params.dtype)
-    model = tp.build(shape, params.seed, dtype, device, cuda)
+        recorder.set_tag("inference.floors", "not measured: no GPU (the floors need HBM and "
+                         "matmul rates)")
+    compiled = cuda and params.compile_kernels
+    recorder.set_tag("inference.kernels", "torch.compile" if compiled else "eager")
+    model = tp.build(shape, params.seed, dtype, device, cuda, compile_kernels=compiled)
+    server = tp.Server(model, batch, max_len, graphs=cuda)
 
     def sync() -> None:
         if cuda:
             torch.cuda.synchronize(device)
 
-    g = torch.Generator().manual_seed(params.seed + 7)
-    lat, ttft, dec, share = [], [], [], []
-    if cuda:
+    if cuda:  # what serving holds, measured from here: no leftovers of building the weights
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    for i in range(params.warmup + params.requests):
-        prompts = torch.randint(0, vocab, (params.concurrency, params.prompt_tokens),
-                                generator=g).to(device)
-        t = tp.serve(model, prompts, params.decode_tokens, sync)
-        if i < params.warmup:
-            continue
-        decode_tps = params.concurrency * max(params.decode_tokens - 1, 1) / max(t["decode_s"], 1e-9)
-        recorder.log_step(i - params.warmup, latency_ms=t["latency_s"] * 1e3,
-                          ttft_ms=t["ttft_s"] * 1e3, decode_tokens_per_s=decode_tps,
-                          allreduce_s=t["allreduce_s"], step_s=t["latency_s"])
-        lat.append(t["latency_s"] * 1e3)
-        ttft.append(t["ttft_s"] * 1e3)
-        dec.append(decode_tps)
-        share.append(t["allreduce_s"] / t["latency_s"])
-    figures = {"request_latency_ms_p50": percentile(lat, 50), "ttft_ms_p50": percentile(ttft, 50),
-               "ttft_ms_p99": percentile(ttft, 99), "decode_tokens_per_s": percentile(dec, 50),
-               "allreduce_share": percentile(share, 50), "step_s": percentile(lat, 50) / 1e3,
-               "tp_world_size": float(world), "tp_layers": float(shape.layers),
-               "prompt_tokens": float(params.prompt_tokens),
-               "concurrency": float(params.concurrency)}
+    g = torch.Generator().manual_seed(params.seed + 7)
+
+    def request() -> dict[str, float]:
+        prompts = torch.randint(0, vocab, (batch, params.prompt_tokens), generator=g).to(device)
+        return tp.serve(server, prompts, params.decode_tokens, sync)
+
+    for _ in range(params.warmup):
+        request()
+    lat, ttft, dec = [], [], []
+    with measured_region():  # the timed requests: the profiler's capture, the energy window
+        for i in range(params.requests):
+            t = request()
+            decode_tps = batch * max(params.decode_tokens - 1, 1) / max(t["decode_s"], 1e-9)
+            recorder.log_step(i, latency_ms=t["latency_s"] * 1e3, ttft_ms=t["ttft_s"] * 1e3,
+                              decode_tokens_per_s=decode_tps, step_s=t["latency_s"])
+            lat.append(t["latency_s"])
+            ttft.append(t["ttft_s"])
+            dec.append(t["decode_s"] / max(params.decode_tokens - 1, 1))
+    collectives: dict[str, float] = {}
+    if server.graph_alone is not None and rates is not None:  # after the timed requests
+        steps = min(_COLLECTIVE_PROBE_STEPS, params.decode_tokens)
+        with_s = server.step_seconds(params.prompt_tokens, steps)
+        alone_s = server.step_seconds(params.prompt_tokens, steps, alone=True)
+        pure_s = 2 * n_layers * rates.allreduce_decode_s
+        collectives = {"decode_alone_ms_per_token": alone_s * 1e3,
+                       "allreduce_cost_ms_per_token": (with_s - alone_s) * 1e3,
+                       "allreduce_wait_ms_per_token": max(0.0, with_s - alone_s - pure_s) * 1e3}
+    figures = {"request_latency_ms_p50": percentile(lat, 50) * 1e3,
+               "ttft_ms_p50": percentile(ttft, 50) * 1e3, "ttft_ms_p99": percentile(ttft, 99) * 1e3,
+               "decode_tokens_per_s": batch / percentile(dec, 50),
+               "decode_ms_per_token": percentile(dec, 50) * 1e3,
+               "step_s": percentile(lat, 50), "tp_world_size": float(world),
+               "tp_layers": float(n_layers), "prompt_tokens": float(params.prompt_tokens),
+               "concurrency": float(batch),
+               "weights_gb_per_gpu": model.weight_bytes() / GB,
+               "kv_cache_gb_per_gpu": server.cache.nbytes() / GB}
+    figures.update(collectives)
+    if rates is not None:
+        figures.update(_floor_figures(floor, rates, params, figures))
     if cuda:
-        figures["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+        figures["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / GB
     recorder.log_metrics(figures)
+
+
+def _floor_figures(floor: TPShape, rates: NodeRates, params: InferenceParams,
+                   measured: dict[str, float]) -> dict[str, float]:
+    batch, prompt, new = params.concurrency, params.prompt_tokens, params.decode_tokens
+    context = prompt + new / 2  # the mean position of the timed decode steps
+    dec_floor = decode_floor_s(floor, rates, batch, context)
+    pre_floor = prefill_floor_s(floor, rates, batch, prompt)
+    decode_calls = 2 * floor.layers * max(new - 1, 0)
+    allreduce_s = 2 * floor.layers * rates.allreduce_prefill_s + decode_calls * rates.allreduce_decode_s
+    latency_s = measured["request_latency_ms_p50"] / 1e3
+    return {"hbm_gbps": rates.hbm_gbps, "matmul_tflops": rates.matmul_tflops,
+            "allreduce_decode_us": rates.allreduce_decode_s * 1e6,
+            "allreduce_prefill_ms": rates.allreduce_prefill_s * 1e3,
+            "decode_floor_ms_per_token": dec_floor * 1e3,
+            "decode_over_floor": measured["decode_ms_per_token"] / 1e3 / dec_floor,
+            "prefill_floor_ms": pre_floor * 1e3,
+            "prefill_allreduce_floor_ms": prefill_allreduce_floor_s(floor, rates) * 1e3,
+            "prefill_over_floor": measured["ttft_ms_p50"] / 1e3 / pre_floor,
+            "allreduce_share": allreduce_s / latency_s if latency_s > 0 else math.nan}

@@ -39,21 +39,12 @@ from hopperlab.workloads.inference.weight_streaming import (LayerStreamer, decod
                                                             module_bytes, resident_layer_count)
 
 
-def check_variant(params: InferenceParams, memory: str) -> None:
-    """Refuse a contradictory variant before anything is loaded."""
-    if memory == "managed" and not (params.study == "kv-cache" and params.policy == "offload"):
-        raise ValueError(f"inference: memory=managed keeps evicted KV caches in managed memory; "
-                         f"it needs study: kv-cache and policy: offload (got study "
-                         f"{params.study!r}, policy {params.policy!r})")
-
-
 def run(spec: Any, recorder: Any) -> None:
     import torch  # noqa: PLC0415
 
     params = spec_params(spec, InferenceParams)
     memory = str(spec_knob(spec, "memory", "device"))
     profiler = str(spec_knob(spec, "profiler", "none"))
-    check_variant(params, memory)
     if params.study == "tensor-parallel":
         tp_serving.run(spec, recorder, params)
         return
@@ -89,12 +80,19 @@ def _run(spec: Any, recorder: Any, params: InferenceParams, rt: Runtime, memory:
         recorder.set_tag(k, v)
     recorder.log_metric("model_load_s", time.perf_counter() - t0)
     allow_over = bool(getattr(getattr(spec, "site", None), "allow_oversubscription", False))
+    windows = int(getattr(spec, "repeats", 1) or 1)  # repeat_unit "windows": the model loads once
     with torch.inference_mode():
-        if params.study == "kv-cache":
-            run_kv_cache(model, rt, params, recorder, memory=memory, profiler=profiler,
-                         allow_oversubscription=allow_over)
-        else:
-            run_weight_streaming(model, rt, params, recorder, profiler=profiler)
+        for w in range(windows):
+            recorder.repeat = w if windows > 1 else None
+            if params.study == "kv-cache":
+                run_kv_cache(model, rt, params, recorder, memory=memory, profiler=profiler,
+                             allow_oversubscription=allow_over)
+            else:
+                run_weight_streaming(model, rt, params, recorder, profiler=profiler)
+            if windows > 1:
+                recorder.add_sample({k: v for k, v in recorder.metrics.items()
+                                     if k != "model_load_s"})
+        recorder.repeat = None
 
 
 @contextmanager

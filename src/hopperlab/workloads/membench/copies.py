@@ -31,9 +31,6 @@ MAX_SLEEP_CYCLES = 50_000_000
 
 def check_copy(env: Env, params: MembenchParams, memory: str) -> None:
     """Raise SkipRun when this node cannot run the variant (before anything is set up)."""
-    if memory == "system":
-        raise ValueError("membench copy: memory=system has no copy to measure (the GPU reads "
-                         "system memory in place): use test: alloc, kind: system")
     if env.target != "cuda":
         if params.host_memory == "pinned":
             raise SkipRun(f"pinned host memory needs a CUDA device: {env.no_cuda_reason}")

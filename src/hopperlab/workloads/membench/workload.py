@@ -1,4 +1,5 @@
-"""membench's entry: ``run(spec, recorder)``; the measurements are in ``copies`` and ``allocation``.
+"""membench's entry: ``run(spec, recorder)``; the measurements are in ``copies``, ``allocation``
+and ``collective``.
 
 With a CUDA device everything runs on it (``membench.target=cuda``); without one the host
 measurements run (``membench.target=host``) and the rest is skipped with the reason. Knobs:
@@ -15,6 +16,7 @@ from hopperlab.workloads.base import spec_knob, spec_params
 from hopperlab.cuda.nvtx import nvtx_range, profiled_region
 from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.membench import HEADLINE_METRICS, MembenchParams, headline_metrics
+from hopperlab.workloads.membench import collective
 from hopperlab.workloads.membench.allocation import check_alloc, run_alloc
 from hopperlab.workloads.membench.common import Env, plan_for, probe
 from hopperlab.workloads.membench.copies import check_copy, run_copy
@@ -49,6 +51,11 @@ def run(spec: Any, recorder: Any, *, use_torch: bool = True) -> None:
         recorder.set_tag("membench.grace_hopper", str(env.is_grace_hopper).lower())
     else:
         recorder.set_tag("membench.no_cuda_reason", env.no_cuda_reason)
+    if params.test == "collective":
+        collective.check(params)  # skip before the profiler starts
+        with _profiling(env, profiler, recorder) as mark:
+            collective.run_collective(params, scale, recorder, mark)
+        return
     check, measure = (check_copy, run_copy) if params.test == "copy" else (check_alloc, run_alloc)
     check(env, params, memory)  # skip before the profiler starts
     if profiler == "torch" and env.torch is None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlab.workloads.base import HIGHER, LOWER, PROFILERS, FamilyInfo, WorkUnit
+from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
+                                      WorkUnit)
 
 COMPONENTS = ("retrieval", "features", "transfer", "ranking", "topn")
 PIPELINES = ("gpu", "cpu")
@@ -91,12 +92,29 @@ class RecommenderParams:
                              "and transfer are GPU choices (leave them at their defaults)")
 
 
+def check(knobs: Knobs, params: RecommenderParams) -> None:
+    """Refuse a variant whose knobs contradict its params (``FamilyInfo.check``)."""
+    if params.workers_all_cores and knobs.num_workers:
+        raise Contradiction("num_workers", f"{knobs.num_workers} contradicts workers_all_cores: "
+                            f"true (it sets the feature workers to the node's core count)")
+    if knobs.memory != "managed":
+        return
+    if params.pipeline == "cpu":
+        raise Contradiction("memory", "managed puts the feature tables where the GPU reads them; "
+                            "pipeline: cpu has no GPU component")
+    if params.transfer != "pinned" or params.augment != "numpy":
+        raise Contradiction("memory", "managed gathers the batch on the GPU: there is no staging "
+                            "buffer to transfer nor CPU augmentation (leave transfer and augment "
+                            "at their defaults)")
+
+
 #: which way each figure is better and what a run's cost is divided by
 METRIC_DIRECTIONS = {"lat_e2e_p50_ms": LOWER, "qps": HIGHER,
               **{f"lat_{c}_p50_ms": LOWER for c in COMPONENTS},
               "recall_at_k": HIGHER, "rank_auc": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1m_recommendations", "per 1M recommendations", 1e6, "per_s",
-                       "qps", scale_param="top_n"),)
+                       "qps", scale_param="top_n", work_per_j="recommendations_per_j",
+                       work_label="recommendations per joule"),)
 
 FAMILY = FamilyInfo(
     name="recommender",
@@ -111,4 +129,9 @@ FAMILY = FamilyInfo(
     charts="hopperlab.workloads.recommender.charts:charts",
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
+    check=check,
+    # training takes 10 s, a window of queries well under one: windows after one warm-up
+    repeat_unit="windows",
+    # the pipeline's CPU parts (features, launches) follow the host's CPU (issue 29)
+    host_cpu_metrics=("lat_*", "qps"),
 )

@@ -50,12 +50,9 @@ def job_cores(spec: Any) -> int:
 
 
 def feature_workers(params: RecommenderParams, num_workers: int, cores: int) -> int:
-    if params.workers_all_cores:
-        if num_workers:
-            raise ValueError("workers_all_cores: true sets the feature workers to the node's "
-                             f"core count; the knob num_workers={num_workers} contradicts it")
-        return cores
-    return int(num_workers)
+    """The feature workers: the node's cores with ``workers_all_cores`` (the matrix refuses a
+    num_workers knob beside it), else the knob."""
+    return cores if params.workers_all_cores else int(num_workers)
 
 
 def pipeline_config(params: RecommenderParams, *, device: str, workers: int, managed: bool,
@@ -81,13 +78,6 @@ def run(spec: Any, recorder: Any) -> None:
     cores = job_cores(spec)
     workers = feature_workers(p, int(spec_knob(spec, "num_workers", 0)), cores)
     managed = memory == "managed"
-    if managed and p.pipeline == "cpu":
-        raise ValueError("memory=managed puts the feature tables where the GPU reads them; "
-                         "pipeline: cpu has no GPU component")
-    if managed and (p.transfer != "pinned" or p.augment != "numpy"):
-        raise ValueError("memory=managed gathers the batch on the GPU: there is no staging "
-                         "buffer to transfer nor CPU augmentation (leave transfer and augment "
-                         "at their defaults)")
     gpus = int(getattr(getattr(spec, "resources", None), "gpus", 0) or 0)
     has_gpu = gpus > 0 and torch.cuda.is_available()
     device = "cuda" if (has_gpu and p.pipeline == "gpu") else "cpu"
@@ -130,16 +120,22 @@ def run(spec: Any, recorder: Any) -> None:
         recorder.set_tag("recommender.cuda_graphs", str(pipe.graphs).lower())
         for name, note in pipe.notes.items():
             recorder.set_tag(f"recommender.{name}", note)
-        users = query_users(data.users, p.warmup + p.queries, p.seed)
+        windows = int(getattr(spec, "repeats", 1) or 1)  # repeat_unit "windows": after warm-up
+        users = query_users(data.users, p.warmup + p.queries * windows, p.seed)
         for user in users[:p.warmup]:
             pipe.query(int(user))
         results = []
         with _profiling(torch, profiler, device, recorder), measured_region():
             for step, user in enumerate(users[p.warmup:]):
+                if windows > 1:
+                    recorder.repeat = step // p.queries
                 res = pipe.query(int(user))
                 results.append(res)
                 recorder.log_step(step, **{f"{c}_ms": res.seconds[c] * 1e3
                                            for c in (*COMPONENTS, "e2e")})
+                if windows > 1 and (step + 1) % p.queries == 0:
+                    recorder.add_sample(summarize(results[-p.queries:]))
+        recorder.repeat = None
         recorder.log_metrics(summarize(results))
         if device == "cuda":
             recorder.log_metric("check_same_topn", _agreement(

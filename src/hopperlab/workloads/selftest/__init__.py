@@ -22,16 +22,30 @@ class SelftestParams:
     action: str = "ok"
     steps: int = 3
     sleep_s: float = 0.0
-    #: collective: all-reduce once per step over the run's ranks; ``fail_rank`` raises at
-    #: ``fail_step`` (-1: none), for the distributed fault path
+    #: collective: all-reduce once per step over the run's ranks, each after ``sleep_s``;
+    #: ``fail_rank`` raises at ``fail_step`` (-1: none), for the distributed fault path
     fail_rank: int = -1
     fail_step: int = 1
+    #: collective: rank ``hang_rank`` stops answering at ``fail_step`` (sleeps, outside any
+    #: collective, until the job is ended), for a hung rank (-1: none)
+    hang_rank: int = -1
+    #: ok: the relative standard deviation of ``value`` (normal, seeded by ``seed`` and the
+    #: repeat), so that repeats and references can be exercised with known noise
+    jitter: float = 0.0
+    seed: int = 0
+    #: ok: ``value`` is 10 % lower while this file exists (``{node}`` in it: the Slurm node the
+    #: job runs on): a node slowed by a second process, for the CPU tests of
+    #: benchmarks/noise_gpu.py and ``check --every-node`` ("": never)
+    slow_while: str = ""
+    #: comma-separated environment variables the run records as tags ``selftest.env.<NAME>``
+    #: (unset: ``<unset>``): what a job's environment really held
+    env_names: str = ""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"action must be one of {', '.join(ACTIONS)}, not {self.action!r}")
-        if self.steps < 0 or self.sleep_s < 0:
-            raise ValueError("steps and sleep_s must be >= 0")
+        if self.steps < 0 or self.sleep_s < 0 or self.jitter < 0:
+            raise ValueError("steps, sleep_s and jitter must be >= 0")
 
 
 FAMILY = FamilyInfo(
@@ -40,4 +54,5 @@ FAMILY = FamilyInfo(
     supported_knobs={"profiler": frozenset({"none"})},
     params=SelftestParams,
     headline_metrics=("value",),
+    directions={"value": "higher"},
 )

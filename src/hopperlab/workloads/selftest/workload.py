@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from hopperlab.core.rundir import Recorder, SkipRun
@@ -9,6 +10,8 @@ from hopperlab.core.rundir import Recorder, SkipRun
 
 def run(spec, recorder: Recorder) -> None:
     p = spec.params
+    for name in filter(None, (n.strip() for n in p.env_names.split(","))):
+        recorder.set_tag(f"selftest.env.{name}", os.environ.get(name, "<unset>"))
     if p.action == "collective":
         _collective(spec, recorder)
         return
@@ -24,8 +27,20 @@ def run(spec, recorder: Recorder) -> None:
         raise SkipRun("selftest: deliberately skipped")
     if p.action == "read-table":
         _read_table(spec, recorder)
-    recorder.log_metric("value", float(p.steps))
+    flag = p.slow_while.format(node=os.environ.get("SLURMD_NODENAME", ""))
+    slow = 0.9 if p.slow_while and os.path.exists(flag) else 1.0
+    recorder.log_metric("value", float(p.steps) * _jitter(p, recorder) * slow)
     recorder.log_metric("steps", float(p.steps))
+
+
+def _jitter(p, recorder: Recorder) -> float:
+    """1, or a normal factor of standard deviation ``jitter``, the same for the same seed and
+    repeat (deterministic, so that tests can assert what the statistics make of it)."""
+    if not p.jitter:
+        return 1.0
+    import random
+
+    return 1.0 + random.Random(p.seed * 100_003 + (recorder.repeat or 0)).gauss(0.0, p.jitter)
 
 
 def _read_table(spec, recorder: Recorder) -> None:
@@ -39,7 +54,8 @@ def _read_table(spec, recorder: Recorder) -> None:
 
 
 def _collective(spec, recorder: Recorder) -> None:
-    """One all-reduce per step over the run's ranks; rank ``fail_rank`` raises at ``fail_step``."""
+    """One all-reduce per step over the run's ranks (after ``sleep_s``); rank ``fail_rank``
+    raises at ``fail_step``."""
     import torch
     import torch.distributed as dist
 
@@ -50,6 +66,9 @@ def _collective(spec, recorder: Recorder) -> None:
     for step in range(p.steps):
         if rank == p.fail_rank and step == p.fail_step:
             raise RuntimeError(f"selftest: rank {rank} fails at step {step} on purpose")
+        while rank == p.hang_rank and step == p.fail_step:
+            time.sleep(60)  # hung: neither fails nor reaches the next collective
+        time.sleep(p.sleep_s)  # a long run, for a node that dies while it runs
         t0 = time.perf_counter()
         x = torch.tensor([float(rank + 1)])
         if world > 1:

@@ -1,0 +1,360 @@
+"""The energy meter: counters at the edges of the measured window, a power trace between.
+
+The runner opens one meter around the workload and listens to ``core.window``: each GPU's
+energy counter is read when a window starts and ends (``measured_region()`` has synchronised the
+device just before), a sampler thread reads power at ``rate_hz`` for the trace, and the host's
+sensors are read alongside. A run whose family opens no window is measured over the whole
+workload call, and says so. Repeated windows of one name add up (time and joules).
+
+GPUs: the ones the process used, matched by UUID once torch has CUDA up: in a run of several
+ranks the rank's own device, so that ranks sharing a node count each GPU once; in a run of one
+process every device torch holds memory on, so that the idle GPUs of a node whose GPUs are all
+visible are not counted. Before torch has CUDA up (or without torch): every visible GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from hopperlab.core.window import MEASURED
+from hopperlab.node.energy.arithmetic import (
+    AGREEMENT_MIN_S,
+    NVML_WRAP_MJ,
+    Accumulator,
+    Energy,
+    counter_delta,
+    integrate,
+    window_energy,
+)
+from hopperlab.node.energy.host import HOST_KINDS, HostSensor, host_sensors
+from hopperlab.node.energy.nvml import NvmlGpus, torch_device_uuids
+
+#: the window of a run whose family opened none
+WORKLOAD = "workload"
+DEFAULT_RATE_HZ = 10.0
+
+
+class GpuSource(Protocol):
+    """What the meter reads of the GPUs (``nvml.NvmlGpus``; recorded traces in the tests)."""
+
+    uuids: list[str]
+    power_kind: str
+    errors: dict[str, str]
+
+    def energy_mj(self, i: int) -> float | None: ...
+    def power_w(self, i: int) -> float | None: ...
+    def state(self, i: int) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class Sample:
+    t: float
+    gpu_w: dict[str, float | None]
+    host_w: dict[str, float | None]
+
+
+@dataclass
+class Window:
+    name: str
+    t0: float
+    gpu0: dict[str, float | None]
+    host0: dict[str, float]
+    t1: float | None = None
+    gpu1: dict[str, float | None] = field(default_factory=dict)
+    host1: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    """What the meter gives the record."""
+
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    gpu_state: dict[str, list[dict[str, Any]]]
+    trace_csv: str
+    windows: list[dict[str, Any]]
+
+
+class EnergyMeter:
+    def __init__(self, gpus: GpuSource | None, gpu_reason: str | None,
+                 host: Sequence[HostSensor] = (), host_reason: str | None = None, *,
+                 per_rank: bool = False, rate_hz: float = DEFAULT_RATE_HZ,
+                 clock: Callable[[], float] = time.monotonic,
+                 own_uuids: Callable[[bool], list[str] | None] | None = None) -> None:
+        self.gpus, self.gpu_reason = gpus, gpu_reason
+        self.host, self.host_reason = list(host), host_reason
+        self.per_rank, self.rate_hz, self.clock = per_rank, rate_hz, clock
+        self._own_uuids = own_uuids
+        self.owned: list[str] | None = None
+        self.samples: list[Sample] = []
+        self.windows: list[Window] = []
+        self._open: dict[str, Window] = {}
+        self._acc = {s.name: Accumulator(s.wrap) for s in self.host if s.counter}
+        self._prev_host: tuple[float, dict[str, float]] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.state: dict[str, list[dict[str, Any]]] = {}
+        self.t_start = self.clock()
+
+    # -- readings ---------------------------------------------------------------------------
+    def _uuids(self) -> list[str]:
+        return list(self.gpus.uuids) if self.gpus else []
+
+    def _counters(self) -> dict[str, float | None]:
+        return {u: self.gpus.energy_mj(i) for i, u in enumerate(self._uuids())} if self.gpus \
+            else {}
+
+    def _host_joules(self) -> dict[str, float]:
+        """The counters' running totals in joules (fed now)."""
+        with self._lock:
+            return {s.name: self._acc[s.name].feed(s.read()) / 1e6 for s in self.host
+                    if s.counter}
+
+    def sample(self) -> Sample:
+        """One power sample (the sampler thread calls it; tests call it by hand)."""
+        t = self.clock()
+        gpu_w = {u: self.gpus.power_w(i) for i, u in enumerate(self._uuids())} if self.gpus \
+            else {}
+        host_w: dict[str, float | None] = {}
+        for s in self.host:
+            if not s.counter:
+                raw = s.read()
+                host_w[s.kind] = (host_w.get(s.kind) or 0.0) + raw / 1e6 if raw is not None \
+                    else host_w.get(s.kind)
+        joules = self._host_joules()
+        if joules and self._prev_host is not None and t > self._prev_host[0]:
+            dt = t - self._prev_host[0]
+            for s in self.host:
+                if s.counter and s.name in joules:
+                    w = (joules[s.name] - self._prev_host[1].get(s.name, joules[s.name])) / dt
+                    host_w[s.kind] = (host_w.get(s.kind) or 0.0) + w
+        if joules:
+            self._prev_host = (t, joules)
+        smp = Sample(t, gpu_w, host_w)
+        self.samples.append(smp)
+        return smp
+
+    def _states(self) -> list[dict[str, Any]]:
+        return [self.gpus.state(i) for i in range(len(self._uuids()))] if self.gpus else []
+
+    # -- the run ----------------------------------------------------------------------------
+    def start(self, thread: bool = True) -> "EnergyMeter":
+        self.t_start = self.clock()
+        self.state["start"] = self._states()
+        self.listener("start", WORKLOAD)
+        if thread and (self.gpus or self.host):
+            self._thread = threading.Thread(target=self._run, name="hopperlab-power",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        period = 1.0 / self.rate_hz
+        while not self._stop.wait(period):
+            self.sample()
+
+    def listener(self, event: str, name: str) -> None:
+        """``core.window``'s listener: read the counters at a window's edges."""
+        if event == "start":
+            if name != WORKLOAD and self.owned is None and self._own_uuids is not None:
+                self.owned = self._own_uuids(not self.per_rank)
+            self.sample()
+            self._open[name] = Window(name, self.clock(), self._counters(), self._host_joules())
+        elif event == "end" and name in self._open:
+            win = self._open.pop(name)
+            win.gpu1, win.host1 = self._counters(), self._host_joules()
+            win.t1 = self.clock()
+            self.sample()
+            self.windows.append(win)
+
+    def finish(self) -> Result:
+        """Stop the sampler, close the workload window, and work out the figures."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.owned is None and self._own_uuids is not None:
+            self.owned = self._own_uuids(not self.per_rank)
+        self.listener("end", WORKLOAD)
+        self.state["end"] = self._states()
+        try:
+            return self._result()
+        finally:
+            if self.gpus:
+                self.gpus.close()
+
+    # -- figures ----------------------------------------------------------------------------
+    def _owned_uuids(self) -> list[str]:
+        uuids = self._uuids()
+        if self.owned:
+            mine = [u for u in uuids if any(u.endswith(x) for x in self.owned)]
+            return mine or uuids
+        return uuids
+
+    def _gpu_energy(self, wins: list[Window], uuid: str, seconds: float) -> Energy:
+        counter: float | None = 0.0
+        why = None
+        for w in wins:
+            d = counter_delta(w.gpu0.get(uuid), w.gpu1.get(uuid), NVML_WRAP_MJ)
+            if d is None:
+                counter, why = None, self._counter_reason()
+                break
+            counter += d / 1e3  # type: ignore[operator]
+        trace = self._trace_j(wins, lambda s: s.gpu_w.get(uuid))
+        return window_energy(counter, trace, seconds, why)
+
+    def _counter_reason(self) -> str:
+        err = (self.gpus.errors.get("energy") if self.gpus else None) or "no reading"
+        return f"NVML energy counter unavailable ({err})"
+
+    def _trace_j(self, wins: list[Window], pick: Callable[[Sample], float | None]
+                 ) -> float | None:
+        total = 0.0
+        for w in wins:
+            pts = [(s.t, pick(s)) for s in self.samples]
+            j = integrate(pts, w.t0, w.t1 or w.t0)
+            if j is None:
+                return None
+            total += j
+        return total
+
+    def _figures(self, wins: list[Window], prefix: str) -> tuple[dict[str, float],
+                                                                 dict[str, str]]:
+        metrics: dict[str, float] = {}
+        tags: dict[str, str] = {}
+        seconds = sum((w.t1 or w.t0) - w.t0 for w in wins)
+        metrics[f"{prefix}energy_window_s"] = seconds
+        # GPUs
+        if not self.gpus:
+            tags[f"{prefix}energy.gpu"] = f"not measured: {self.gpu_reason or 'no NVML'}"
+        else:
+            per = {u: self._gpu_energy(wins, u, seconds) for u in self._owned_uuids()}
+            missing = [u for u, e in per.items() if e.joules is None]
+            if missing:
+                tags[f"{prefix}energy.gpu"] = "not measured: " + "; ".join(
+                    f"{u}: {per[u].note}" for u in missing)
+            else:
+                metrics[f"{prefix}energy_gpu_j"] = sum(e.joules for e in per.values())  # type: ignore[misc]
+                sources = sorted({e.source for e in per.values()})
+                notes = sorted({e.note for e in per.values() if e.note})
+                tags[f"{prefix}energy.gpu"] = "+".join(sources) + (
+                    f" ({'; '.join(notes)})" if notes else "")
+            means, peaks = [], []
+            for n, (u, e) in enumerate(per.items()):
+                pts = [s.gpu_w.get(u) for s in self.samples
+                       if any(w.t0 <= s.t <= (w.t1 or w.t0) for w in wins)]
+                pts = [p for p in pts if p is not None]
+                if e.joules is not None and seconds > 0:
+                    metrics[f"{prefix}power_gpu{n}_mean_w"] = e.joules / seconds
+                    means.append(e.joules / seconds)
+                if pts:
+                    metrics[f"{prefix}power_gpu{n}_peak_w"] = max(pts)
+                    peaks.append(max(pts))
+            if means and len(means) == len(per):
+                metrics[f"{prefix}power_gpu_mean_w"] = sum(means) / len(means)
+            if peaks:
+                metrics[f"{prefix}power_gpu_peak_w"] = max(peaks)
+            if not missing and seconds >= AGREEMENT_MIN_S and all(
+                    e.source == "counter" for e in per.values()):
+                traced = [self._trace_j(wins, lambda s, u=u: s.gpu_w.get(u)) for u in per]
+                if all(t is not None for t in traced):
+                    metrics[f"{prefix}energy_gpu_trace_ratio"] = (
+                        sum(traced) / metrics[f"{prefix}energy_gpu_j"])  # type: ignore[arg-type]
+        # host
+        if not self.host:
+            tags[f"{prefix}energy.host"] = f"not measured: {self.host_reason or 'no sensor'}"
+        else:
+            by_kind: dict[str, float | None] = {}
+            for s in self.host:
+                if s.counter:
+                    j: float | None = sum(w.host1.get(s.name, 0.0) - w.host0.get(s.name, 0.0)
+                                          for w in wins)
+                else:
+                    j = self._trace_j(wins, lambda smp, k=s.kind: smp.host_w.get(k))
+                    if s.kind in by_kind:
+                        continue  # power sensors of a kind are summed in the samples already
+                prev = by_kind.get(s.kind, 0.0)
+                by_kind[s.kind] = None if j is None or prev is None else prev + j
+            host = [by_kind[k] for k in HOST_KINDS if k in by_kind]
+            if host and all(h is not None for h in host):
+                metrics[f"{prefix}energy_host_j"] = sum(host)  # type: ignore[arg-type]
+                if seconds > 0:
+                    metrics[f"{prefix}power_host_mean_w"] = metrics[f"{prefix}energy_host_j"] \
+                        / seconds
+                tags[f"{prefix}energy.host"] = ", ".join(
+                    sorted({s.kind for s in self.host if s.kind in HOST_KINDS}))
+            else:
+                tags[f"{prefix}energy.host"] = "not measured: a host sensor gave no reading"
+            if by_kind.get("module") is not None:
+                metrics[f"{prefix}energy_module_j"] = by_kind["module"]  # type: ignore[assignment]
+        return metrics, tags
+
+    def _result(self) -> Result:
+        by_name: dict[str, list[Window]] = {}
+        for w in self.windows:
+            by_name.setdefault(w.name, []).append(w)
+        measured = by_name.get(MEASURED)
+        main = measured or by_name.get(WORKLOAD, [])
+        metrics, tags = self._figures(main, "")
+        metrics["energy_windows"] = float(len(main))
+        tags["energy.window"] = (
+            f"measured: {len(main)} window(s), {metrics['energy_window_s']:.3f} s" if measured
+            else f"workload: the whole workload call ({metrics['energy_window_s']:.3f} s; "
+                 "the family opened no measured window)")
+        for name, wins in by_name.items():
+            if name in (MEASURED, WORKLOAD):
+                continue
+            m, t = self._figures(wins, f"{name}_")
+            metrics.update(m)
+            tags.update(t)
+        tags["energy.sampler"] = (f"{self.rate_hz:g} Hz, {len(self.samples)} samples"
+                                  + (f", GPU power {self.gpus.power_kind}" if self.gpus else ""))
+        if self.gpus:
+            mine, seen = len(self._owned_uuids()), len(self._uuids())
+            tags["energy.gpus"] = (f"{mine} of {seen} visible"
+                                   + (" (the ones torch used)" if self.owned else ""))
+        return Result(metrics, tags, self.state, self._trace_csv(), self._windows_json())
+
+    def _trace_csv(self) -> str:
+        uuids = self._owned_uuids()
+        kinds = sorted({k for s in self.samples for k in s.host_w})
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["t_s", "window", *(f"gpu{n}_w" for n in range(len(uuids))),
+                    *(f"host_{k}_w" for k in kinds)])
+        for s in self.samples:
+            inside = next((x.name for x in self.windows if x.name != WORKLOAD
+                           and x.t0 <= s.t <= (x.t1 or x.t0)), "")
+            w.writerow([f"{s.t - self.t_start:.4f}", inside,
+                        *(_cell(s.gpu_w.get(u)) for u in uuids),
+                        *(_cell(s.host_w.get(k)) for k in kinds)])
+        return buf.getvalue()
+
+    def _windows_json(self) -> list[dict[str, Any]]:
+        return [{"name": w.name, "start_s": w.t0 - self.t_start,
+                 "end_s": (w.t1 or w.t0) - self.t_start, "gpu_counter_mj_start": w.gpu0,
+                 "gpu_counter_mj_end": w.gpu1, "host_j_start": w.host0, "host_j_end": w.host1}
+                for w in self.windows]
+
+
+def _cell(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def open_meter(*, per_rank: bool, measure_host: bool,
+               rate_hz: float = DEFAULT_RATE_HZ) -> EnergyMeter:
+    """A meter on this process's GPUs (NVML) and, where ``measure_host``, the node's host
+    sensors (one rank per node measures the host, so that it is counted once)."""
+    gpus, why = NvmlGpus.open()
+    if measure_host:
+        sensors, host_why = host_sensors()
+    else:
+        sensors, host_why = [], "measured by local rank 0 of this node"
+    return EnergyMeter(gpus, why, sensors, host_why, per_rank=per_rank, rate_hz=rate_hz,
+                       own_uuids=torch_device_uuids)

@@ -1,0 +1,142 @@
+"""``hopperlab compare A B``: two sets of runs (results folders, or two MLflow queries), per run
+and metric the ratio B/A with its 95 % interval and a verdict by the test of
+``hopperlab.core.effects``: faster (better), slower (worse), same within noise, or
+inconclusive. What changed comes first; the exit status says whether anything got worse.
+
+Each side's noise comes from its own repeats (``samples.jsonl``; from MLflow: the recorded
+``<metric>_cv`` and ``<metric>_n``). Runs measured once on both sides have no noise estimate:
+their ratio is shown and the verdict is ``inconclusive`` (unless the change is below the
+minimum effect: then ``same``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from hopperlab.core import effects
+from hopperlab.core.rundir import read_samples
+from hopperlab.results.machines.references import direction
+from hopperlab.results.report.collect import RunRow
+
+SLOWER, FASTER, SAME, INCONCLUSIVE = "slower", "faster", "same within noise", "inconclusive"
+WORSE_WORD, BETTER_WORD = "worse", "better"
+ONLY_A, ONLY_B, NOT_OK = "only in A", "only in B", "not ok"
+#: a real change of a metric without a declared direction (neither better nor worse)
+CHANGED = "changed"
+#: order on the page and in the text: what changed first
+ORDER = (SLOWER, WORSE_WORD, CHANGED, INCONCLUSIVE, FASTER, BETTER_WORD, NOT_OK, ONLY_A, ONLY_B,
+         SAME)
+_SPEED = re.compile(r"(_ms|_s|time|per_s|gbps|qps|tflops|latency|lat_|ttft)", re.I)
+
+
+@dataclass
+class Change:
+    key: str
+    metric: str
+    verdict: str
+    a: float | None
+    b: float | None
+    n_a: int = 0
+    n_b: int = 0
+    effect: effects.Effect | None = None
+    detail: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.verdict != SAME
+
+
+def _words(metric: str) -> tuple[str, str]:
+    """(better, worse) for ``metric``: faster/slower for times and rates, else better/worse."""
+    return (FASTER, SLOWER) if _SPEED.search(metric) else (BETTER_WORD, WORSE_WORD)
+
+
+def measure_of(row: RunRow, metric: str, samples: Sequence[Mapping[str, float]]
+               ) -> effects.Measure | None:
+    """A run's measure of ``metric`` (``core.effects.measure_from``)."""
+    return effects.measure_from(row.metrics, samples, metric)
+
+
+def _samples(row: RunRow) -> list[dict[str, float]]:
+    folder = Path(row.run_dir)
+    return read_samples(folder) if folder.is_dir() else []
+
+
+def _metrics(a: RunRow, b: RunRow) -> list[str]:
+    wanted = list(dict.fromkeys([*a.headline_metrics, *b.headline_metrics]))
+    wanted = [m for m in wanted if m in a.metrics or m in b.metrics]
+    return wanted or sorted(set(a.metrics) & set(b.metrics))
+
+
+def compare_runs(a_rows: Mapping[str, RunRow], b_rows: Mapping[str, RunRow],
+                 min_effect: float = effects.DEFAULT_MIN_EFFECT) -> list[Change]:
+    """Every run key of either side, every headline metric of the run: its change A -> B."""
+    out: list[Change] = []
+    for key in sorted(set(a_rows) | set(b_rows)):
+        a, b = a_rows.get(key), b_rows.get(key)
+        if a is None or b is None:
+            out.append(Change(key, "", ONLY_B if a is None else ONLY_A, None, None))
+            continue
+        if a.status != "ok" or b.status != "ok":
+            out.append(Change(key, "status", NOT_OK, None, None,
+                              detail=f"A {a.status}, B {b.status}"))
+            continue
+        sa, sb = _samples(a), _samples(b)
+        for metric in _metrics(a, b):
+            out.append(_change(a, b, metric, sa, sb, min_effect))
+    out.sort(key=lambda c: (ORDER.index(c.verdict), -(c.effect.worse_by if c.effect else 0)))
+    return out
+
+
+def _change(a: RunRow, b: RunRow, metric: str, sa: Sequence[Mapping[str, float]],
+            sb: Sequence[Mapping[str, float]], min_effect: float) -> Change:
+    ma, mb = measure_of(a, metric, sa), measure_of(b, metric, sb)
+    if ma is None or mb is None:
+        return Change(a.key, metric, ONLY_B if ma is None else ONLY_A,
+                      ma.median if ma else None, mb.median if mb else None)
+    better, worse = _words(metric)
+    way = direction(a.family, metric)
+    try:
+        eff = effects.compare(mb, ma, direction=way, min_effect=min_effect)
+    except ValueError as exc:
+        ratio = mb.median / ma.median if ma.median else math.nan
+        small = math.isfinite(ratio) and ratio > 0 and abs(math.log(ratio)) < math.log1p(
+            min_effect)
+        return Change(a.key, metric, SAME if small else INCONCLUSIVE, ma.median, mb.median,
+                      ma.n, mb.n, detail=f"x{ratio:.3f}; {exc}")
+    verdict = {effects.WORSE: worse, effects.BETTER: better, effects.SAME: SAME,
+               effects.UNCLEAR: INCONCLUSIVE}[eff.verdict]
+    if way is None and eff.verdict == effects.WORSE:
+        verdict = CHANGED  # no declared direction: a real change, neither better nor worse
+    return Change(a.key, metric, verdict, ma.median, mb.median, ma.n, mb.n, eff, eff.detail)
+
+
+def load_folder(folder: Path) -> dict[str, RunRow]:
+    """A results folder's runs by key (refusing a folder without any)."""
+    from hopperlab.core.errors import SpecError
+    from hopperlab.results.report.collect import collect_runs
+
+    rows = collect_runs(Path(folder))
+    if not rows:
+        raise SpecError(f"{folder}: not a results folder (no run with a record)")
+    return {r.key: r for r in rows}
+
+
+def worse(changes: Sequence[Change]) -> list[Change]:
+    """What makes ``compare`` exit 1: a metric slower or worse beyond the noise."""
+    return [c for c in changes if c.verdict in (SLOWER, WORSE_WORD)]
+
+
+def text_lines(changes: Sequence[Change], a_name: str, b_name: str) -> list[str]:
+    changed = [c for c in changes if c.changed]
+    same = len(changes) - len(changed)
+    lines = [f"[hopperlab] compare {a_name} (A) -> {b_name} (B): {len(changed)} change(s), "
+             f"{same} metric(s) the same within noise"]
+    for c in changed:
+        lines.append(f"{c.verdict.upper():<14} {c.key} {c.metric} {c.detail}".rstrip())
+    return lines
+

@@ -1,0 +1,209 @@
+"""``hopperlab history``: a metric over time from MLflow (every run is tagged with its machine
+and commit), per machine and run, with change points flagged, as text, ``history.csv`` and
+``history.html`` (one chart per series).
+
+Change points: binary segmentation on the series, at least ``MIN_SEGMENT`` runs a side, each
+split where the two sides' absolute deviations from their own medians are smallest; a split
+counts when the later segment differs from the earlier one by the noise test of
+``hopperlab.core.effects`` (each segment's runs as samples: their spread is the run-to-run
+noise); then each side is split again.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+from hopperlab.core import effects
+from hopperlab.core.errors import SpecError
+from hopperlab.core.rundir import write_text_atomic
+from hopperlab.core.stats import half_width
+from hopperlab.results import tracking
+from hopperlab.results.machines.references import direction
+
+MIN_SEGMENT = 3
+
+
+@dataclass
+class Point:
+    when: float            # seconds since the epoch (the run's start)
+    value: float
+    commit: str
+    run_id: str
+    half: float | None = None
+
+
+@dataclass
+class Change:
+    index: int             # the first point after the change
+    effect: effects.Effect
+
+
+@dataclass
+class Series:
+    machine: str
+    key: str
+    metric: str
+    direction: str | None
+    points: list[Point] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+
+
+def change_points(values: Sequence[float], way: str | None,
+                  min_effect: float = effects.DEFAULT_MIN_EFFECT,
+                  min_segment: int = MIN_SEGMENT) -> list[Change]:
+    """The change points of ``values`` (in order): binary segmentation, each split where the
+    two sides' absolute deviations from their medians (log scale) are smallest, kept when the
+    noise test finds the sides different by at least ``min_effect``."""
+    found: list[Change] = []
+    logs = [math.log(v) if v > 0 else math.nan for v in values]
+
+    def cost(part: Sequence[float]) -> float:
+        med = sorted(part)[len(part) // 2]
+        return sum(abs(x - med) for x in part)
+
+    def split(lo: int, hi: int) -> None:
+        cuts = range(lo + min_segment, hi - min_segment + 1)
+        if not cuts or any(math.isnan(x) for x in logs[lo:hi]):
+            return
+        k = min(cuts, key=lambda c: cost(logs[lo:c]) + cost(logs[c:hi]))
+        try:
+            e = effects.compare(effects.Measure.of(values[k:hi]),
+                                effects.Measure.of(values[lo:k]), direction=way,
+                                min_effect=min_effect)
+        except ValueError:
+            return
+        if e.verdict in (effects.WORSE, effects.BETTER):
+            found.append(Change(k, e))
+            split(lo, k)
+            split(k, hi)
+
+    split(0, len(values))
+    return sorted(found, key=lambda c: c.index)
+
+
+def load(tracking_uri: str, machine: str | None = None, key: str | None = None,
+         metric: str | None = None) -> list[Series]:
+    """The series on the server: per machine, run key and metric (default: each run's first
+    headline metric with a direction), oldest first."""
+    from mlflow.tracking import MlflowClient
+
+    from hopperlab.results.machines.mlflow_source import unflatten
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    filters = [f"tags.machine = '{machine}'"] if machine else []
+    if key:
+        if key.count("/") != 2:
+            raise SpecError(f"--run {key!r}: a run is named family/experiment/variant")
+        for tag, part in zip((tracking.TAG_FAMILY, tracking.TAG_EXPERIMENT,
+                              tracking.TAG_VARIANT), key.split("/")):
+            filters.append(f"tags.`{tag}` = '{part}'")
+    series: dict[tuple[str, str, str], Series] = {}
+    for exp in client.search_experiments():
+        for run in client.search_runs([exp.experiment_id], " and ".join(filters),
+                                      max_results=50000):
+            tags = run.data.tags
+            if tags.get(tracking.TAG_ROLE) == "parent" or tracking.TAG_VARIANT not in tags \
+                    or tags.get(tracking.TAG_STATUS) != "ok":
+                continue
+            family = tags[tracking.TAG_FAMILY]
+            run_key = f"{family}/{tags[tracking.TAG_EXPERIMENT]}/{tags[tracking.TAG_VARIANT]}"
+            metrics = run.data.metrics
+            names = [metric] if metric else _first_directed(unflatten(run.data.params), family)
+            for name in names:
+                if name not in metrics:
+                    continue
+                s = series.setdefault((tags.get("machine", "?"), run_key, name), Series(
+                    tags.get("machine", "?"), run_key, name, direction(family, name)))
+                s.points.append(Point(run.info.start_time / 1e3, float(metrics[name]),
+                                      tags.get("git_commit", ""), run.info.run_id,
+                                      half_width(metrics, name)))
+    if not series:
+        wanted = ", ".join(f for f in (machine, key, metric) if f)
+        raise SpecError(f"{tracking.redact_uri(tracking_uri)}: no ok run"
+                        + (f" of {wanted}" if wanted else "") + " with that metric")
+    out = sorted(series.values(), key=lambda s: (s.machine, s.key, s.metric))
+    for s in out:
+        s.points.sort(key=lambda p: p.when)
+    return out
+
+
+def _first_directed(spec: dict, family: str) -> list[str]:
+    headline = spec.get("headline_metrics") or []
+    return [m for m in headline if direction(family, m)][:1] if isinstance(headline, list) else []
+
+
+def _when(p: Point) -> str:
+    return datetime.fromtimestamp(p.when, timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def text_lines(series: Sequence[Series]) -> list[str]:
+    out = []
+    for s in series:
+        out.append(f"{s.machine} {s.key} {s.metric}: {len(s.points)} runs, "
+                   f"{len(s.changes)} change point(s)")
+        for c in s.changes:
+            p = s.points[c.index]
+            word = {effects.WORSE: "worse", effects.BETTER: "better"}.get(c.effect.verdict, "")
+            out.append(f"    CHANGE {word} at {_when(p)} (commit {p.commit[:12] or '?'}): "
+                       f"{c.effect.detail}")
+    return out
+
+
+def _chart(s: Series) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 2.6))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    xs = list(range(len(s.points)))
+    ax.errorbar(xs, [p.value for p in s.points],
+                yerr=[p.half or 0.0 for p in s.points], fmt="o-", ms=3, lw=1, capsize=2)
+    for c in s.changes:
+        ax.axvline(c.index - 0.5, color="#c62828", ls="--", lw=1)
+    ax.set_xticks(xs, [_when(p)[5:] for p in s.points], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel(s.metric, fontsize=8)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.subplots_adjust(bottom=0.35, left=0.1, right=0.98)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def write(series: Sequence[Series], out: Path) -> tuple[Path, Path]:
+    out = Path(out)
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["machine", "run", "metric", "when", "value", "half_width", "commit", "run_id",
+                "change"])
+    for s in series:
+        starts = {c.index: c for c in s.changes}
+        for i, p in enumerate(s.points):
+            c = starts.get(i)
+            w.writerow([s.machine, s.key, s.metric, _when(p), p.value, p.half or "", p.commit,
+                        p.run_id, c.effect.detail if c else ""])
+    csv_path, html_path = out / "history.csv", out / "history.html"
+    write_text_atomic(csv_path, buf.getvalue())
+    e = html.escape
+    body = ["<h1>History</h1>"]
+    changed = [s for s in series if s.changes]
+    body.append(f"<p><b>{len(changed)} of {len(series)} series changed</b> (a change point: "
+                "the runs after it differ from those before beyond their run-to-run noise, by "
+                "at least 5 %; docs/benchmarks/noise.md).</p>")
+    for s in sorted(series, key=lambda s: not s.changes):
+        body.append(f"<h2>{e(s.machine)} {e(s.key)} {e(s.metric)}</h2>")
+        body.extend(f"<p>{e(line.strip())}</p>" for line in text_lines([s])[1:])
+        body.append(f'<img alt="{e(s.metric)} over time" src="data:image/png;base64,'
+                    f'{_chart(s)}">')
+    write_text_atomic(html_path, "<!doctype html><html><head><meta charset=utf-8><title>"
+                      "hopperlab history</title></head><body style='font:14px system-ui'>"
+                      + "".join(body) + "</body></html>\n")
+    return csv_path, html_path

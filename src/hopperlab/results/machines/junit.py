@@ -1,0 +1,63 @@
+"""JUnit XML of a check, for CI systems: one test case per run (and node), a ``failure`` per
+regression, ``skipped`` for a run without a reference; inconclusive findings are written as
+system-out so that a CI page shows them without failing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+from xml.etree import ElementTree as ET
+
+from hopperlab.core.rundir import FAILING_STATUSES, write_text_atomic
+from hopperlab.results.machines.references import (
+    INCONCLUSIVE,
+    NO_REFERENCE,
+    REGRESSION,
+    Judgement,
+)
+
+
+def write(path: Path, name: str, rows: Sequence[Any], judgements: Mapping[str, Judgement],
+          node_of: Mapping[str, str] | None = None,
+          slow: Mapping[str, Sequence[str]] | None = None) -> Path:
+    """Write ``path``; ``node_of`` (run directory -> node) names each case's class by node;
+    ``slow`` (run directory -> findings) fails a case whose node is slower than its peers."""
+    suite = ET.Element("testsuite", name=name)
+    failures = skipped = 0
+    for row in rows:
+        j = judgements.get(str(row.run_dir))
+        if j is None:
+            continue
+        node = (node_of or {}).get(str(row.run_dir))
+        case = ET.SubElement(suite, "testcase", name=row.key,
+                             classname=f"hopperlab.{node or row.machine or 'unknown'}")
+        bad = [f for f in j.findings if f.verdict == REGRESSION]
+        slower = list((slow or {}).get(str(row.run_dir), ()))
+        if row.status in FAILING_STATUSES and not bad:
+            failures += 1
+            ET.SubElement(case, "failure", message=f"run ended {row.status}",
+                          type="failed").text = str(row.reason or "")
+        elif slower and not bad:
+            failures += 1
+            ET.SubElement(case, "failure", message="slower than the other nodes",
+                          type="slow").text = "\n".join(slower)
+        elif bad:
+            failures += 1
+            fail = ET.SubElement(case, "failure", message=f"{len(bad)} regression(s): "
+                                 + ", ".join(f.metric for f in bad), type="regression")
+            fail.text = "\n".join(f.detail for f in bad)
+        elif j.verdict == NO_REFERENCE:
+            skipped += 1
+            ET.SubElement(case, "skipped", message="no reference for this run")
+        unclear = [f for f in j.findings if f.verdict == INCONCLUSIVE]
+        if unclear:
+            ET.SubElement(case, "system-out").text = "\n".join(
+                f"inconclusive: {f.detail}" for f in unclear)
+    suite.set("tests", str(len(suite)))
+    suite.set("failures", str(failures))
+    suite.set("skipped", str(skipped))
+    suite.set("errors", "0")
+    ET.indent(suite)
+    write_text_atomic(Path(path), ET.tostring(suite, encoding="unicode",
+                                              xml_declaration=True) + "\n")
+    return Path(path)

@@ -1,0 +1,40 @@
+"""The environment a job starts with: the submitting process's, with the site's ``env:`` set
+and the secrets removed.
+
+A site's ``env:`` (``OMP_NUM_THREADS: 1``...) reaches every task of every job, locally and
+through Slurm, without a shell: it is put into this process's environment only while submitit
+starts the job (the local controller and ``sbatch --export=ALL`` both copy it then). The
+secrets of the submitting side (MLflow credentials, the Hugging Face token) are taken out for
+that moment: the job never talks to the network, and Slurm keeps a job's environment on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Mapping
+
+#: what the submitting side needs and a job never does (jobs do not use the network)
+JOB_SECRETS = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME",
+               "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_TOKEN")
+
+_lock = threading.Lock()
+
+
+@contextmanager
+def job_environment(site_env: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` as the job must see it, for the block; put back as it was after."""
+    with _lock:
+        saved = {name: os.environ.get(name) for name in (*JOB_SECRETS, *site_env)}
+        try:
+            for name in JOB_SECRETS:
+                os.environ.pop(name, None)
+            os.environ.update({k: str(v) for k, v in site_env.items()})
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

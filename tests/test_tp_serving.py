@@ -1,0 +1,97 @@
+"""The tensor-parallel serving path on one CPU process at float64: the static-cache decode step
+(the one a GPU replays as a CUDA graph) gives the logits of prefilling the longer prompt, the
+server's greedy tokens are the reference's; and the floors from recorded inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hopperlab.workloads.inference import tensor_parallel as tp
+from hopperlab.workloads.inference.tp_floor import (NodeRates, TPShape, decode_floor_s,
+                                                    layers_that_fit, prefill_allreduce_floor_s,
+                                                    prefill_floor_s)
+
+SHAPE = tp.Shape(hidden=64, heads=8, kv_heads=2, ffn=96, vocab=128, layers=3)
+
+
+def _model() -> tp.TPDecoder:
+    return tp.build(SHAPE, seed=4, dtype=torch.float64, device="cpu", cuda=False)
+
+
+@pytest.mark.parametrize("kv_slice", [4, 256])
+def test_decode_steps_through_the_static_cache_equal_prefilling_the_whole_sequence(
+        monkeypatch, kv_slice):
+    monkeypatch.setattr(tp, "KV_SLICE", kv_slice)  # 4: the weighted sum in 4 slices of 4
+    model = _model()
+    seq = torch.randint(0, SHAPE.vocab, (2, 10), generator=torch.Generator().manual_seed(2))
+    whole = model.prefill(seq, model.new_cache(2, 10), last_only=False)
+    cache = model.new_cache(2, 16)  # longer than needed: the tail must be masked out
+    model.prefill(seq[:, :7], cache)
+    for pos in range(7, 10):
+        step = model.decode_step(seq[:, pos:pos + 1], cache, torch.tensor([pos]))
+        torch.testing.assert_close(step[:, 0], whole[:, pos], rtol=1e-10, atol=1e-10)
+
+
+def test_the_server_generates_the_greedy_tokens_of_the_reference():
+    model = _model()
+    prompts = torch.randint(0, SHAPE.vocab, (3, 5), generator=torch.Generator().manual_seed(3))
+    server = tp.Server(model, batch=3, max_len=9, graphs=False)
+    server.prefill(prompts)
+    first = server.token.clone()
+    server.decode(3)
+    seq = torch.cat([prompts, first], dim=1)
+    for _ in range(3):  # reference: prefill the whole sequence again for every token
+        nxt = model.prefill(seq, model.new_cache(3, seq.shape[1])).argmax(-1)
+        seq = torch.cat([seq, nxt], dim=1)
+    assert torch.equal(server.generated(3), seq[:, 6:])
+    # a second request through the same server and cache gives the same answer again
+    server.prefill(prompts)
+    server.decode(3)
+    assert torch.equal(server.generated(3), seq[:, 6:])
+
+
+def test_blocks_hold_only_their_slice_and_fused_projections_are_whole():
+    model = _model()
+    blk = model.blocks[0]
+    d = SHAPE.head_dim
+    assert blk.qkv.shape == ((SHAPE.heads + 2 * SHAPE.kv_heads) * d, SHAPE.hidden)
+    assert blk.gate_up.shape == (2 * SHAPE.ffn, SHAPE.hidden)
+    assert model.weight_bytes() == (SHAPE.layers * SHAPE.layer_params
+                                    + 2 * SHAPE.vocab * SHAPE.hidden) * 8
+
+
+# the 70B at TP 4 on a node measured at 4,000 GB/s HBM, 700 TFLOP/s, 20 us / 2 ms all-reduces
+B70 = TPShape(hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=32000, layers=80, world=4,
+              dtype_bytes=2)
+RATES = NodeRates(hbm_gbps=4000.0, matmul_tflops=700.0, allreduce_decode_s=20e-6,
+                  allreduce_prefill_s=2e-3)
+
+
+def test_decode_floor_is_bytes_over_hbm_plus_the_all_reduces():
+    per_block = 8192 * 128 * (2 * 64 + 2 * 8) + 3 * 8192 * 28672
+    weights = (80 * per_block // 4 + 32000 * 8192) * 2
+    kv_per_token = 2 * 80 * (8 // 4) * 128 * 2
+    assert B70.weight_read_bytes() == weights
+    assert B70.kv_bytes(1, 1) == kv_per_token
+    expected = (weights + kv_per_token * 31292) / 4000e9 + 160 * 20e-6
+    assert decode_floor_s(B70, RATES, 1, 31292) == pytest.approx(expected)
+    assert 0.0115 < expected < 0.0135  # ~35 GB a rank read per token: about 12.5 ms
+
+
+def test_prefill_floor_is_flops_over_the_matmul_rate():
+    t = 31242
+    per_block = (8192 * 128 * (2 * 64 + 2 * 8) + 3 * 8192 * 28672) // 4
+    flops = 2 * t * per_block * 80 + 2 * 16 * t * t * 128 * 80 + 2 * 8192 * 32000
+    assert B70.prefill_flops(1, t) == pytest.approx(flops)
+    assert prefill_floor_s(B70, RATES, 1, t) == pytest.approx(flops / 700e12)
+    assert prefill_allreduce_floor_s(B70, RATES) == pytest.approx(160 * 2e-3)
+
+
+def test_layers_that_fit_follow_the_free_memory():
+    one = TPShape(8192, 64, 8, 28672, 32000, 80, 1, 2)
+    assert layers_that_fit(B70, 140 * 2**30, 1, 31342) == 80  # TP 4: all of them
+    on_h200 = layers_that_fit(one, 140 * 2**30, 1, 31342)
+    on_h100 = layers_that_fit(one, 79 * 2**30, 1, 31342)
+    assert 0 < on_h100 < on_h200 < 80
+    assert layers_that_fit(one, 1 * 2**30, 1, 31342) == 0
