@@ -28,9 +28,9 @@ import tempfile
 import time
 import traceback
 import zipfile
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from hopperlab.core.rundir import Recorder, SkipRun  # noqa: E402
 from hopperlab.workloads.finetune import FinetuneParams  # noqa: E402
-from hopperlab.workloads.base import Knobs  # noqa: E402
+from hopperlab.workloads.base import Knobs, fake_run  # noqa: E402
 
 GIB = float(1 << 30)
 MODELS = {"7b": ROOT / "models/llama-2-7b", "70b": ROOT / "models/llama-2-70b",
@@ -52,11 +52,8 @@ LORA7B = FinetuneParams(method="lora", weights="random", dtype="bfloat16", seq_l
 
 def spec_for(model: str, knobs: Knobs, params: FinetuneParams, assets: dict[str, Path]) -> Any:
     paths = {"model": MODELS[model], **assets}
-    return SimpleNamespace(
-        params=params, knobs=knobs, resources=SimpleNamespace(gpus=1),
-        site=SimpleNamespace(allow_oversubscription=False), assets={k: str(v) for k, v in
-                                                                   paths.items()},
-        asset_path=lambda role: paths[role], run_dir=tempfile.mkdtemp(prefix="ft-"))
+    return fake_run(params, gpus=1, assets=paths, run_dir=tempfile.mkdtemp(prefix="ft-"),
+                    family="finetune", **asdict(knobs))
 
 
 def pinned_bandwidth_gbps() -> dict[str, float]:

@@ -33,7 +33,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -357,6 +356,7 @@ def workload_section(b: Bench, out: Path, only: set[str] | None = None) -> None:
 
     from hopperlab.core.rundir import Recorder
     from hopperlab.workloads.inference import InferenceParams
+    from hopperlab.workloads.base import fake_run
     from hopperlab.workloads.inference.workload import run
 
     out = out / "runs" / "kv"  # run folders stay on the machine; their figures are in the JSON
@@ -380,12 +380,9 @@ def workload_section(b: Bench, out: Path, only: set[str] | None = None) -> None:
         if b.elapsed() > b.budget_s:
             print(f"[budget] workload {name}: not run", flush=True)
             break
-        spec = SimpleNamespace(
-            params=InferenceParams(**base, **extra), scale="full",
-            knobs=SimpleNamespace(memory=memory, profiler="none"),
-            site=SimpleNamespace(allow_oversubscription=False),
-            resources=SimpleNamespace(gpus=1, cpus=8), run_dir=str(out / f"kv-{name}"),
-            asset_path=lambda role: asset)
+        spec = fake_run(InferenceParams(**base, **extra), scale="full", gpus=1, cpus=8,
+                        run_dir=out / f"kv-{name}", assets={"model": asset},
+                        family="inference", experiment="kv-cache", variant=name, memory=memory)
         rec = Recorder(out / f"kv-{name}", identity={"key": f"inference/kv-cache/{name}"})
         try:
             run(spec, rec)

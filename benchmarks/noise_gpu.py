@@ -5,7 +5,9 @@ as the family defines them: windows after one warm-up, or reruns), through the p
 runner. A second process (benchmarks/gpu_loader.py) loads the same GPU during the last LOADED
 samples only: it is switched on when ``samples.jsonl`` reaches REF + HEALTHY lines. Then:
 
-* the first REF samples of each run become its references (``hopperlab references update``);
+* the first REF samples of each run become its references (``hopperlab references update``
+  over a copy of the machine's shipped file, so that the metrics a shipped check judges are
+  the ones judged here);
 * each of the next HEALTHY samples is one check of a healthy node: every run's sample i,
   judged against those references by the check's own code (a check fails on a regression);
 * each of the last LOADED samples is one check of the loaded node.
@@ -169,6 +171,11 @@ def judge(results: Path, out: Path, ref: int, healthy: int, loaded: int) -> dict
         raise SystemExit("[noise] no run measured all its samples")
     refs_dir = out / "references"
     shutil.rmtree(refs_dir, ignore_errors=True)
+    refs_dir.mkdir(parents=True)
+    for machine in {r.machine for r in collect_runs(views / "ref")}:
+        shipped = ROOT / references.REFERENCES_DIR / f"{machine}.yaml"
+        if shipped.is_file():  # the metrics the shipped check judges, per run (update keeps them)
+            shutil.copy(shipped, refs_dir / shipped.name)
     reference_update.update(views / "ref", refs_dir)
     checks = []
     for i in range(healthy + loaded):
@@ -224,9 +231,12 @@ def main() -> int:
                 log[key] = {"skipped": "deadline"}
                 print(f"[noise] {key}: skipped (deadline)")
                 continue
-            spec_file = prepare(key, over, args, results)
-            log[key] = {"params": over, **measure(spec_file, args.ref + args.healthy, flag,
-                                                  left + 60)}
+            try:
+                spec_file = prepare(key, over, args, results)
+                log[key] = {"params": over, **measure(spec_file, args.ref + args.healthy, flag,
+                                                      left + 60)}
+            except Exception as exc:  # noqa: BLE001 - one run's mistake must not lose the rest
+                log[key] = {"params": over, "error": f"{type(exc).__name__}: {exc}"}
             print(f"[noise] {key}: {log[key]}", flush=True)
     finally:
         flag.unlink(missing_ok=True)

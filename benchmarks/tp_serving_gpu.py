@@ -10,11 +10,11 @@ import json
 import os
 import sys
 import time
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
+from hopperlab.workloads.base import fake_run
 from hopperlab.workloads.inference import InferenceParams, tp_serving
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    spec = SimpleNamespace(resources=SimpleNamespace(gpus=1))
+    spec = fake_run(gpus=1, family="inference")
     for row in sys.argv[1:]:
         prompt, new, batch, *layers = (int(x) for x in row.split(":"))
         params = InferenceParams(study="tensor-parallel", model_shape="llama-2-70b",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
-from types import SimpleNamespace
 
 import pytest
 
@@ -24,6 +23,7 @@ from hypothesis import strategies as st  # noqa: E402
 from hopperlab.assets.tpch import generate  # noqa: E402
 from hopperlab.core.rundir import Recorder, SkipRun  # noqa: E402
 from hopperlab.workloads import family_info  # noqa: E402
+from hopperlab.workloads.base import fake_run  # noqa: E402
 from hopperlab.workloads.database import (  # noqa: E402
     FAMILY,
     QUERIES,
@@ -50,11 +50,8 @@ def tpch(tmp_path_factory):
 
 def spec(folder, placement="device", memory="device", profiler="none", **params):
     values = {"repeats": 1, "warmup": 0, "chunk_rows": 16384, "placement": placement, **params}
-    return SimpleNamespace(
-        params=DatabaseParams(**values), scale="smoke",
-        knobs=SimpleNamespace(memory=memory, profiler=profiler),
-        site=SimpleNamespace(allow_oversubscription=False),
-        resources=SimpleNamespace(gpus=0), asset_path=lambda role: folder)
+    return fake_run(DatabaseParams(**values), assets={"tables": folder}, memory=memory,
+                    profiler=profiler)
 
 
 # --------------------------------------------------------------------------- contract

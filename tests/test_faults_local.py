@@ -249,3 +249,46 @@ def test_a_job_slurm_killed_for_its_memory_is_oom(tmp_path, state, said):
     rec = submission._settle_record(run_dir, spec, 1, outcome)
     assert rec["status"] == "oom", rec
     assert "memory" in rec["reason"] and "mem_gb" in rec["reason"], rec["reason"]
+
+
+def test_a_killed_submitters_local_job_is_stopped_before_the_next_attempt(tmp_path):
+    """Issue 28 item 4 on the local executor: never start attempt n+1 while attempt n's job
+    still runs (its submitter was killed and could not stop it)."""
+    import signal
+    import sys
+    import time
+
+    from tests.helpers import edit_yaml
+
+    project = copy_project(tmp_path / "project")
+
+    def slow(seconds):
+        edit_yaml(project / "experiments/selftest.yaml", lambda d: d["experiments"]["faults"][
+            "variants"].__setitem__("slow", {"params": {"action": "sleep", "sleep_s": seconds}}))
+
+    slow(120)
+    run_dir = project / "results/selftest/faults/slow"
+    cmd = [sys.executable, "-m", "hopperlab.cli", "submit", "selftest/faults/slow", "--no-upload",
+           "--config", "families=selftest"]
+    first = subprocess.Popen(cmd, cwd=project)
+    deadline = time.monotonic() + 120
+    while not ((run_dir / "hardware.json").exists() and '"submitted"' in (
+            (run_dir / "history.jsonl").read_text() if (run_dir / "history.jsonl").exists()
+            else "")):
+        assert time.monotonic() < deadline, "the first job never started"
+        time.sleep(0.2)
+    entry = next(e for e in _history(run_dir) if e["event"] == "submitted")
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    (run_dir / ".writer.lock").unlink(missing_ok=True)
+    os.kill(entry["pid"], 0)  # its job goes on without it
+    slow(1)
+    again = hopperlab(cmd[3:], project, timeout=300)
+    text = again.stdout + again.stderr
+    assert again.returncode == 0, text[-3000:]
+    assert f"local job {entry['pid']} of attempt 1 still runs; stopping it" in text, text[-3000:]
+    with pytest.raises(ProcessLookupError):
+        os.kill(entry["pid"], 0)
+    spec = json.loads((run_dir / "spec.json").read_text())
+    rec = json.loads((run_dir / "record.json").read_text())
+    assert spec["attempt"] == rec["attempt"] == 2 and rec["run_uid"] == spec["run_uid"], rec

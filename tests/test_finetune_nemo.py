@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +12,7 @@ from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.finetune import FinetuneParams
 from hopperlab.workloads.finetune.nemo import (nemo_command, parse_log, run_nemo,
                                                summarize_log)
-from hopperlab.workloads.base import Knobs
+from hopperlab.workloads.base import FakeSite, Knobs, fake_run
 
 LOG = Path(__file__).parent / "data" / "finetune" / "nemo_lora_llama2_7b.log"
 PARAMS = FinetuneParams(backend="nemo", seq_len=2048, micro_batch=4, warmup_steps=2,
@@ -87,10 +86,6 @@ def test_log_summary_excludes_warmup():
 def test_without_the_image_the_run_is_skipped(tmp_path, monkeypatch):
     monkeypatch.delenv("HOPPERLAB_IMAGE", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # no apptainer / singularity
-    spec = SimpleNamespace(
-        knobs=Knobs(), run_dir=str(tmp_path), assets={},
-        asset_path=lambda role: (_ for _ in ()).throw(KeyError(role)),
-        site=SimpleNamespace(assets_dir=str(tmp_path), container=SimpleNamespace(
-            image_file=None, runtime=None, binds=())))
+    spec = fake_run(PARAMS, run_dir=tmp_path, site=FakeSite(assets_dir=str(tmp_path)))
     with pytest.raises(SkipRun, match="nemo image"):
         run_nemo(spec, PARAMS, recorder=None)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +14,7 @@ from hopperlab.assets import materialize
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.rundir import Recorder, SkipRun, read_steps
 from hopperlab.core.stats import percentile
-from hopperlab.workloads.base import Contradiction, Knobs
+from hopperlab.workloads.base import Contradiction, FakeSite, Knobs, RunView, fake_run
 from hopperlab.workloads.finetune import FAMILY, FinetuneParams
 from hopperlab.workloads.finetune.metrics import flops_per_token, link_floors
 from hopperlab.workloads.finetune.model import ModelCounts
@@ -40,11 +39,9 @@ def assets(tmp_path_factory) -> Path:
     return adir
 
 
-def spec(assets: Path, params: FinetuneParams, run_dir: Path, **knobs) -> SimpleNamespace:
-    return SimpleNamespace(
-        params=params, knobs=Knobs(**knobs), resources=SimpleNamespace(gpus=0),
-        site=SimpleNamespace(allow_oversubscription=False), assets=dict(ROLES),
-        run_dir=str(run_dir), asset_path=lambda role: assets / ROLES[role])
+def spec(assets: Path, params: FinetuneParams, run_dir: Path, **knobs) -> RunView:
+    return fake_run(params, run_dir=run_dir,
+                    assets={role: assets / name for role, name in ROLES.items()}, **knobs)
 
 
 def run_it(assets, tmp_path, params=SMOKE, **knobs):
@@ -204,8 +201,7 @@ def test_nemo_backend_without_image_is_skipped(assets, tmp_path, monkeypatch):
     monkeypatch.delenv("HOPPERLAB_IMAGE", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     s = spec(assets, replace(SMOKE, backend="nemo"), tmp_path)
-    s.site = SimpleNamespace(allow_oversubscription=False, assets_dir=str(assets),
-                             container=SimpleNamespace(image_file=None, runtime=None, binds=()))
+    s.site = FakeSite(assets_dir=str(assets))
     with pytest.raises(SkipRun):
         run(s, Recorder(tmp_path / "n"))
 

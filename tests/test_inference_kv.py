@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from hopperlab.core.rundir import Recorder  # noqa: E402
+from hopperlab.workloads.base import RunView, fake_run  # noqa: E402
 from hopperlab.workloads.inference import InferenceParams  # noqa: E402
 from hopperlab.workloads.inference.generation import decode, prefill  # noqa: E402
 from hopperlab.workloads.inference.host_memory import HostArena  # noqa: E402
@@ -55,13 +56,9 @@ def rt():
 
 
 def _spec(assets: Path, tmp: Path, memory: str = "device", profiler: str = "none",
-          **params) -> SimpleNamespace:
-    return SimpleNamespace(
-        params=InferenceParams(**params), scale="smoke",
-        knobs=SimpleNamespace(memory=memory, profiler=profiler),
-        site=SimpleNamespace(allow_oversubscription=False),
-        resources=SimpleNamespace(gpus=0, cpus=1), run_dir=str(tmp),
-        asset_path=lambda role: assets / "tiny-llama")
+          **params) -> RunView:
+    return fake_run(InferenceParams(**params), run_dir=tmp, assets={"model": assets / "tiny-llama"},
+                    memory=memory, profiler=profiler)
 
 
 def _run(assets: Path, tmp: Path, name: str, memory: str = "device", profiler: str = "none",
@@ -301,7 +298,7 @@ def test_matrix_resolves_the_smoke_runs():
 
     matrix = load_matrix(ROOT, {"families": "inference", "scale": "smoke"})
     keys = sorted(matrix.runs)
-    assert len(keys) <= 12  # 8 single-GPU studies + the 4 tensor-parallel rows (issue 20)
+    assert len(keys) <= 14  # 8 single-GPU studies + the 6 tensor-parallel rows (TP 4, 2, 1)
     assert "inference/kv-cache/offload" in keys and "inference/weight-streaming/accelerate" in keys
     managed = matrix.get("inference/kv-cache/managed")
     assert managed.knobs.memory == "managed" and managed.params.policy == "offload"

@@ -4,7 +4,6 @@ hooks) equal those of the whole model resident, at every split, over prefill and
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hopperlab.core.rundir import Recorder  # noqa: E402
+from hopperlab.workloads.base import fake_run  # noqa: E402
 from hopperlab.workloads.inference import InferenceParams  # noqa: E402
 from hopperlab.workloads.inference.generation import forward_last  # noqa: E402
 from hopperlab.workloads.inference.host_memory import HostArena  # noqa: E402
@@ -145,11 +145,7 @@ def test_workload_records_the_sweep(assets, tmp_path, streamer):
     params = InferenceParams(study="weight-streaming", streamer=streamer,
                              resident_fractions=fractions, batch_sizes=[1, 2], prompt_tokens=8,
                              decode_tokens=3, warmup=1, dtype="float32")
-    spec = SimpleNamespace(params=params, scale="smoke",
-                           knobs=SimpleNamespace(memory="device", profiler="none"),
-                           site=SimpleNamespace(allow_oversubscription=False),
-                           resources=SimpleNamespace(gpus=0, cpus=1), run_dir=str(tmp_path),
-                           asset_path=lambda role: assets / "tiny-llama")
+    spec = fake_run(params, run_dir=tmp_path, assets={"model": assets / "tiny-llama"})
     rec = Recorder(tmp_path / "run")
     run(spec, rec)
     out = rec.finish("ok")

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from hopperlab.core.rundir import Recorder, SkipRun, load_record, read_steps
 from hopperlab.workloads import family_info
+from hopperlab.workloads.base import fake_run
 from hopperlab.workloads.membench import (FAMILY, HEADLINE_METRICS, MembenchParams,
                                           headline_metrics)
 from hopperlab.workloads.membench import workload
@@ -28,11 +28,8 @@ SIZES = (1, 4, 8)
 def spec(gpus: int = 0, memory: str = "device", profiler: str = "none", scale: str = "smoke",
          allow: bool = False, **params):
     values = {"sizes_mb": SIZES, "repeats": 3, "warmup": 1, **params}
-    return SimpleNamespace(
-        params=MembenchParams(**values), scale=scale,
-        knobs=SimpleNamespace(memory=memory, profiler=profiler),
-        site=SimpleNamespace(allow_oversubscription=allow),
-        resources=SimpleNamespace(gpus=gpus))
+    return fake_run(MembenchParams(**values), scale=scale, gpus=gpus,
+                    allow_oversubscription=allow, memory=memory, profiler=profiler)
 
 
 def run_variant(tmp_path, s, *, use_torch: bool = True):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -21,7 +20,7 @@ from hopperlab.memory.activation_offload import (  # noqa: E402
     ActivationOffload, save_on_cpu_reference)
 from hopperlab.memory.checkpointing import checkpoint_layers  # noqa: E402
 from hopperlab.memory.layers import decoder_layers  # noqa: E402
-from hopperlab.workloads.base import Knobs  # noqa: E402
+from hopperlab.workloads.base import fake_run  # noqa: E402
 from hopperlab.workloads.finetune import FinetuneParams  # noqa: E402
 from hopperlab.workloads.finetune import moe  # noqa: E402
 from hopperlab.workloads.finetune.moe_config import read_moe_config  # noqa: E402
@@ -145,10 +144,8 @@ def test_the_workload_trains_the_tiny_moe_and_counts_active_flops(tmp_path):
     params = FinetuneParams(method="full", weights="random", dtype="float32", data="synthetic",
                             seq_len=32, micro_batch=2, warmup_steps=1, measured_steps=2,
                             offload_min_bytes=0)
-    spec = SimpleNamespace(
-        params=params, knobs=Knobs(offload="activations"), resources=SimpleNamespace(gpus=0),
-        site=SimpleNamespace(allow_oversubscription=False), assets={"model": "moe-tiny-random"},
-        run_dir=str(tmp_path / "run"), asset_path=lambda role: adir / "moe-tiny-random")
+    spec = fake_run(params, run_dir=tmp_path / "run", assets={"model": adir / "moe-tiny-random"},
+                    offload="activations")
     rec = Recorder(tmp_path / "run")
     run(spec, rec)
     rec.finish("ok")

@@ -4,14 +4,13 @@ node is a Grace Hopper or the site allows it; the matrix declares them."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.rundir import Recorder, SkipRun
 from hopperlab.cuda.managed_policy import oversubscription_refusal
-from hopperlab.workloads.base import Contradiction, Knobs
+from hopperlab.workloads.base import Contradiction, FakeSite, Knobs, fake_run
 from hopperlab.workloads.finetune import FinetuneParams, check
 from hopperlab.workloads.finetune import workload as ft_workload
 from hopperlab.workloads.finetune.oversubscription import check_oversubscription
@@ -22,9 +21,8 @@ GH200 = {"gpu_model": "NVIDIA GH200 480GB", "cpu_arch": "aarch64", "is_grace_hop
 
 
 def _spec(memory="managed", allow=False):
-    return SimpleNamespace(knobs=SimpleNamespace(memory=memory),
-                           site=SimpleNamespace(name="gpu-node", allow_oversubscription=allow),
-                           params=FinetuneParams(oversubscribe=True))
+    return fake_run(FinetuneParams(oversubscribe=True), memory=memory,
+                    site=FakeSite(name="gpu-node", allow_oversubscription=allow))
 
 
 def _rec(tmp_path, hw):

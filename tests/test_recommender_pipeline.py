@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from hopperlab.assets.recsys import RecsysSpec, generate, write
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.rundir import Recorder, SkipRun, read_steps
 from hopperlab.workloads import family_info
-from hopperlab.workloads.base import Contradiction, Knobs
+from hopperlab.workloads.base import Contradiction, Knobs, fake_run
 from hopperlab.workloads.recommender import (
     COMPONENTS,
     FAMILY,
@@ -115,12 +114,8 @@ def test_summarize_shares_and_names():
 
 
 def _spec(data_dir, memory="device", num_workers=0, cpus=1, **params):
-    return SimpleNamespace(
-        params=RecommenderParams(**{**SMOKE, **params}), scale="smoke",
-        knobs=SimpleNamespace(memory=memory, profiler="none", num_workers=num_workers),
-        site=SimpleNamespace(allow_oversubscription=False),
-        resources=SimpleNamespace(gpus=0, cpus=cpus),
-        asset_path=lambda role: data_dir)
+    return fake_run(RecommenderParams(**{**SMOKE, **params}), cpus=cpus,
+                    assets={"data": data_dir}, memory=memory, num_workers=num_workers)
 
 
 @pytest.mark.parametrize("params,knobs", [({"pipeline": "cpu"}, {}),

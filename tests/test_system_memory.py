@@ -15,7 +15,7 @@ import pytest
 from hopperlab.core.rundir import Recorder, SkipRun
 from hopperlab.cuda import runtime as cr
 from hopperlab.cuda.system_memory import system_memory_support
-from hopperlab.workloads.base import Contradiction, Knobs
+from hopperlab.workloads.base import Contradiction, Knobs, fake_run
 from hopperlab.workloads.database import DatabaseParams
 from hopperlab.workloads.database import check as database_check
 from hopperlab.workloads.database import workload as db_workload
@@ -92,11 +92,8 @@ def test_membench_system_prepares_where_pageable_access(tmp_path, monkeypatch, f
 
 
 def _membench_spec(memory: str, kind: str):
-    return SimpleNamespace(params=MembenchParams(test="alloc", kind=kind, sizes_mb=(1,),
-                                                 repeats=1, warmup=0),
-                           scale="smoke", knobs=SimpleNamespace(memory=memory, profiler="none"),
-                           site=SimpleNamespace(allow_oversubscription=False),
-                           resources=SimpleNamespace(gpus=0))
+    return fake_run(MembenchParams(test="alloc", kind=kind, sizes_mb=(1,), repeats=1, warmup=0),
+                    memory=memory)
 
 
 def test_membench_system_on_a_cpu_node_skips(tmp_path):

@@ -53,7 +53,9 @@ def test_the_runner_sizes_a_local_job_from_its_resources(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(runner.threads, "apply", lambda plan: seen.setdefault("plan", plan))
     rec = Recorder(tmp_path / "run")
-    runner._size_threads(SimpleNamespace(resources=SimpleNamespace(cpus=1, threads=None)), rec)
+    spec = SimpleNamespace(resources=SimpleNamespace(cpus=1, threads=None),
+                           site=SimpleNamespace(env={}))
+    runner._size_threads(spec, rec)
     assert seen["plan"].intra_op == 1 and rec.hardware["threads"]["intra_op"] == 1
 
 

@@ -83,7 +83,8 @@ def test_failed_run_is_retried_and_a_new_selection_runs(tmp_path):
     assert "Nothing to be done" not in text, text[-3000:]
     assert json.loads((base / "oom/record.json").read_text())["status"] == "oom"  # it ran
     assert json.loads((base / "raises/record.json").read_text())["attempt"] == 2  # retried
-    assert [e["attempt"] for e in _history(base / "ok")] == [1, 1]  # ok was left alone
+    assert [e["attempt"] for e in _history(base / "ok")
+            if e["event"] != "submitted"] == [1, 1]  # ok was left alone
     rows = (project / "results-da/summary.csv").read_text()
     assert ",oom," in rows
 
@@ -116,7 +117,7 @@ def test_runs_finished_before_an_interrupt_are_adopted_not_redone(tmp_path, inte
     assert again.returncode == 0, again.stderr[-3000:]
     assert "adopted, not rerun" in again.stdout + again.stderr
     assert json.loads((run_dir / "metrics.json").read_text())["attempt"] == 1
-    assert [e["event"] for e in _history(run_dir)] == ["start", "end", "adopted"]
+    assert [e["event"] for e in _history(run_dir)] == ["start", "submitted", "end", "adopted"]
     assert not (run_dir / "attempts").exists()
     assert len(_mlflow_children(project / "results", "slow")) == 1
 
@@ -209,3 +210,30 @@ def test_ctrl_c_to_the_process_group_after_the_job_recorded_ok_adopts_it(tmp_pat
     assert not any(e["event"] == "start" and e["attempt"] == 2 for e in _history(run_dir))
     assert len(_mlflow_children(project / "results", "slow")) == 1
     assert not ended_before or "adopted" in text  # the window was hit, or at least adopted
+
+
+def test_a_killed_hopperlab_run_leaves_the_finished_attempt_adoptable(tmp_path):
+    """Issue 28 item 2: a killed `hopperlab run` left a dangling attempt, and the next
+    `snakemake` redid the run although an `ok` earlier attempt was on disk."""
+    project = copy_project(tmp_path / "project")
+    _add_slow_variant(project)
+    config = _config("selftest/faults/slow")
+    run_dir = project / "results/selftest/faults/slow"
+    first = snakemake(["--cores", "2", *config], project)
+    assert first.returncode == 0, first.stderr[-3000:]
+    by_hand = subprocess.Popen([sys.executable, "-m", "hopperlab.cli", "run",
+                                "selftest/faults/slow", "--no-upload", "--config",
+                                *config[1:]], cwd=project)
+    _wait_for(lambda: json.loads((run_dir / "spec.json").read_text()).get("attempt") == 2
+              and (run_dir / "hardware.json").exists(), "the hand run to start")
+    by_hand.kill()
+    by_hand.wait(timeout=60)
+    (run_dir / ".writer.lock").unlink(missing_ok=True)  # SIGKILL: no chance to let go
+
+    again = snakemake(["--cores", "2", *config], project)
+    text = again.stdout + again.stderr
+    assert again.returncode == 0, text[-3000:]
+    assert "adopted, not rerun" in text, text[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["attempt"] == 1
+    assert not any(e["event"] == "start" and e["attempt"] == 3 for e in _history(run_dir))
+    assert (run_dir / "attempts/2").is_dir()  # the killed attempt's files, kept aside

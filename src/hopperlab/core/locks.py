@@ -49,6 +49,19 @@ def this_process() -> dict[str, Any]:
             "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cwd": os.getcwd()}
 
 
+def process_on_this_host(pid: int) -> dict[str, Any]:
+    """A record of process ``pid`` of this host that ``is_alive`` can check later (a pid that
+    the kernel gave to another process since counts as gone)."""
+    return {"host": socket.gethostname(), "pid": pid, "start": _start_ticks(pid)}
+
+
+def is_alive(holder: dict[str, Any]) -> bool | None:
+    """Whether the process of ``holder`` runs (None: another host's, which cannot be told)."""
+    if holder.get("host") != socket.gethostname():
+        return None
+    return _alive_here(holder)
+
+
 def holder_id(holder: dict[str, Any]) -> str:
     return f"{holder.get('host')}:{holder.get('pid')}"
 

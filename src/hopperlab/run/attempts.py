@@ -94,13 +94,20 @@ def ended(run_dir: Path, attempt: int) -> bool:
     return bool(events(run_dir, attempt, "end"))
 
 
-def job_of(run_dir: Path, attempt: int) -> str | None:
-    """The scheduler's id of the job that ran ``attempt`` (from its ``submitted`` line)."""
+def submitted(run_dir: Path, attempt: int) -> dict[str, Any] | None:
+    """The ``submitted`` line of ``attempt``: its job id (Slurm's, or the local job's process
+    with ``host`` and ``start``)."""
     for entry in reversed(events(run_dir, attempt, "submitted")):
         job = entry.get("job_id")
         if isinstance(job, str) and job:
-            return job
+            return entry
     return None
+
+
+def job_of(run_dir: Path, attempt: int) -> str | None:
+    """The scheduler's id of the job that ran ``attempt`` (from its ``submitted`` line)."""
+    entry = submitted(run_dir, attempt)
+    return entry["job_id"] if entry else None
 
 
 def archive_current(run_dir: Path) -> Path | None:

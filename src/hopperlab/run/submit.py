@@ -7,11 +7,13 @@ run directory ends with a record, and an unreachable MLflow only delays the uplo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import replace
@@ -448,7 +450,11 @@ def _await_earlier_job(spec: RunSpec, run_dir: Path, log) -> None:
     if not found or attempts.ended(run_dir, found[0].number):
         return
     last = found[0]
-    job = attempts.job_of(run_dir, last.number)
+    entry = attempts.submitted(run_dir, last.number)
+    if entry is not None and "host" in entry:
+        _await_earlier_local_job(spec, run_dir, last, entry, log)
+        return
+    job = entry["job_id"] if entry else None
     if job is None or not scheduler.job_active(job):
         return
     poll = max(1.0, spec.site.poll_interval_s)
@@ -470,6 +476,35 @@ def _await_earlier_job(spec: RunSpec, run_dir: Path, log) -> None:
         raise scheduler.SchedulerDown(f"{spec.key}: job {job} of attempt {last.number} is still "
                                       f"queued after scancel; try again once it has left")
     _end_line(run_dir, last.number, "failed", job, "CANCELLED", note)
+
+
+def _await_earlier_local_job(spec: RunSpec, run_dir: Path, last: attempts.Attempt,
+                             entry: dict[str, Any], log) -> None:
+    """The local job of a killed submitter: waited for (same spec) or stopped (SIGINT to its
+    controller, which stops its tasks; SIGKILL if it has not ended a minute later)."""
+    holder = {"host": entry.get("host"), "pid": entry.get("pid"), "start": entry.get("start")}
+
+    def gone() -> bool:
+        return locks.is_alive(holder) is not True
+
+    if gone():
+        return
+    pid = int(entry["pid"])
+    current = spec_data_fingerprint(json.loads(json.dumps(spec.to_dict(), default=str)))
+    if spec_data_fingerprint(last.spec) == current:
+        log(f"[hopperlab] {spec.key}: local job {pid} of attempt {last.number} still runs this "
+            f"spec; waiting for it")
+        if scheduler.poll_until(gone, 0.5, last_time_limit_s(last.spec)):
+            return
+    log(f"[hopperlab] {spec.key}: local job {pid} of attempt {last.number} still runs; "
+        f"stopping it before attempt {attempts.next_attempt(run_dir)}")
+    for sig, wait_s in ((signal.SIGINT, 60.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+        if scheduler.poll_until(gone, 0.2, wait_s):
+            break
+    _end_line(run_dir, last.number, "failed", entry.get("job_id"), "CANCELLED",
+              "stopped: a later submission found it still running")
 
 
 def last_time_limit_s(spec_data: dict[str, Any]) -> float:
@@ -538,9 +573,13 @@ def _submit_locked(spec: RunSpec, run_dir: Path, upload: Uploader | None, log,
     log(f"[hopperlab] {key}: attempt {attempt} via {spec.site.executor}")
 
     def submitted(job_id: str) -> None:
-        if spec.site.executor == "slurm":  # what a later submission checks (_await_earlier_job)
-            attempts.append_history(run_dir, {"attempt": attempt, "event": "submitted",
-                                              "time": utc_now(), "job_id": job_id})
+        # what a later submission checks (_await_earlier_job): Slurm's job id, or the local
+        # job's controller process
+        entry = {"attempt": attempt, "event": "submitted", "time": utc_now(), "job_id": job_id}
+        if spec.site.executor == "local" and job_id.isdigit():
+            entry.update(locks.process_on_this_host(int(job_id)), job_id=job_id)
+        if spec.site.executor in ("slurm", "local"):
+            attempts.append_history(run_dir, entry)
         log(f"[hopperlab] {key}: job {job_id} submitted")
 
     try:

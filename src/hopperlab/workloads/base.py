@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
+
+from hopperlab.core.errors import AssetMissing
+from hopperlab.workloads.prediction import PredictModel
 
 P = TypeVar("P")
 
@@ -86,7 +90,8 @@ class WorkUnit:
 @dataclass(frozen=True)
 class FamilyInfo:
     name: str
-    #: "package.module:function" called as ``function(spec, recorder)`` inside the job.
+    #: "package.module:function" called as ``function(spec: RunView, recorder: Recording)``
+    #: inside the job.
     entry: str
     #: knob name -> the values this family implements. A knob not listed is unsupported.
     supported_knobs: dict[str, frozenset[Any]]
@@ -119,12 +124,20 @@ class FamilyInfo:
     #: warm-up) or ``windows`` (the entry sets up and warms up once, then measures
     #: ``spec.repeats`` windows and records each with ``recorder.add_sample``)
     repeat_unit: str = "reruns"
+    #: "package.module:NAME" of the family's prediction model (a ``workloads.prediction.
+    #: PredictModel``: the figures it predicts on a machine we do not have, and how), loaded
+    #: only by ``hopperlab predict`` / ``machines``; None: the family's runs are not predicted
+    predict: str | None = None
     #: metrics (shell globs) a host's CPU drives, judged only against references of the same
     #: host CPU (``hopperlab.node.hardware.host_cpu``)
     host_cpu_metrics: tuple[str, ...] = ()
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)
+
+    def load_predict(self) -> PredictModel | None:
+        """The family's ``PredictModel`` (None: the family declares none)."""
+        return _load(self.predict) if self.predict else None
 
     def load_charts(self) -> Callable[..., list["FamilyChart"]] | None:
         return _load(self.charts) if self.charts else None
@@ -149,12 +162,103 @@ def frame_variants(fig: Any, ax: Any, variants: Sequence[str], right: float = 0.
     fig.subplots_adjust(bottom=0.35, left=0.12, right=right)
 
 
+# -- the family contract: what a family's ``run(spec, recorder)`` reads and calls ---------------
+# config.spec.RunSpec and core.rundir.Recorder provide these (tests/test_family_contract.py
+# checks it); workloads sit below config and see a run only through them (rule 3).
+
+@runtime_checkable
+class ResourcesView(Protocol):
+    """What the run holds: GPUs of each node (0: none) and CPUs of each task."""
+
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def cpus(self) -> int: ...
+
+
+@runtime_checkable
+class ContainerView(Protocol):
+    """The site's container (finetune's NeMo backend runs its own image beside it)."""
+
+    @property
+    def runtime(self) -> str | None: ...
+    @property
+    def binds(self) -> tuple[str, ...]: ...
+    @property
+    def image_file(self) -> str | None: ...
+
+
+@runtime_checkable
+class SiteView(Protocol):
+    """What a family reads of the site it runs on."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def allow_oversubscription(self) -> bool: ...
+    @property
+    def assets_dir(self) -> str: ...
+    @property
+    def container(self) -> ContainerView: ...
+
+
+@runtime_checkable
+class RunView(Protocol):
+    """One run as a family sees it: the first argument of ``FamilyInfo.entry``."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def experiment(self) -> str: ...
+    @property
+    def variant(self) -> str: ...
+    @property
+    def scale(self) -> str: ...
+    @property
+    def knobs(self) -> Knobs: ...
+    @property
+    def params(self) -> Any: ...  # the family's params dataclass
+    @property
+    def resources(self) -> ResourcesView: ...
+    @property
+    def site(self) -> SiteView: ...
+    @property
+    def run_dir(self) -> str: ...
+    @property
+    def repeats(self) -> int: ...
+    @property
+    def assets(self) -> Mapping[str, str]: ...
+    def asset_path(self, role: str) -> Path:
+        """The built asset's folder for ``role`` (raises AssetMissing where there is none)."""
+        ...
+
+
+@runtime_checkable
+class Recording(Protocol):
+    """What a family calls on the run's recorder: the second argument of ``FamilyInfo.entry``."""
+
+    #: the repeat being measured (repeat_unit "windows"), which step lines carry; None: one
+    repeat: int | None
+    #: the final metrics so far (a window's are recorded as a sample, then cleared)
+    metrics: dict[str, float]
+    #: the node's fingerprint (``node.hardware``), set by the runner
+    hardware: dict[str, Any]
+
+    def set_tag(self, name: str, value: Any) -> None: ...
+    def log_metric(self, name: str, value: float) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float] | None = None, **kw: float) -> None: ...
+    def log_step(self, step: int, **metrics: float) -> None: ...
+    def add_sample(self, metrics: Mapping[str, float]) -> None: ...
+    def artifact_path(self, name: str) -> Path: ...
+    def mark_setup_done(self) -> None: ...
+
+
 def _load(ref: str) -> Callable[..., Any]:
     module_name, _, func = ref.partition(":")
     return getattr(importlib.import_module(module_name), func)
 
 
-def spec_params(spec: Any, params_type: type[P]) -> P:
+def spec_params(spec: RunView, params_type: type[P]) -> P:
     """The run's typed params: ``spec.params`` as ``params_type``.
 
     Workloads are also called by tests and benchmarks with a plain mapping, another dataclass
@@ -163,7 +267,7 @@ def spec_params(spec: Any, params_type: type[P]) -> P:
     """
     import dataclasses
 
-    p = getattr(spec, "params", None)
+    p = spec.params
     if isinstance(p, params_type):
         return p
     if p is None:
@@ -173,12 +277,6 @@ def spec_params(spec: Any, params_type: type[P]) -> P:
     if dataclasses.is_dataclass(p) and not isinstance(p, type):
         return params_type(**dataclasses.asdict(p))
     raise TypeError(f"spec.params must be {params_type.__name__}, got {type(p).__name__}")
-
-
-def spec_knob(spec: Any, name: str, default: Any) -> Any:
-    """The value of knob ``name`` (``default`` when the spec has no knobs or leaves it unset)."""
-    value = getattr(getattr(spec, "knobs", None), name, None)
-    return default if value is None or value == "" else value
 
 
 def no_cuda_reason(torch: Any, gpus: int | None) -> str | None:
@@ -192,3 +290,68 @@ def no_cuda_reason(torch: Any, gpus: int | None) -> str | None:
     if gpus is not None and gpus < 1:
         return "the run's resources ask for no GPU (resources.gpus = 0)"
     return None
+
+
+# -- a run without the config layer: tests, benchmarks, membench's sweep -----------------------
+
+@dataclass(frozen=True)
+class FakeResources:
+    gpus: int = 0
+    cpus: int = 1
+
+
+@dataclass(frozen=True)
+class FakeContainer:
+    runtime: str | None = None
+    binds: tuple[str, ...] = ()
+    image_file: str | None = None
+
+
+@dataclass(frozen=True)
+class FakeSite:
+    name: str = "fake"
+    allow_oversubscription: bool = False
+    assets_dir: str = ""
+    container: FakeContainer = field(default_factory=FakeContainer)
+
+
+@dataclass
+class FakeRun:
+    """A complete RunView built by ``fake_run``: assets map roles straight to folders. Not
+    frozen: a test may change what one run asks (``spec.repeats = 3``)."""
+
+    params: Any
+    knobs: Knobs
+    resources: FakeResources
+    site: FakeSite
+    run_dir: str
+    experiment: str = "fake"
+    variant: str = "fake"
+    scale: str = "smoke"
+    repeats: int = 1
+    family: str = "fake"
+    assets: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.family}/{self.experiment}/{self.variant}"
+
+    def asset_path(self, role: str) -> Path:
+        if role not in self.assets:
+            raise AssetMissing(f"{self.key} names no asset for the role {role!r}")
+        return Path(self.assets[role])
+
+
+def fake_run(params: Any = None, *, run_dir: Path | str = ".", gpus: int = 0, cpus: int = 1,
+             scale: str = "smoke", repeats: int = 1, assets: Mapping[str, Path | str] | None = None,
+             allow_oversubscription: bool = False, site: FakeSite | None = None,
+             family: str = "fake", experiment: str = "fake", variant: str = "fake",
+             **knobs: Any) -> FakeRun:
+    """A RunView for calling a family's ``run`` without a project (no matrix, no site file):
+    ``knobs`` are Knobs' fields (unset: their defaults), ``assets`` role -> folder. Unlike the
+    matrix it checks nothing: a test may hand a family what the loader would refuse."""
+    return FakeRun(
+        params=params, knobs=Knobs(**knobs), resources=FakeResources(gpus=gpus, cpus=cpus),
+        site=site or FakeSite(allow_oversubscription=allow_oversubscription),
+        run_dir=str(run_dir), experiment=experiment, variant=variant, scale=scale,
+        repeats=repeats, family=family, assets={k: str(v) for k, v in (assets or {}).items()})

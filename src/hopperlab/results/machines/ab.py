@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from hopperlab.core import effects
+from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import read_samples
 from hopperlab.results.machines.references import direction
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results.report.collect import RunRow, collect_runs
 
 SLOWER, FASTER, SAME, INCONCLUSIVE = "slower", "faster", "same within noise", "inconclusive"
 WORSE_WORD, BETTER_WORD = "worse", "better"
@@ -117,9 +118,6 @@ def _change(a: RunRow, b: RunRow, metric: str, sa: Sequence[Mapping[str, float]]
 
 def load_folder(folder: Path) -> dict[str, RunRow]:
     """A results folder's runs by key (refusing a folder without any)."""
-    from hopperlab.core.errors import SpecError
-    from hopperlab.results.report.collect import collect_runs
-
     rows = collect_runs(Path(folder))
     if not rows:
         raise SpecError(f"{folder}: not a results folder (no run with a record)")

@@ -1,8 +1,9 @@
 """``configs/machines/<name>.yaml``: what a machine offers, each figure with its source.
 
-Predictions read these (``predict.py``); a figure without a source would be a guess passed off as
-a fact, so every figure is ``{value: ..., source: ...}`` and the file is read strictly: a
-missing or unknown key is an error naming the file and the key path. ``value: null`` is allowed
+Predictions read these (each family's ``workloads/<family>/predict.py``); a figure without a
+source would be a guess passed off as a fact, so every figure is ``{value: ..., source: ...}``
+and the file is read strictly: a missing or unknown key is an error naming the file and the key
+path. ``value: null`` is allowed
 where the machine does not have the thing (direct host reads over PCIe), and the source says why.
 """
 

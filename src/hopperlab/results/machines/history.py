@@ -26,6 +26,7 @@ from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import write_text_atomic
 from hopperlab.core.stats import half_width
 from hopperlab.results import tracking
+from hopperlab.results.machines.mlflow_source import unflatten
 from hopperlab.results.machines.references import direction
 
 MIN_SEGMENT = 3
@@ -94,8 +95,6 @@ def load(tracking_uri: str, machine: str | None = None, key: str | None = None,
     """The series on the server: per machine, run key and metric (default: each run's first
     headline metric with a direction), oldest first."""
     from mlflow.tracking import MlflowClient
-
-    from hopperlab.results.machines.mlflow_source import unflatten
 
     client = MlflowClient(tracking_uri=tracking_uri)
     filters = [f"tags.machine = '{machine}'"] if machine else []

@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 from hopperlab.core import effects
 from hopperlab.core.rundir import FAILING_STATUSES, read_samples
-from hopperlab.core.stats import percentile
+from hopperlab.core.stats import percentile, robust_spread
 from hopperlab.results.machines import references
 from hopperlab.results.machines.ab import measure_of
 from hopperlab.results.report.collect import RunRow
@@ -60,6 +60,10 @@ def against_peers(rows: Mapping[str, Sequence[RunRow]], min_effect: float
                 if mine is None or not peers:
                     continue
                 spreads = [p.spread for p in (*peers, mine) if p.spread is not None]
+                if not spreads and len(peers) >= 2:
+                    # measured once each: the other nodes' scatter is the noise (the suspect
+                    # is left out, so that its own distance cannot widen it)
+                    spreads = [robust_spread([p.median for p in peers])]
                 others = effects.Measure(percentile([p.median for p in peers], 50),
                                          sum(p.n for p in peers),
                                          max(spreads) if spreads else None)
@@ -71,8 +75,7 @@ def against_peers(rows: Mapping[str, Sequence[RunRow]], min_effect: float
                     continue
                 if eff.verdict == effects.WORSE:
                     out[node].setdefault(str(row.run_dir), []).append(
-                        f"{key} {metric}: {eff.worse_by:.1%} worse than the other nodes' "
-                        f"median; {eff.detail}")
+                        f"{key} {metric}: worse than the other nodes' median, {eff.detail}")
     return out
 
 

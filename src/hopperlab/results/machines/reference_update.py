@@ -17,6 +17,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Mapping
 
+from hopperlab.core.effects import DEFAULT_MIN_EFFECT
 from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import read_samples, write_text_atomic
 from hopperlab.core.schema import load_yaml
@@ -122,8 +123,6 @@ def _old_effect(old: Any) -> float:
     for i in items:
         if isinstance(i, Mapping) and i.get("min_effect") is not None:
             return float(i["min_effect"])
-    from hopperlab.core.effects import DEFAULT_MIN_EFFECT
-
     return DEFAULT_MIN_EFFECT
 
 

@@ -123,6 +123,7 @@ FLOORS = {f"{q}_time_ms": f"{q}_floor_ms" for q in QUERIES}
 FAMILY = FamilyInfo(
     name="database",
     entry="hopperlab.workloads.database.workload:run",
+    predict="hopperlab.workloads.database.predict:MODEL",
     supported_knobs={
         "memory": frozenset({"device", "managed", "system"}),
         "profiler": PROFILERS,

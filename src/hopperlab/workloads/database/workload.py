@@ -25,7 +25,7 @@ from hopperlab.cuda.runtime import CudaError, CudaRuntime
 from hopperlab.cuda.system_memory import system_memory_support, system_memory_tags
 from hopperlab.node import hardware
 from hopperlab.node.threads import DUCKDB_ENV, env_threads
-from hopperlab.workloads.base import no_cuda_reason, spec_knob, spec_params
+from hopperlab.workloads.base import Recording, RunView, no_cuda_reason, spec_params
 from hopperlab.workloads.database import (DEFAULT_CHUNK_ROWS, DEFAULT_REPEATS, DEFAULT_WARMUP,
                                           DatabaseParams)
 from hopperlab.workloads.database.columns import load_tables
@@ -56,7 +56,7 @@ def settings(params: DatabaseParams, scale: str) -> Settings:
         warmup=params.warmup if params.warmup is not None else DEFAULT_WARMUP[scale])
 
 
-def check_system_memory(device: Any, recorder: Any) -> None:
+def check_system_memory(device: Any, recorder: Recording) -> None:
     """SkipRun (recorded) unless the GPU can read pageable host memory; before any table loads."""
     try:
         runtime = CudaRuntime()
@@ -69,11 +69,11 @@ def check_system_memory(device: Any, recorder: Any) -> None:
         raise SkipRun(f"placement system: {support.reason}")
 
 
-def compute_device(spec: Any) -> tuple[Any, str | None]:
+def compute_device(spec: RunView) -> tuple[Any, str | None]:
     """(torch device, None) for a usable GPU, or (cpu device, why not)."""
     import torch
 
-    reason = no_cuda_reason(torch, getattr(getattr(spec, "resources", None), "gpus", None))
+    reason = no_cuda_reason(torch, spec.resources.gpus)
     if reason is None:
         return torch.device("cuda", torch.cuda.current_device()), None
     return torch.device("cpu"), reason
@@ -98,12 +98,12 @@ def managed_runtime(device: Any, need: int, allow_oversubscription: bool) -> Any
     return runtime
 
 
-def run(spec: Any, recorder: Any) -> None:
+def run(spec: RunView, recorder: Recording) -> None:
     import torch
 
     params = spec_params(spec, DatabaseParams)
-    scale = str(getattr(spec, "scale", "smoke") or "smoke")
-    profiler = str(spec_knob(spec, "profiler", "none"))
+    scale = spec.scale
+    profiler = spec.knobs.profiler
     cfg = settings(params, scale)
     device, no_gpu = compute_device(spec)
     recorder.set_tag("database.placement", params.placement)
@@ -155,7 +155,7 @@ def run(spec: Any, recorder: Any) -> None:
     if params.placement == "managed":
         need = sum(encode(c, params.encoding).data.nbytes for t in tables.values()
                    for c in t.columns.values())
-        allow = bool(getattr(getattr(spec, "site", None), "allow_oversubscription", False))
+        allow = spec.site.allow_oversubscription
         runtime = managed_runtime(device, need, allow)
     source = make_source(params.placement, tables, params.encoding, device, cfg.chunk_rows,
                          runtime=runtime, prefetch=params.prefetch,
@@ -165,7 +165,7 @@ def run(spec: Any, recorder: Any) -> None:
 
     answers: dict[str, Any] = {}
     failures: list[str] = []
-    windows = int(getattr(spec, "repeats", 1) or 1)
+    windows = spec.repeats
     step = 0
     try:
         with _profiling(profiler, device, recorder):
@@ -204,7 +204,7 @@ def run(spec: Any, recorder: Any) -> None:
 
 
 @contextmanager
-def _profiling(profiler: str, device: Any, recorder: Any) -> Iterator[None]:
+def _profiling(profiler: str, device: Any, recorder: Recording) -> Iterator[None]:
     recorder.set_tag("database.profiler", profiler)
     if profiler == "torch":
         from torch.profiler import ProfilerActivity, profile

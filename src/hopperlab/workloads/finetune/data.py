@@ -24,6 +24,7 @@ from typing import Any, Iterator
 from hopperlab.assets.dolly import DollyDataset, PreparedDolly
 from hopperlab.core.errors import AssetMissing
 from hopperlab.cuda.nvtx import DATA_WAIT, nvtx_range
+from hopperlab.workloads.base import RunView
 from hopperlab.workloads.finetune import FinetuneParams
 
 
@@ -54,7 +55,7 @@ class DataSource:
     seq_len: int
 
 
-def _asset(spec: Any, role: str) -> Any:
+def _asset(spec: RunView, role: str) -> Any:
     """``spec.asset_path(role)``, or None when the asset is missing (AssetMissing)."""
     try:
         return spec.asset_path(role)
@@ -62,7 +63,7 @@ def _asset(spec: Any, role: str) -> Any:
         return None
 
 
-def open_source(spec: Any, params: FinetuneParams, vocab_size: int) -> DataSource:
+def open_source(spec: RunView, params: FinetuneParams, vocab_size: int) -> DataSource:
     """The dataset the run's params name, or synthetic tokens when allowed and needed."""
     missing = None
     if params.data == "prepared":

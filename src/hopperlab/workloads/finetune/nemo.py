@@ -23,6 +23,7 @@ from typing import Any, Iterable, Sequence
 from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import percentile
 from hopperlab.node.containers import find_runtime, image_path, job_exec_prefix
+from hopperlab.workloads.base import Recording, RunView
 from hopperlab.workloads.finetune import FinetuneParams
 
 NEMO_IMAGE = "nemo"
@@ -134,7 +135,7 @@ def summarize_log(steps: Sequence[NemoStep], *, warmup_steps: int,
     return out
 
 
-def container_prefix(spec: Any) -> list[str] | None:
+def container_prefix(spec: RunView) -> list[str] | None:
     """What goes before the command: [] inside the nemo image already, the runtime's exec
     prefix for ``containers/nemo.sif`` otherwise, None when neither is possible."""
     if os.environ.get("HOPPERLAB_IMAGE") == NEMO_IMAGE:
@@ -149,7 +150,7 @@ def container_prefix(spec: Any) -> list[str] | None:
                            gpus=True)
 
 
-def run_nemo(spec: Any, params: FinetuneParams, recorder: Any) -> None:
+def run_nemo(spec: RunView, params: FinetuneParams, recorder: Recording) -> None:
     try:
         model_dir = spec.asset_path("model")
     except Exception:  # noqa: BLE001 - NeMo can fetch the model itself

@@ -8,25 +8,24 @@ node is a Grace Hopper or the site allows oversubscription (cuda.managed_policy)
 
 from __future__ import annotations
 
-from typing import Any
-
 from hopperlab.core.rundir import SkipRun
 from hopperlab.cuda.managed_policy import oversubscription_refusal
 from hopperlab.node import hardware
+from hopperlab.workloads.base import Recording, RunView
 
 
-def check_oversubscription(spec: Any, oversubscribe: bool, recorder: Any) -> None:
+def check_oversubscription(spec: RunView, oversubscribe: bool, recorder: Recording) -> None:
     """Raise SkipRun where this node may not oversubscribe; tag the decision either way."""
     if not oversubscribe:
         return
-    hw = getattr(recorder, "hardware", None) or hardware.fingerprint()
-    site = getattr(spec, "site", None)
-    allow = bool(getattr(site, "allow_oversubscription", False))
+    hw = recorder.hardware or hardware.fingerprint()
+    site = spec.site
+    allow = site.allow_oversubscription
     grace = bool(hw.get("is_grace_hopper"))
     node = (f"{hw.get('gpu_model') or 'without a GPU'} on {hw.get('cpu_arch')}"
             f"{' (Grace Hopper)' if grace else ', not a Grace Hopper'}")
     reason = oversubscription_refusal(grace, allow, node=node,
-                                      site=str(getattr(site, "name", None) or "(none)"))
+                                      site=site.name or "(none)")
     recorder.set_tag("finetune.oversubscription",
                      "refused" if reason else ("allowed: Grace Hopper" if grace
                                                else "allowed: site allow_oversubscription"))

@@ -32,6 +32,7 @@ from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import percentile
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.memory.pinned import pinned_empty
+from hopperlab.workloads.base import Recording
 from hopperlab.workloads.finetune import host_need, shard_init, step_floor
 
 
@@ -264,7 +265,7 @@ class Plan:
     checkpointing: bool
 
 
-def run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] | None) -> None:
+def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None) -> None:
     """Train ``plan`` on this rank, log steps and the run's figures (rank 0's are the run's)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -299,7 +300,7 @@ def run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] 
             dist.destroy_process_group()
 
 
-def check_host_memory(plan: Plan, world: int, recorder: Any, device: Any,
+def check_host_memory(plan: Plan, world: int, recorder: Recording, device: Any,
                       meminfo: str | None = None) -> None:
     """Skip, with the figures, an offloading run this node's free host memory cannot hold
     (``host_need``), before any of it is allocated; log the estimate either way. ``meminfo``:
@@ -349,7 +350,7 @@ def probe_compute(plan: Plan, device: Any, accum: int) -> float:
     return step_floor.extrapolate_layers(times[0], times[1], sizes[0], sizes[1], layers)
 
 
-def _run(plan: Plan, recorder: Any, cuda: bool, pinned_gbps: tuple[float, float] | None,
+def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None,
          model: Llama, device: Any, rank: int, world: int, accum: int) -> None:
     n_params = sum(p.numel() for p in model.parameters())  # global sizes, sharded or not
     opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay)

@@ -25,7 +25,7 @@ from hopperlab.memory.fp8 import Fp8Unavailable
 from hopperlab.memory.layers import decoder_layers
 from hopperlab.memory.managed_allocator import ManagedAllocatorError
 from hopperlab.memory.saved_tensor_census import CENSUS_CSV, CENSUS_JSON, SavedTensorCensus
-from hopperlab.workloads.base import no_cuda_reason, spec_params
+from hopperlab.workloads.base import Recording, RunView, no_cuda_reason, spec_params
 from hopperlab.workloads.finetune import HEADLINE_METRICS, SHAPES, FinetuneParams
 from hopperlab.workloads.finetune import data, loop, metrics, sharded
 from hopperlab.workloads.finetune import model as model_mod
@@ -39,7 +39,7 @@ __all__ = ["run", "run_torch", "prepare", "train", "TorchRun", "HEADLINE_METRICS
 GIB = float(1 << 30)
 
 
-def run(spec: Any, recorder: Any) -> None:
+def run(spec: RunView, recorder: Recording) -> None:
     params = spec_params(spec, FinetuneParams)
     recorder.set_tag("finetune.backend", params.backend)
     check_oversubscription(spec, params.oversubscribe, recorder)  # before any allocation
@@ -52,7 +52,7 @@ def run(spec: Any, recorder: Any) -> None:
     run_torch(spec, params, recorder)
 
 
-def run_torch(spec: Any, params: FinetuneParams, recorder: Any) -> dict[str, float]:
+def run_torch(spec: RunView, params: FinetuneParams, recorder: Recording) -> dict[str, float]:
     """The torch backend: the techniques and model of the run, trained; returns the metrics."""
     return train(prepare(spec, params, recorder))
 
@@ -62,9 +62,9 @@ def run_torch(spec: Any, params: FinetuneParams, recorder: Any) -> dict[str, flo
 class TorchRun:
     """A torch-backend run once prepared: techniques in place, the model built and prepared."""
 
-    spec: Any
+    spec: RunView
     params: FinetuneParams
-    recorder: Any
+    recorder: Recording
     cuda: bool
     device: Any
     tech: Techniques
@@ -82,17 +82,17 @@ class TorchRun:
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
-def use_cuda(spec: Any) -> tuple[bool, str]:
+def use_cuda(spec: RunView) -> tuple[bool, str]:
     """Whether this run measures a GPU, and if not, why."""
     try:
         import torch
     except ImportError:
         return False, "torch is not installed"
-    reason = no_cuda_reason(torch, int(getattr(getattr(spec, "resources", None), "gpus", 0) or 0))
+    reason = no_cuda_reason(torch, spec.resources.gpus)
     return reason is None, reason or ""
 
 
-def prepare(spec: Any, params: FinetuneParams, recorder: Any) -> TorchRun:
+def prepare(spec: RunView, params: FinetuneParams, recorder: Recording) -> TorchRun:
     """The techniques (the managed allocator before anything touches CUDA) and the model."""
     import torch
 
@@ -108,9 +108,9 @@ def prepare(spec: Any, params: FinetuneParams, recorder: Any) -> TorchRun:
     return TorchRun(spec, params, recorder, cuda, device, tech, model, layers)
 
 
-def _techniques(spec: Any, params: FinetuneParams, device: Any, cuda: bool,
-                recorder: Any) -> Techniques:
-    allow_over = bool(getattr(getattr(spec, "site", None), "allow_oversubscription", False))
+def _techniques(spec: RunView, params: FinetuneParams, device: Any, cuda: bool,
+                recorder: Recording) -> Techniques:
+    allow_over = spec.site.allow_oversubscription
     tech = Techniques(spec.knobs, params, device, cuda, allow_oversubscription=allow_over)
     for k, v in tech.describe().items():
         recorder.set_tag(k, v)
@@ -121,8 +121,8 @@ def _techniques(spec: Any, params: FinetuneParams, device: Any, cuda: bool,
     return tech
 
 
-def _model(spec: Any, params: FinetuneParams, device: Any, tech: Techniques,
-           recorder: Any) -> tuple[Any, Any]:
+def _model(spec: RunView, params: FinetuneParams, device: Any, tech: Techniques,
+           recorder: Recording) -> tuple[Any, Any]:
     model_dir = spec.asset_path("model")
     build = model_mod.build_host_layers_model if tech.offloads_parameters \
         else model_mod.load_base_model
@@ -168,7 +168,7 @@ def train(run: TorchRun, *, optimizer: Any = None,
         recorder.set_tag("finetune.gpu", gpu_name)
     tech.forward_context = _forward_context(run, forward_context or tech.forward_context)  # type: ignore[method-assign]
     census = SavedTensorCensus(run.model, run.layers) if params.census else None
-    windows = int(getattr(run.spec, "repeats", 1) or 1)  # repeat_unit "windows": of steps
+    windows = run.spec.repeats  # repeat_unit "windows": of steps
     try:
         records = loop.train(
             run.model, optimizer, data.timed_batches(loader), device=run.device,
@@ -322,7 +322,7 @@ def _pinned_link(device: Any) -> tuple[float, float]:
                  for d in ("h2d", "d2h"))  # type: ignore[return-value]
 
 
-def run_sharded(spec: Any, params: FinetuneParams, recorder: Any) -> None:
+def run_sharded(spec: RunView, params: FinetuneParams, recorder: Recording) -> None:
     """Full fine-tuning sharded over the run's ranks (FSDP2, with CPU offload) or torchao's
     CPU-offloaded optimizer on one GPU (``sharded.py``)."""
     import torch

@@ -21,7 +21,7 @@ from hopperlab.core.stats import GB, percentile
 from hopperlab.cuda.collectives import collective_latency
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.cuda.device_rates import hbm_gbps, matmul_tflops
-from hopperlab.workloads.base import no_cuda_reason
+from hopperlab.workloads.base import Recording, RunView, no_cuda_reason
 from hopperlab.workloads.inference import TP_SHAPES, InferenceParams
 from hopperlab.workloads.inference import tensor_parallel as tp
 from hopperlab.workloads.inference.tp_floor import (NodeRates, TPShape, decode_floor_s,
@@ -54,12 +54,11 @@ def _layers(torch: Any, dist: Any, device: Any, floor: TPShape, requested: int, 
     return int(fit.item())
 
 
-def run(spec: Any, recorder: Any, params: InferenceParams) -> None:
+def run(spec: RunView, recorder: Recording, params: InferenceParams) -> None:
     import torch
     import torch.distributed as dist
 
-    gpus = getattr(getattr(spec, "resources", None), "gpus", None)
-    why = no_cuda_reason(torch, 1 if gpus is None else gpus)
+    why = no_cuda_reason(torch, spec.resources.gpus)
     cuda = why is None
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     world = dist.get_world_size() if dist.is_initialized() else 1

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from hopperlab.core.stats import GB, GIB, MIB, gbps, percentile
 from hopperlab.cuda.nvtx import measured_region
-from hopperlab.workloads.base import spec_knob, spec_params
+from hopperlab.workloads.base import Recording, RunView, spec_params
 from hopperlab.workloads.inference import InferenceParams, tp_serving
 from hopperlab.workloads.inference.accelerate_peer import dispatch_offloaded
 from hopperlab.workloads.inference.dialogue import Dialogue, make_conversations
@@ -39,16 +39,16 @@ from hopperlab.workloads.inference.weight_streaming import (LayerStreamer, decod
                                                             module_bytes, resident_layer_count)
 
 
-def run(spec: Any, recorder: Any) -> None:
+def run(spec: RunView, recorder: Recording) -> None:
     import torch  # noqa: PLC0415
 
     params = spec_params(spec, InferenceParams)
-    memory = str(spec_knob(spec, "memory", "device"))
-    profiler = str(spec_knob(spec, "profiler", "none"))
+    memory = spec.knobs.memory
+    profiler = spec.knobs.profiler
     if params.study == "tensor-parallel":
         tp_serving.run(spec, recorder, params)
         return
-    gpus = getattr(getattr(spec, "resources", None), "gpus", None)
+    gpus = spec.resources.gpus
     rt = probe(torch, want_gpu=gpus is None or gpus >= 1)
     recorder.set_tag("inference.study", params.study)
     recorder.set_tag("inference.target", "cuda" if rt.is_cuda else "host")
@@ -61,7 +61,7 @@ def run(spec: Any, recorder: Any) -> None:
     threads = torch.get_num_threads()
     if not rt.is_cuda:  # as many compute threads as the run was given cores: on a shared node
         # more threads than cores wait on each other at every op (membench saw 100x slowdowns)
-        cpus = getattr(getattr(spec, "resources", None), "cpus", None) or 1
+        cpus = spec.resources.cpus or 1
         torch.set_num_threads(max(1, int(cpus)))
     try:
         _run(spec, recorder, params, rt, memory, profiler)
@@ -69,7 +69,7 @@ def run(spec: Any, recorder: Any) -> None:
         torch.set_num_threads(threads)
 
 
-def _run(spec: Any, recorder: Any, params: InferenceParams, rt: Runtime, memory: str,
+def _run(spec: RunView, recorder: Recording, params: InferenceParams, rt: Runtime, memory: str,
          profiler: str) -> None:
     import torch  # noqa: PLC0415
 
@@ -79,8 +79,8 @@ def _run(spec: Any, recorder: Any, params: InferenceParams, rt: Runtime, memory:
     for k, v in tags.items():
         recorder.set_tag(k, v)
     recorder.log_metric("model_load_s", time.perf_counter() - t0)
-    allow_over = bool(getattr(getattr(spec, "site", None), "allow_oversubscription", False))
-    windows = int(getattr(spec, "repeats", 1) or 1)  # repeat_unit "windows": the model loads once
+    allow_over = spec.site.allow_oversubscription
+    windows = spec.repeats  # repeat_unit "windows": the model loads once
     with torch.inference_mode():
         for w in range(windows):
             recorder.repeat = w if windows > 1 else None
@@ -96,7 +96,7 @@ def _run(spec: Any, recorder: Any, params: InferenceParams, rt: Runtime, memory:
 
 
 @contextmanager
-def profiling(rt: Runtime, profiler: str, recorder: Any) -> Iterator[None]:
+def profiling(rt: Runtime, profiler: str, recorder: Recording) -> Iterator[None]:
     """The measured part: inside the nsys capture window, and under torch.profiler if asked."""
     with measured_region():
         if profiler != "torch":
@@ -110,7 +110,7 @@ def profiling(rt: Runtime, profiler: str, recorder: Any) -> Iterator[None]:
         prof.export_chrome_trace(str(recorder.artifact_path("profile/torch_trace.json")))
 
 
-def _finite(recorder: Any, name: str, value: float) -> None:
+def _finite(recorder: Recording, name: str, value: float) -> None:
     if value is not None and math.isfinite(value):
         recorder.log_metric(name, value)
 
@@ -122,7 +122,7 @@ def _chunk_bytes(session_bytes: int) -> int:
     return 1 << (target - 1).bit_length()
 
 
-def run_kv_cache(model: Any, rt: Runtime, p: InferenceParams, recorder: Any, *, memory: str,
+def run_kv_cache(model: Any, rt: Runtime, p: InferenceParams, recorder: Recording, *, memory: str,
                  profiler: str, allow_oversubscription: bool) -> None:
     torch = rt.torch
     elt = torch.empty((), dtype=getattr(torch, p.dtype)).element_size()
@@ -244,7 +244,7 @@ def measure_point(model: Any, rt: Runtime, batch: int, prompt_tokens: int, decod
             "tokens_per_s": batch * decode_tokens / (t2 - t1)}
 
 
-def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: Any, *,
+def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: Recording, *,
                          profiler: str) -> None:
     torch = rt.torch
     link_gbps = p.pinned_gbps if p.pinned_gbps is not None else measure_pinned_h2d_gbps(rt)

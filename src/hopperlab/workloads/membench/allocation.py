@@ -17,6 +17,7 @@ from hopperlab.core.stats import GB, MIB, gbps
 from hopperlab.cuda import runtime as cr
 from hopperlab.cuda.managed_policy import managed_bytes_allowed
 from hopperlab.cuda.system_memory import system_memory_support, system_memory_tags
+from hopperlab.workloads.base import Recording
 from hopperlab.workloads.membench import MembenchParams
 from hopperlab.workloads.membench.common import Env, Plan, SweepRecord, log_finite
 
@@ -32,7 +33,7 @@ def check_alloc(env: Env, params: MembenchParams, memory: str) -> None:
         raise SkipRun(f"{kind} allocations need a CUDA device: {env.no_cuda_reason}")
 
 
-def run_alloc(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *, memory: str,
+def run_alloc(env: Env, params: MembenchParams, plan: Plan, recorder: Recording, *, memory: str,
               allow_oversubscription: bool, mark: Callable[[str], Any]) -> None:
     kind = params.kind
     recorder.set_tag("membench.kind", kind)
@@ -58,7 +59,7 @@ def run_alloc(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *, me
 
 
 class _Ctx:
-    def __init__(self, env: Env, plan: Plan, recorder: Any, allow_oversubscription: bool) -> None:
+    def __init__(self, env: Env, plan: Plan, recorder: Recording, allow_oversubscription: bool) -> None:
         self.env = env
         self.plan = plan
         self.recorder = recorder

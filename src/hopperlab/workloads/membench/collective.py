@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from hopperlab.core.rundir import SkipRun
 from hopperlab.cuda import collectives
+from hopperlab.workloads.base import Recording
 from hopperlab.workloads.membench import DEFAULT_MAX_BYTES, DEFAULT_REPEATS, MembenchParams
 
 #: untimed calls per size when the params leave warmup unset (nccl-tests' default is 5)
@@ -53,7 +54,7 @@ def check(params: MembenchParams) -> Any:
     return dist
 
 
-def run_collective(params: MembenchParams, scale: str, recorder: Any,
+def run_collective(params: MembenchParams, scale: str, recorder: Recording,
                    mark: Callable[[str], Any]) -> None:
     dist = check(params)
     op = params.op
@@ -92,7 +93,7 @@ def run_collective(params: MembenchParams, scale: str, recorder: Any,
     _write_csv(recorder, rows)
 
 
-def _summary(recorder: Any, rows: list[dict[str, float]]) -> None:
+def _summary(recorder: Recording, rows: list[dict[str, float]]) -> None:
     if not rows:
         return
     bus = [r["busbw_gbps"] for r in rows if math.isfinite(r["busbw_gbps"])]
@@ -105,7 +106,7 @@ def _summary(recorder: Any, rows: list[dict[str, float]]) -> None:
             recorder.log_metric(name, value)
 
 
-def _write_csv(recorder: Any, rows: list[dict[str, float]]) -> None:
+def _write_csv(recorder: Recording, rows: list[dict[str, float]]) -> None:
     cols = ("size_bytes", "time_us", "algbw_gbps", "busbw_gbps")
     lines = [",".join(cols)] + [",".join(f"{r[c]:.6g}" for c in cols) for r in rows]
     recorder.artifact_path("sweep.csv").write_text("\n".join(lines) + "\n")

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 
 from hopperlab.core.stats import MIB
 from hopperlab.node import hardware
-from hopperlab.workloads.base import no_cuda_reason
+from hopperlab.workloads.base import Recording, RunView, no_cuda_reason
 from hopperlab.workloads.membench import (DEFAULT_REPEATS, DEFAULT_SIZES_MB, DEFAULT_WARMUP,
                                           MembenchParams)
 
@@ -65,7 +65,7 @@ class Env:
     host: "HostBackend" = field(default=None)  # type: ignore[assignment]
 
 
-def probe(spec: Any, *, use_torch: bool = True) -> Env:
+def probe(spec: RunView, *, use_torch: bool = True) -> Env:
     """Find out whether this run can use a CUDA device. ``use_torch=False`` acts as if torch were
     not installed (the numpy path, for tests)."""
     torch = None
@@ -80,7 +80,7 @@ def probe(spec: Any, *, use_torch: bool = True) -> Env:
     else:
         reason = "torch is not used (use_torch=False)"
     host = HostBackend()
-    gpus = getattr(getattr(spec, "resources", None), "gpus", None)
+    gpus = spec.resources.gpus
     if torch is not None:
         reason = no_cuda_reason(torch, gpus)
     if reason is not None:
@@ -152,7 +152,7 @@ class SweepRecord:
     ms); the step gets each quantity's median (and min/max for the main one).
     """
 
-    def __init__(self, recorder: Any, prefix: str, main: str) -> None:
+    def __init__(self, recorder: Recording, prefix: str, main: str) -> None:
         self.recorder = recorder
         self.prefix = prefix  # metric-name prefix, e.g. "h2d" or "managed"
         self.main = main  # the quantity that gbps/gbps_min/gbps_max of the step report
@@ -204,6 +204,6 @@ def _write_csv(path: Path, rows: Iterable[dict[str, float]]) -> None:
                         for k, v in r.items()})
 
 
-def log_finite(recorder: Any, name: str, value: float) -> None:
+def log_finite(recorder: Recording, name: str, value: float) -> None:
     if value is not None and math.isfinite(value):
         recorder.log_metric(name, value)

@@ -18,6 +18,7 @@ from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import GB, MIB, gbps
 from hopperlab.cuda.managed_policy import managed_bytes_allowed
 from hopperlab.cuda.runtime import CudaArray, CudaError, CudaRuntime
+from hopperlab.workloads.base import Recording
 from hopperlab.workloads.membench import MembenchParams
 from hopperlab.workloads.membench.common import (Env, Plan, SweepRecord, inner_copies,
                                                  log_finite)
@@ -38,7 +39,7 @@ def check_copy(env: Env, params: MembenchParams, memory: str) -> None:
             raise SkipRun(f"memory=managed needs a CUDA device: {env.no_cuda_reason}")
 
 
-def run_copy(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *, memory: str,
+def run_copy(env: Env, params: MembenchParams, plan: Plan, recorder: Recording, *, memory: str,
              allow_oversubscription: bool, mark: Callable[[str], Any]) -> None:
     recorder.set_tag("membench.direction", params.direction)
     recorder.set_tag("membench.host_memory", params.host_memory)
@@ -51,7 +52,7 @@ def run_copy(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *, mem
 
 
 # --------------------------------------------------------------------------- host stand-in
-def _host_memcpy(env: Env, params: MembenchParams, plan: Plan, recorder: Any,
+def _host_memcpy(env: Env, params: MembenchParams, plan: Plan, recorder: Recording,
                  mark: Callable[[str], Any]) -> None:
     host = env.host
     bidir = params.direction == "bidir"
@@ -126,7 +127,7 @@ def _threads_sample(works: list[Callable[[], None]], inner: int,
 
 
 # --------------------------------------------------------------------------- CUDA
-def _cuda_copies(env: Env, params: MembenchParams, plan: Plan, recorder: Any, *, memory: str,
+def _cuda_copies(env: Env, params: MembenchParams, plan: Plan, recorder: Recording, *, memory: str,
                  allow_oversubscription: bool, mark: Callable[[str], Any]) -> None:
     torch = env.torch
     dev = torch.device("cuda", env.device)
@@ -266,7 +267,7 @@ def _managed_refusal(need: int, free: int | None) -> str:
             f"site sets allow_oversubscription: true")
 
 
-def _finish(sweep: SweepRecord, recorder: Any) -> None:
+def _finish(sweep: SweepRecord, recorder: Recording) -> None:
     sweep.write()
     log_finite(recorder, "gbps_peak", sweep.peak("gbps"))
     log_finite(recorder, "gbps_at_largest", sweep.largest("gbps"))

@@ -18,11 +18,11 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from hopperlab.node import hardware
 from hopperlab.core.rundir import Recorder, SkipRun
+from hopperlab.workloads.base import RunView, fake_run
 from hopperlab.workloads.membench import MembenchParams
 from hopperlab.workloads.membench.workload import run
 
@@ -52,15 +52,10 @@ EXTRAS: list[tuple[str, str, dict[str, Any], dict[str, str]]] = [
 
 
 def make_spec(params: MembenchParams, scale: str, knobs: dict[str, str], gpus: int,
-              allow_oversubscription: bool = False) -> SimpleNamespace:
-    """A stand-in for spec.RunSpec with the attributes the workload reads."""
-    return SimpleNamespace(
-        params=params, scale=scale,
-        knobs=SimpleNamespace(memory=knobs.get("memory", "device"),
-                              profiler=knobs.get("profiler", "none")),
-        site=SimpleNamespace(allow_oversubscription=allow_oversubscription),
-        resources=SimpleNamespace(gpus=gpus),
-    )
+              allow_oversubscription: bool = False) -> RunView:
+    """The run one variant of the sweep is (no project, no matrix: ``fake_run``)."""
+    return fake_run(params, scale=scale, gpus=gpus, allow_oversubscription=allow_oversubscription,
+                    family="membench", **knobs)
 
 
 def run_one(out: Path, experiment: str, variant: str, params: MembenchParams, scale: str,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
-from hopperlab.workloads.base import spec_knob, spec_params
+from hopperlab.workloads.base import Recording, RunView, spec_params
 from hopperlab.cuda.nvtx import nvtx_range, profiled_region
 from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.membench import HEADLINE_METRICS, MembenchParams, headline_metrics
@@ -26,16 +26,16 @@ __all__ = ["run", "HEADLINE_METRICS", "headline_metrics"]
 
 
 
-def run(spec: Any, recorder: Any, *, use_torch: bool = True) -> None:
+def run(spec: RunView, recorder: Recording, *, use_torch: bool = True) -> None:
     """Measure the variant ``spec`` describes and record it (see the module docstring).
 
     ``use_torch=False`` behaves as on a node without torch (tests of the numpy path).
     """
     params = spec_params(spec, MembenchParams)
-    scale = str(getattr(spec, "scale", "smoke") or "smoke")
-    memory = str(spec_knob(spec, "memory", "device"))
-    profiler = str(spec_knob(spec, "profiler", "none"))
-    allow_over = bool(getattr(getattr(spec, "site", None), "allow_oversubscription", False))
+    scale = spec.scale
+    memory = spec.knobs.memory
+    profiler = spec.knobs.profiler
+    allow_over = spec.site.allow_oversubscription
     plan = plan_for(params, scale)
 
     env = probe(spec, use_torch=use_torch)
@@ -67,7 +67,7 @@ def run(spec: Any, recorder: Any, *, use_torch: bool = True) -> None:
 
 
 @contextmanager
-def _profiling(env: Env, profiler: str, recorder: Any) -> Iterator[Callable[[str], Any]]:
+def _profiling(env: Env, profiler: str, recorder: Recording) -> Iterator[Callable[[str], Any]]:
     """Yield ``mark(name)``: a context manager around one size's measurement (an NVTX range and a
     torch ``record_function`` where torch is, nothing otherwise), inside the measured region."""
     recorder.set_tag("membench.profiler", profiler)

@@ -119,6 +119,7 @@ WORK_UNITS = (WorkUnit("cost_per_1m_recommendations", "per 1M recommendations", 
 FAMILY = FamilyInfo(
     name="recommender",
     entry="hopperlab.workloads.recommender.workload:run",
+    predict="hopperlab.workloads.recommender.predict:MODEL",
     supported_knobs={
         "num_workers": frozenset({0, 4}),
         "memory": frozenset({"device", "managed"}),

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hopperlab.workloads.base import spec_knob
+from hopperlab.workloads.base import Recording, RunView
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.recommender import COMPONENTS, RecommenderParams
@@ -37,14 +37,14 @@ def node_cores() -> int:
         return os.cpu_count() or 1
 
 
-def job_cores(spec: Any) -> int:
+def job_cores(spec: RunView) -> int:
     """The cores this job may use: the node's (its CPU affinity), at most ``resources.cpus``.
 
     Under Slurm the affinity is the allocation; run locally, ``resources.cpus`` keeps two jobs
     side by side from each starting a thread per core of the whole machine (OpenMP threads that
     share cores spin against each other and run many times slower).
     """
-    cpus = int(getattr(getattr(spec, "resources", None), "cpus", 0) or 0)
+    cpus = spec.resources.cpus
     return min(node_cores(), cpus) if cpus > 0 else node_cores()
 
 
@@ -69,16 +69,16 @@ def query_users(n_users: int, count: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed + 1).integers(0, n_users, size=count)
 
 
-def run(spec: Any, recorder: Any) -> None:
+def run(spec: RunView, recorder: Recording) -> None:
     import torch  # noqa: PLC0415
 
     p: RecommenderParams = spec.params
-    memory = str(spec_knob(spec, "memory", "device"))
-    profiler = str(spec_knob(spec, "profiler", "none"))
+    memory = spec.knobs.memory
+    profiler = spec.knobs.profiler
     cores = job_cores(spec)
-    workers = feature_workers(p, int(spec_knob(spec, "num_workers", 0)), cores)
+    workers = feature_workers(p, spec.knobs.num_workers, cores)
     managed = memory == "managed"
-    gpus = int(getattr(getattr(spec, "resources", None), "gpus", 0) or 0)
+    gpus = spec.resources.gpus
     has_gpu = gpus > 0 and torch.cuda.is_available()
     device = "cuda" if (has_gpu and p.pipeline == "gpu") else "cpu"
     if managed and device != "cuda":
@@ -120,7 +120,7 @@ def run(spec: Any, recorder: Any) -> None:
         recorder.set_tag("recommender.cuda_graphs", str(pipe.graphs).lower())
         for name, note in pipe.notes.items():
             recorder.set_tag(f"recommender.{name}", note)
-        windows = int(getattr(spec, "repeats", 1) or 1)  # repeat_unit "windows": after warm-up
+        windows = spec.repeats  # repeat_unit "windows": after warm-up
         users = query_users(data.users, p.warmup + p.queries * windows, p.seed)
         for user in users[:p.warmup]:
             pipe.query(int(user))
@@ -158,7 +158,7 @@ def _agreement(data: Any, trained: Any, p: RecommenderParams, pipe: Any, users: 
     return float(np.mean(same)) if same else float("nan")
 
 
-def _profiling(torch: Any, profiler: str, device: str, recorder: Any) -> Any:
+def _profiling(torch: Any, profiler: str, device: str, recorder: Recording) -> Any:
     if profiler != "torch":
         return nullcontext()
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415

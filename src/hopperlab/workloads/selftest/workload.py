@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
-from hopperlab.core.rundir import Recorder, SkipRun
+from hopperlab.core.rundir import SkipRun
+from hopperlab.workloads.base import Recording, RunView
 
 
-def run(spec, recorder: Recorder) -> None:
+def run(spec: RunView, recorder: Recording) -> None:
     p = spec.params
     for name in filter(None, (n.strip() for n in p.env_names.split(","))):
         recorder.set_tag(f"selftest.env.{name}", os.environ.get(name, "<unset>"))
@@ -33,7 +35,7 @@ def run(spec, recorder: Recorder) -> None:
     recorder.log_metric("steps", float(p.steps))
 
 
-def _jitter(p, recorder: Recorder) -> float:
+def _jitter(p: Any, recorder: Recording) -> float:
     """1, or a normal factor of standard deviation ``jitter``, the same for the same seed and
     repeat (deterministic, so that tests can assert what the statistics make of it)."""
     if not p.jitter:
@@ -43,7 +45,7 @@ def _jitter(p, recorder: Recorder) -> float:
     return 1.0 + random.Random(p.seed * 100_003 + (recorder.repeat or 0)).gauss(0.0, p.jitter)
 
 
-def _read_table(spec, recorder: Recorder) -> None:
+def _read_table(spec: RunView, recorder: Recording) -> None:
     """Read the ``table`` asset the run names: proves the workflow built it before the run."""
     import pyarrow.parquet as pq
 
@@ -53,7 +55,7 @@ def _read_table(spec, recorder: Recorder) -> None:
     recorder.log_metric("table_rows", float(table.num_rows))
 
 
-def _collective(spec, recorder: Recorder) -> None:
+def _collective(spec: RunView, recorder: Recording) -> None:
     """One all-reduce per step over the run's ranks (after ``sleep_s``); rank ``fail_rank``
     raises at ``fail_step``."""
     import torch

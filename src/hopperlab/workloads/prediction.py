@@ -1,0 +1,86 @@
+"""What a family's prediction model sees (``FamilyInfo.predict``), cheap to import (no torch).
+
+A model predicts one figure of a run measured on a machine we have, on a machine we do not
+(``hopperlab predict``). It reads the run through ``PredictionInputs``: its params and knobs,
+its metrics and its siblings' (runs of the same experiment), and both machines' described
+figures, each read noting itself as an input; results/machines/predict.py provides it, labels
+the prediction and keeps the formula, the inputs and the error. The models' formulas:
+docs/benchmarks/machines.md ("Predictions").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol
+
+
+class Unpredictable(Exception):
+    """The model does not cover this variant (the message says why)."""
+
+
+class MissingInput(Exception):
+    """An input the model needs is not there (the message says which and where)."""
+
+
+class MeasuredRun(Protocol):
+    """A measured run as a model reads it (results' RunRow has it)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
+
+
+class PredictionInputs(Protocol):
+    """One source run, its siblings and both machines' descriptions; every read is noted in
+    ``inputs`` (label -> value and where it comes from)."""
+
+    params: dict[str, Any]
+    knobs: dict[str, Any]
+    inputs: dict[str, str]
+
+    @property
+    def row(self) -> MeasuredRun: ...
+    @property
+    def src(self) -> Any: ...  # the source machine's description
+    @property
+    def tgt(self) -> Any: ...  # the target machine's description
+
+    def metric(self, name: str, row: MeasuredRun | None = None,
+               label: str | None = None) -> float:
+        """The run's (or ``row``'s) metric ``name``; MissingInput when it has none."""
+        ...
+
+    def fig(self, desc: Any, path: str, label: str) -> float:
+        """A machine description's figure at ``path`` (``host_link.pinned.h2d``)."""
+        ...
+
+    def sibling(self, match: Callable[[dict[str, Any], dict[str, Any]], bool],
+                what: str) -> MeasuredRun:
+        """The first ok run of the same experiment whose (params, knobs) ``match``."""
+        ...
+
+    def compute_scale(self, kind: str) -> float:
+        """k = peak_S / peak_T for ``bf16``, ``fp8`` or ``hbm``."""
+        ...
+
+
+#: ``model(inputs, metric) -> (value, model name, formula)``; raises Unpredictable or MissingInput
+Model = Callable[[PredictionInputs, str], "tuple[float, str, str]"]
+
+
+@dataclass(frozen=True)
+class PredictModel:
+    """A family's prediction model, named by ``FamilyInfo.predict``."""
+
+    #: the figures predicted (the family's headline throughput or time)
+    metrics: tuple[str, ...]
+    predict: Model
+    #: a figure an ok run did not measure is left out (a query or study the run does not
+    #: run), rather than reported unpredictable
+    only_measured: bool = False
+
+
+def overlap(t: float, c: float, link: float, k: float, r_ratio: float) -> float:
+    """The overlap model: t' = max(C*k, L*r_S/r_T) + (t - max(C, L))."""
+    return max(c * k, link * r_ratio) + (t - max(c, link))
