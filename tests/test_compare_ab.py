@@ -71,8 +71,15 @@ def test_recorded_folders_measured_once_are_inconclusive_not_failures(tmp_path, 
                  str(FIX / "results-h100"), "--out", str(tmp_path), "--strict"]) == 1
 
 
+def test_one_target_is_still_the_mlflow_compare_view(project):
+    out = hopperlab(["prepare-tracking", "--config", "only=membench/copy"], project)
+    assert out.returncode == 0, out.stderr[-2000:]
+    out = hopperlab(["compare", "membench/copy"], project)   # the MLflow view's own answer
+    assert out.returncode == 2 and "no runs of membench/copy from this results folder" in \
+        out.stderr, out.stderr[-2000:]
+
+
 def test_one_target_is_still_an_experiment_of_the_matrix(capsys):
-    """(test_workflow_local runs `compare membench/copy` against a real store)"""
     assert main(["--root", str(REPO), "compare", "nope/none"]) == 2
     assert "nope/none: no such experiment in the matrix" in capsys.readouterr().err
     assert main(["--root", str(REPO), "compare", "a", "b", "c"]) == 2

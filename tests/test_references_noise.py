@@ -165,3 +165,22 @@ def test_update_refuses_runs_measured_once(tmp_path, capsys):
     assert "1 sample(s); a reference needs 3 or more" in captured.out
     assert "no reference written" in captured.err
     assert json.loads((results / "selftest/noise/noisy/metrics.json").read_text())["status"] == "ok"
+
+
+def test_update_keeps_other_host_cpus_and_replaces_its_own(tmp_path):
+    """A CPU-driven figure gets one reference per host CPU; a rerun on a CPU replaces that
+    CPU's, an older band without a CPU is dropped for it, other CPUs' stay; the file loads."""
+    from hopperlab.results.machines.reference_update import _dump, _merge
+
+    band = {"value": 0.81, "lower": -0.1, "upper": 0.1, "source": "band"}
+    a = {"value": 1.0, "spread": 0.02, "n": 10, "source": "a", "host_cpu": "cpu A"}
+    b = {"value": 1.3, "spread": 0.03, "n": 10, "source": "b", "host_cpu": "cpu B"}
+    merged = _merge(_merge(band, a), b)
+    assert [m["source"] for m in merged] == ["a", "b"]
+    a2 = dict(a, value=1.1, source="a2")
+    merged = _merge(merged, a2)
+    assert [m["source"] for m in merged] == ["b", "a2"]
+    path = tmp_path / "m1.yaml"
+    path.write_text(_dump("m1", {"recommender/latency/gpu": {"lat_e2e_p50_ms": merged}}))
+    refs = R.load_references(path).candidates("recommender/latency/gpu")["lat_e2e_p50_ms"]
+    assert [r.host_cpu for r in refs] == ["cpu B", "cpu A"] and refs[1].value == 1.1

@@ -174,7 +174,7 @@ def test_the_slurm_profile_with_slurm_down_moves_nothing_and_says_so_in_one_line
     again = snakemake(["--cores", "2", "--config", *select], project)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((run_dir / "metrics.json").read_text())["attempt"] == 1
-    assert [e["event"] for e in _events(run_dir)] == ["start", "end"]
+    assert [e["event"] for e in _events(run_dir)] == ["start", "submitted", "end"]
 
 
 def test_a_partition_sbatch_refuses_keeps_the_finished_attempt_and_says_why(tmp_path,
