@@ -157,3 +157,29 @@ def test_an_image_from_a_given_root_file_system(built, tmp_path):
     # the base's own environment is kept under the .def's %environment
     env = (out_dir / charliecloud.ENV_FILE).read_text().splitlines()
     assert env[0] == f"PATH={charliecloud.IMAGE_PATH}" and "HOPPERLAB_IMAGE=pytorch" in env
+
+
+@pytest.mark.slurm
+def test_a_slurm_job_runs_inside_the_image(built, slurm_cluster):
+    """The same image through the real one-node Slurm cluster: sbatch, srun, then ch-run in the
+    job; the site names the image as an existing one (``container_image``), so nothing is
+    built again."""
+    project, meta = built
+    site = project / "configs/sites/slurm-charliecloud.yaml"
+    site.write_text((project / f"configs/sites/{SITE}.yaml").read_text())
+    image = project / "containers/pytorch.ch"
+    edit_yaml(site, lambda d: d.update(
+        executor="slurm", poll_interval_s=1, container_image=str(image),
+        slurm={"partition": slurm_cluster.partition},
+        resources={"smoke": {"gpus": 0, "cpus": 1, "mem_gb": 1, "time_min": 5},
+                   "full": {"gpus": 0, "cpus": 1, "mem_gb": 1, "time_min": 5}}))
+    key = ONE_PER_FAMILY[0]
+    out = snakemake(["--profile", "profiles/slurm", "--config", "site=slurm-charliecloud",
+                     _only([key]), "results_dir=results-slurm"], project,
+                    env=slurm_cluster.env, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-4000:]
+    rec = json.loads((project / "results-slurm" / key / "metrics.json").read_text())
+    assert rec["status"] == "ok" and rec["slurm"]["job_id"], rec["reason"]
+    assert rec["container"]["digest"] == meta["digest"]
+    assert rec["hardware"]["container"]["runtime"] == "charliecloud"
+    assert rec["hardware"]["container"]["digest"] == meta["digest"]
