@@ -17,7 +17,7 @@ fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$OUT/gpu.txt" 2>&1
-python3 benchmarks/noise_gpu.py "$OUT/noise" --deadline-s "${DEADLINE_S:-360}" "$@" 2>&1 | \
+python3 benchmarks/noise_gpu.py "$OUT/noise" --deadline-s "${DEADLINE_S:-330}" "$@" 2>&1 | \
   tee "$OUT/noise.log" | grep -E "^\[noise\]|Error|error" | tail -80
 rm -rf "$OUT/noise/views" "$OUT/noise/results"/*/*/*/artifacts 2>/dev/null
 tar -czf "$OUT/noise-runs.tgz" -C "$OUT/noise" results 2>/dev/null && rm -rf "$OUT/noise/results"

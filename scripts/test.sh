@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=""
-  for pkg in slurmctld slurmd slurm-client munge slurmdbd mariadb-server chromium; do
+  # charliecloud-runtime (ch-run) + mmdebstrap: the container image built and run by the workflow
+  for pkg in slurmctld slurmd slurm-client munge slurmdbd mariadb-server chromium \
+             charliecloud-runtime mmdebstrap; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
   done
   if [ -n "$need" ]; then

@@ -13,6 +13,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 PROJECT_PARTS = ("Snakefile", "configs", "experiments", "workflow", "profiles", "containers",
                  "models")
+#: built images and build caches in the checkout (GBs): a copy builds or names its own
+IMAGES = shutil.ignore_patterns("*.sif", "*.ch", "*.sqsh", ".cache", ".*.partial*")
 
 
 def copy_project(dest: Path) -> Path:
@@ -21,7 +23,7 @@ def copy_project(dest: Path) -> Path:
     for part in PROJECT_PARTS:
         src = REPO / part
         if src.is_dir():
-            shutil.copytree(src, dest / part)
+            shutil.copytree(src, dest / part, ignore=IMAGES)
         else:
             shutil.copy(src, dest / part)
     # a repository of its own, so that runs record a git commit as they do in a real checkout

@@ -7,6 +7,7 @@ from hopperlab.core.errors import SpecError
 from hopperlab.assets.registry import load_assets as load_asset_specs
 from hopperlab.cli.workflow import (
     check_container_runtime,
+    container_inputs,
     exit_on_config_error,
     asset_input_manifests,
     asset_rule_fingerprint,
@@ -39,9 +40,7 @@ CONFIG_ARGS = config_args(MATRIX.config)
 UPLOAD_ARGS = "--no-upload" if MATRIX.site.tracking_upload == "at-end" else ""
 RUN_OUTPUTS = run_output_paths(MATRIX)
 # the image every job runs in, when the site names one (built by containers.smk)
-CONTAINER_IMAGE = (
-    [f"containers/{MATRIX.site.container.image}.sif"] if MATRIX.site.container.image else []
-)
+CONTAINER_IMAGE = container_inputs(MATRIX)
 
 # `snakemake <target> --forcerun` (nothing after --forcerun) forces nothing in Snakemake 9.
 if bare_forcerun(sys.argv):

@@ -40,3 +40,19 @@ rule container_image_arch:
 
 
 ruleorder: container_image_arch > container_image
+
+
+# Charliecloud (container_runtime: charliecloud): the directory image containers/<name>.ch, built
+# here from a Debian base (containers/debian-base.yaml) and the same .def's %files, %post,
+# %environment and %test; no registry needed (src/hopperlab/node/charliecloud.py).
+rule container_image_charliecloud:
+    input:
+        "containers/{name}.def",
+        "containers/debian-base.yaml",
+    output:
+        directory("containers/{name}.ch"),
+    wildcard_constraints:
+        name="[A-Za-z0-9][A-Za-z0-9_-]*",
+    shell:
+        "{HOPPERLAB} containers build {wildcards.name} --runtime charliecloud"
+        " --containers-dir containers --output {output}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shlex
 import sys
@@ -20,7 +21,7 @@ from hopperlab.core.schema import (
     validate_against_schema,
     value_children,
 )
-from hopperlab.node.containers import resolve_site_runtime
+from hopperlab.node.containers import PYXIS, resolve_site_runtime
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
 from hopperlab.run import scheduler
@@ -233,6 +234,19 @@ def upload_at_end(matrix: Matrix) -> None:
         print(f"[hopperlab] upload to {uri} left for later (`hopperlab sync`): {exc}")
         return
     print(f"[hopperlab] sync to {uri}: {report}")
+
+
+def container_inputs(matrix: Matrix) -> list[str]:
+    """The image the workflow builds before any run (containers/<name>.sif, .<arch>.sif, .ch),
+    relative to the project; none when the site names an existing image or uses pyxis (enroot
+    images are made on the cluster)."""
+    c = matrix.site.container
+    if not c.image or c.existing or c.runtime == PYXIS:
+        return []
+    path = Path(str(c.image_file))
+    with contextlib.suppress(ValueError):
+        return [str(path.relative_to(matrix.root.resolve()))]
+    return [str(path)]
 
 
 def check_scheduler(matrix: Matrix) -> None:

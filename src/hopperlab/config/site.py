@@ -17,7 +17,7 @@ from hopperlab.core.schema import (
     typed_from_mapping,
     validate_against_schema,
 )
-from hopperlab.node.containers import check_site_image, image_path
+from hopperlab.node.containers import SITE_EXISTING_KEY, check_site_image, image_path
 
 
 def site_path(root: Path, site: str) -> Path:
@@ -53,8 +53,8 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
         container=ContainerSettings(
             image=image, runtime=runtime, fakeroot=bool(data.get("container_fakeroot", False)),
             binds=tuple(data.get("container_binds", ())),
-            image_file=str(image_path(image, root / "containers", data.get("gpu_arch")))
-            if image else None),
+            image_file=_image_file(root, data, runtime) if image else None,
+            existing=bool(image and data.get(SITE_EXISTING_KEY))),
         tracking_uri=uri, tracking_upload=(data.get("tracking") or {}).get("upload", "each"),
         nsys_path=data.get("nsys_path"),
         allow_oversubscription=bool(data.get("allow_oversubscription", False)),
@@ -68,6 +68,17 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
         cost=typed_from_mapping(CostSpec, data["cost"], f"{path}: cost", "key of a site's cost")
         if data.get("cost") else None,
     )
+
+
+def _image_file(root: Path, data: dict[str, Any], runtime: str | None) -> str:
+    """The image the jobs run: the site's ``container_image`` (a path from the project, or a
+    registry reference for pyxis, kept as written), else containers/<name>.<suffix>."""
+    existing = data.get(SITE_EXISTING_KEY)
+    if existing:
+        if "#" in existing or "://" in existing:
+            return str(existing)
+        return str((root / existing).resolve())
+    return str(image_path(data["container"], root / "containers", data.get("gpu_arch"), runtime))
 
 
 #: what a job's environment variable may be called (POSIX names; no shell ever reads them)

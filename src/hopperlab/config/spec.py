@@ -81,13 +81,16 @@ class ContainerSettings:
     """The site's container: ``image`` names containers/<image>.def (None: no container)."""
 
     image: str | None = None
-    #: the site's setting: auto, apptainer or singularity (None without an image); the binary
-    #: is found on PATH on the submitting side (``container_runtime``)
+    #: the site's setting: auto, apptainer, singularity, charliecloud or pyxis (None without an
+    #: image); the binary is found on PATH on the submitting side (``container_runtime``)
     runtime: str | None = None
     fakeroot: bool = False
     binds: tuple[str, ...] = ()
-    #: absolute path of the .sif the jobs run in
+    #: absolute path of the image the jobs run in (.sif, .ch directory, .sqsh), or a registry
+    #: reference pyxis pulls
     image_file: str | None = None
+    #: True when the site names an existing image (``container_image``): the workflow builds none
+    existing: bool = False
 
 
 @dataclass(frozen=True)

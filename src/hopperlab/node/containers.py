@@ -1,15 +1,18 @@
 """Container images for the jobs: build ``containers/<name>.sif`` from ``containers/<name>.def``
 (spython), and the one exec prefix that runs a job's python inside such an image.
 
-Runtimes: ``apptainer`` or ``singularity`` (the site's choice, or whichever is on PATH). The
-prefix is an argument list, never a shell string: ``[runtime, "exec", ("--nv",) "--bind",
-"<paths>", "<image>.sif"]``. spython is imported only when an image is built. How the build and
-the binds work: docs/node.md.
+Runtimes: ``apptainer`` or ``singularity`` (``auto``: whichever is on PATH) run ``.sif`` images;
+``charliecloud`` runs a directory image ``<name>.ch`` with ``ch-run`` (``node.charliecloud``, the
+runtime these Debian machines have); ``pyxis`` hands the image to Slurm's srun (enroot + pyxis,
+``node.pyxis``: no prefix, srun options instead). The prefix is an argument list, never a shell
+string: ``[runtime, "exec", ("--nv",) "--bind", "<paths>", "<image>.sif"]``. spython is imported
+only when an image is built. How the build and the binds work: containers/README.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shlex
@@ -19,12 +22,23 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from hopperlab.core.errors import NodeError, SpecError
+from hopperlab.node import charliecloud, pyxis
 
-#: the runtimes we know, in the order ``auto`` tries them
+#: the runtimes of .sif images, in the order ``auto`` tries them
 RUNTIMES = ("apptainer", "singularity")
+CHARLIECLOUD = charliecloud.RUNTIME
+PYXIS = pyxis.RUNTIME
+#: every value of a site's ``container_runtime`` besides ``auto``
+ALL_RUNTIMES = RUNTIMES + (CHARLIECLOUD, PYXIS)
+#: the binary each runtime needs on PATH where the workflow runs
+BINARIES = {"apptainer": "apptainer", "singularity": "singularity",
+            CHARLIECLOUD: charliecloud.RUN_BINARY, PYXIS: pyxis.BINARY}
+SITE_BINDS_KEY = "container_binds"
+#: the site key that points at an existing image instead of building containers/<name>.*
+SITE_EXISTING_KEY = "container_image"
 #: the site keys (configs/sites/<site>.yaml) that ask for an image and name its runtime
 SITE_IMAGE_KEY = "container"
 SITE_RUNTIME_KEY = "container_runtime"
@@ -51,12 +65,20 @@ def check_image_name(name: str) -> str:
     return name
 
 
-def image_path(name: str, images_dir: Path | str, arch: str | None = None) -> Path:
-    """Where the image ``name`` lives: ``<images_dir>/<name>.sif``, or ``<name>.<arch>.sif`` for
-    a site whose GPU nodes say their architecture (``gpu_arch``): an image runs only on the
-    architecture it was built on, and x86 and aarch64 images may share one folder."""
+def image_suffix(runtime: str | None) -> str:
+    """The image a runtime runs: ``.sif``; a Charliecloud directory ``.ch``; enroot's ``.sqsh``."""
+    return {CHARLIECLOUD: charliecloud.IMAGE_SUFFIX, PYXIS: pyxis.IMAGE_SUFFIX}.get(
+        runtime or "", SIF_SUFFIX)
+
+
+def image_path(name: str, images_dir: Path | str, arch: str | None = None,
+               runtime: str | None = None) -> Path:
+    """Where the image ``name`` lives: ``<images_dir>/<name>.sif`` (``.ch``, ``.sqsh`` for
+    charliecloud, pyxis), or ``<name>.<arch>.sif`` for a site whose GPU nodes say their
+    architecture (``gpu_arch``): an image runs only on the architecture it was built on, and x86
+    and aarch64 images may share one folder."""
     suffix = f".{arch}" if arch else ""
-    return Path(images_dir) / f"{check_image_name(name)}{suffix}{SIF_SUFFIX}"
+    return Path(images_dir) / f"{check_image_name(name)}{suffix}{image_suffix(runtime)}"
 
 
 def check_build_arch(target: str | None, here: str) -> None:
@@ -82,18 +104,19 @@ def known_images(containers_dir: Path | str) -> list[str]:
 def find_runtime(preferred: str | None = None) -> str | None:
     """The container runtime to use, by name, if it is on PATH; else None.
 
-    ``preferred`` None or ``"auto"``: apptainer, else singularity. ``"apptainer"`` or
-    ``"singularity"``: that one only (no silent fallback to the other).
+    ``preferred`` None or ``"auto"``: apptainer, else singularity. Any other runtime: that one
+    only (no silent fallback), found by its binary (``ch-run`` for charliecloud, ``srun`` for
+    pyxis).
     """
     if preferred in (None, "auto"):
         candidates: Sequence[str] = RUNTIMES
-    elif preferred in RUNTIMES:
+    elif preferred in ALL_RUNTIMES:
         candidates = (preferred,)
     else:
         raise SpecError(f"unknown container runtime {preferred!r}; "
-                         f"expected auto, {' or '.join(RUNTIMES)}")
+                         f"expected auto, {', '.join(ALL_RUNTIMES)}")
     for name in candidates:
-        if shutil.which(name):
+        if shutil.which(BINARIES[name]):
             return name
     return None
 
@@ -115,7 +138,7 @@ def check_site_image(site_source: str, runtime_setting: str | None, image_name: 
         check_image_name(image_name)
     except ValueError as exc:
         raise SpecError(f"{site_source}: {image_key}: {exc}") from None
-    if containers_dir is not None:
+    if containers_dir is not None and setting not in (CHARLIECLOUD, PYXIS):
         cdir = Path(containers_dir)
         if not def_path(image_name, cdir).exists() and not image_path(image_name, cdir).exists():
             known = ", ".join(known_images(cdir)) or "none"
@@ -125,10 +148,19 @@ def check_site_image(site_source: str, runtime_setting: str | None, image_name: 
     if setting == "none":
         raise SpecError(f"{site_source}: {runtime_key}: is 'none', but {image_key}: "
                         f"{image_name!r} asks to run every job in a container; set {runtime_key} "
-                        f"to auto, apptainer or singularity, or {image_key}: null")
-    if setting not in ("auto",) + RUNTIMES:
+                        f"to auto or one of {', '.join(ALL_RUNTIMES)}, or {image_key}: null")
+    if setting not in ("auto",) + ALL_RUNTIMES:
         raise SpecError(f"{site_source}: {runtime_key}: unknown container runtime {setting!r}; "
-                        f"expected auto, {' or '.join(RUNTIMES)}")
+                        f"expected auto, {', '.join(ALL_RUNTIMES)}")
+    if containers_dir is not None and setting == CHARLIECLOUD:
+        cdir = Path(containers_dir)
+        if not def_path(image_name, cdir).exists() and \
+                not image_path(image_name, cdir, runtime=setting).exists():
+            known = ", ".join(known_images(cdir)) or "none"
+            raise SpecError(f"{site_source}: {image_key}: no image {image_name!r}: neither "
+                            f"{def_path(image_name, cdir)} nor "
+                            f"{image_path(image_name, cdir, runtime=setting)} exists "
+                            f"(definition files there: {known})")
     return setting
 
 
@@ -158,8 +190,9 @@ def resolve_site_runtime(site_source: str, runtime_setting: str | None, image_na
             f"{site_source}: {image_key}: {image_name!r} runs every job in a container, but "
             f"neither `apptainer` nor `singularity` is on PATH on {host}; install one (or load "
             f"its module before running), name it with {runtime_key}, or set {image_key}: null")
+    binary = BINARIES[setting]
     raise SpecError(
-        f"{site_source}: {runtime_key}: {setting!r}, but `{setting}` is not on PATH on {host} "
+        f"{site_source}: {runtime_key}: {setting!r}, but `{binary}` is not on PATH on {host} "
         f"(the site runs every job in the container {image_name!r}, {image_key}: {image_name}); "
         f"install {setting} (or load its module before running), or set {image_key}: null")
 
@@ -173,6 +206,77 @@ def check_site_container(site_source: str, runtime_setting: str | None, image_na
     """
     resolve_site_runtime(site_source, runtime_setting, image_name,
                          **kwargs)  # type: ignore[arg-type]
+
+
+#: what a runtime prints when it cannot start a job's container (the job's python never ran)
+START_FAILURES = (
+    re.compile(r"^ch-run\[\d+\]: error: .*"),  # charliecloud
+    re.compile(r"^FATAL: .*"),  # apptainer, singularity
+    re.compile(r"^srun: (error: )?unrecognized option '--container-.*"),  # srun without pyxis
+    re.compile(r"^(slurmstepd: error: )?pyxis: .*"),
+    re.compile(r"^\[ERROR\] .*"),  # enroot
+)
+
+
+def start_failure(text: str) -> str | None:
+    """The line of a job's output that says its container could not start, else None."""
+    for line in text.splitlines():
+        line = line.strip()
+        if any(p.match(line) for p in START_FAILURES):
+            return line
+    return None
+
+
+# --------------------------------------------------------------------------- identity
+def image_digest(image: Path | str, runtime: str | None) -> str | None:
+    """``sha256:<hex>`` of the image the jobs run: a Charliecloud image's tree digest (written
+    by its build), else the image file's hash, kept beside it (``.<name>.sha256``, redone when
+    the file's size or time changes); None for a registry reference or a missing image."""
+    path = Path(image)
+    if runtime == CHARLIECLOUD or path.is_dir():
+        meta = charliecloud.image_meta(path) or {}
+        digest = meta.get("digest")
+        return str(digest) if digest else None
+    if not path.is_file():
+        return None
+    st = path.stat()
+    stamp = f"{st.st_size} {st.st_mtime_ns}"
+    sidecar = path.with_name(f".{path.name}.sha256")
+    with contextlib.suppress(OSError):
+        kept = sidecar.read_text().split("\n")
+        if len(kept) >= 2 and kept[0] == stamp:
+            return kept[1]
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    digest = "sha256:" + h.hexdigest()
+    with contextlib.suppress(OSError):
+        sidecar.write_text(f"{stamp}\n{digest}\n")
+    return digest
+
+
+def inside_container(environ: Mapping[str, str] | None = None,
+                     root: Path | str = "/") -> dict[str, object] | None:
+    """What the job itself sees of its container (None: it runs on the host): the runtime
+    from the variables each one sets, and for Charliecloud the image's own record of its digest
+    (``/ch/hopperlab-image.json``), read from inside."""
+    env = os.environ if environ is None else environ
+    seen: dict[str, object] | None = None
+    if env.get("CH_RUNNING"):
+        seen = {"runtime": CHARLIECLOUD}
+        meta = charliecloud.image_meta(root) or {}
+        for key in ("image", "digest", "base"):
+            if meta.get(key):
+                seen[key] = meta[key]
+    elif env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER"):
+        seen = {"runtime": "apptainer" if env.get("APPTAINER_CONTAINER") else "singularity",
+                "image_file": env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER")}
+    elif env.get("PYXIS_VERSION") or env.get("ENROOT_ROOTFS"):
+        seen = {"runtime": PYXIS}
+    if seen is not None and env.get("HOPPERLAB_IMAGE"):
+        seen.setdefault("image", env["HOPPERLAB_IMAGE"])
+    return seen
 
 
 # --------------------------------------------------------------------------- exec prefix
@@ -207,18 +311,31 @@ def job_binds(paths: Iterable[Path | str], extra: Iterable[str] = (), *,
 
 
 def job_exec_prefix(runtime: str, image: Path | str, folders: Iterable[Path | str],
-                    extra_binds: Iterable[str] = (), *, gpus: bool) -> list[str]:
+                    extra_binds: Iterable[str] = (), *, gpus: bool,
+                    env: Mapping[str, str] | None = None) -> list[str]:
     """The exec prefix of a job that reads and writes ``folders`` (results, assets...) inside
-    ``image``: the one place that turns a job's folders into binds (``job_binds``)."""
-    return exec_prefix(runtime, image, job_binds(folders, extra_binds), gpus=gpus)
+    ``image``: the one place that turns a job's folders into binds (``job_binds``). A
+    Charliecloud image gets its mount points made (ch-run needs them); pyxis takes no prefix
+    (``node.pyxis.srun_args`` carries the same binds)."""
+    binds = job_binds(folders, extra_binds)
+    if runtime == PYXIS:
+        return []
+    if runtime == CHARLIECLOUD:
+        charliecloud.mount_points(image, binds)
+    return exec_prefix(runtime, image, binds, gpus=gpus, env=env)
 
 
-def exec_prefix(runtime: str, image: Path | str, binds: Sequence[str], gpus: bool) -> list[str]:
-    """``[runtime, "exec", ("--nv",) ("--bind", "a,b",) image]``: what goes before ``python``.
+def exec_prefix(runtime: str, image: Path | str, binds: Sequence[str], gpus: bool,
+                env: Mapping[str, str] | None = None) -> list[str]:
+    """``[runtime, "exec", ("--nv",) ("--env", "K=V",)... ("--bind", "a,b",) image]``: what goes
+    before ``python``; Charliecloud's is ``node.charliecloud.exec_prefix``.
 
     One ``--bind`` whose value is the comma-joined ``binds`` (left out when there are none);
-    ``--nv`` only when ``gpus``. An argument list for subprocess/submitit, never a shell string.
+    ``--nv`` only when ``gpus``; one ``--env`` per site variable. An argument list for
+    subprocess/submitit, never a shell string.
     """
+    if runtime == CHARLIECLOUD:
+        return charliecloud.exec_prefix(image, list(dict.fromkeys(binds)), env or {})
     if runtime not in RUNTIMES:
         raise SpecError(f"unknown container runtime {runtime!r}; expected {' or '.join(RUNTIMES)}")
     specs: list[str] = []
@@ -230,6 +347,8 @@ def exec_prefix(runtime: str, image: Path | str, binds: Sequence[str], gpus: boo
     cmd = [runtime, "exec"]
     if gpus:
         cmd.append("--nv")
+    for name, value in (env or {}).items():
+        cmd += ["--env", f"{name}={value}"]
     if specs:
         cmd += ["--bind", ",".join(specs)]
     cmd.append(str(image))

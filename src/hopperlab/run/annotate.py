@@ -1,4 +1,5 @@
-"""What the submitting side adds to every record: the machine it ran on and what it cost.
+"""What the submitting side adds to every record: the machine it ran on, the container image
+(runtime, digest) and what it cost.
 
 Done when the record is settled (``submit._settle_record``), so that a job that died before
 writing its record is named and priced too, and the job itself stays free of pricing.
@@ -15,6 +16,7 @@ from typing import Any
 from hopperlab.config.cost import price
 from hopperlab.config.energy import energy_cost, energy_figures, energy_scope
 from hopperlab.config.spec import RunSpec
+from hopperlab.node.containers import image_digest
 from hopperlab.node.naming import machine_name
 from hopperlab.workloads import family_info
 
@@ -27,6 +29,16 @@ def annotate_record(rec: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
     rec["machine"] = name
     tags = rec.setdefault("tags", {})
     tags[TAG_MACHINE] = name
+    container = getattr(spec.site, "container", None)  # a site without one: no container block
+    if container is not None and container.image:
+        rec["container"] = {
+            "runtime": container.runtime, "image": container.image,
+            "image_file": container.image_file,
+            "digest": image_digest(str(container.image_file), container.runtime)}
+        tags["container.runtime"] = str(container.runtime)
+        tags["container.image"] = container.image
+        if rec["container"]["digest"]:
+            tags["container.digest"] = str(rec["container"]["digest"])
     params = spec.params if isinstance(spec.params, dict) else vars(spec.params)
     metrics = rec.setdefault("metrics", {})
     units = family_info(spec.family).work_units

@@ -21,7 +21,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hopperlab.config.spec import RunSpec
-from hopperlab.node.containers import job_exec_prefix, resolve_site_runtime
+from hopperlab.core.errors import SpecError
+from hopperlab.node import charliecloud, pyxis
+from hopperlab.node.containers import (
+    CHARLIECLOUD,
+    PYXIS,
+    SITE_EXISTING_KEY,
+    SITE_IMAGE_KEY,
+    SITE_RUNTIME_KEY,
+    job_binds,
+    job_exec_prefix,
+    resolve_site_runtime,
+)
 from hopperlab.profiling import profiler_prefix
 from hopperlab.profiling.command import site_settings
 from hopperlab.profiling.finish import finish_profile
@@ -60,22 +71,84 @@ class JobOutcome:
         return self.state.upper().split()[0] in TIMEOUT_STATES if self.state else False
 
 
+def _job_folders(spec: RunSpec, run_dir: Path) -> list[Path | str]:
+    """What a job reads and writes: the results folder (results/<family>/<experiment>/<variant>
+    is the run directory) and the assets folder."""
+    return [Path(run_dir).resolve().parents[2], spec.site.assets_dir]
+
+
 def container_prefix(spec: RunSpec, run_dir: Path) -> list[str]:
-    """``<runtime> exec [--nv] --bind <results>,<assets> <image>.sif`` for a container site."""
+    """``<runtime> exec [--nv] --bind <results>,<assets> <image>.sif`` for a container site
+    (``ch-run ... <image>.ch --`` for charliecloud; nothing for pyxis: ``srun_args``)."""
     c = spec.site.container
-    if not c.image:
+    if not c.image or c.runtime == PYXIS:
         return []
-    results = Path(run_dir).resolve().parents[2]  # results/<family>/<experiment>/<variant>
-    return job_exec_prefix(str(container_runtime(spec)), Path(str(c.image_file)),
-                           [results, spec.site.assets_dir], c.binds,
-                           gpus=spec.resources.gpus > 0)
+    runtime = resolve_site_runtime(spec.site.source, c.runtime, c.image)  # submit checks more
+    return job_exec_prefix(str(runtime), Path(str(c.image_file)),
+                           _job_folders(spec, run_dir), c.binds,
+                           gpus=spec.resources.gpus > 0, env=spec.site.env)
+
+
+def container_srun_args(spec: RunSpec, run_dir: Path) -> list[str]:
+    """The srun options of a pyxis site's job (image, mounts, working folder); [] otherwise."""
+    c = spec.site.container
+    if not c.image or c.runtime != PYXIS:
+        return []
+    binds = job_binds(_job_folders(spec, run_dir), c.binds)
+    return pyxis.srun_args(str(c.image_file), binds, workdir=binds[0])
 
 
 def container_runtime(spec: RunSpec) -> str | None:
     """The container runtime on this machine's PATH for the spec's site (None: no container);
-    SpecError, naming the site file and key, when the site's image cannot run here."""
+    SpecError, naming the site file and key, when the site's image cannot run here: no runtime,
+    no image where the site says, no GPU libraries in a Charliecloud image for a GPU run."""
     c = spec.site.container
-    return resolve_site_runtime(spec.site.source, c.runtime, c.image)
+    runtime = resolve_site_runtime(spec.site.source, c.runtime, c.image)
+    if runtime is not None:
+        check_image_ready(spec, runtime)
+    return runtime
+
+
+def check_image_ready(spec: RunSpec, runtime: str) -> None:
+    """Refuse, in one line naming the site file and key, an image the job could not start."""
+    c, source = spec.site.container, spec.site.source
+    image = str(c.image_file)
+    key = SITE_EXISTING_KEY if c.existing else SITE_IMAGE_KEY
+    if runtime == PYXIS:
+        if not pyxis.has_plugin(_srun_help()):
+            raise SpecError(f"{source}: {SITE_RUNTIME_KEY}: pyxis, but `srun --help` here lists "
+                            f"no {pyxis.IMAGE_OPTION}: the pyxis plugin is not loaded on this "
+                            f"cluster (plugstack.conf); use another {SITE_RUNTIME_KEY}")
+        if "#" in image or "://" in image:
+            return  # a registry reference: pyxis pulls it on the node
+    if not Path(image).exists():
+        how = ("point it at an existing image" if c.existing else
+               f"build it first: snakemake {_relative(image)}")
+        raise SpecError(f"{source}: {key}: the image {image} does not exist; {how}")
+    if runtime == CHARLIECLOUD:
+        if not charliecloud.is_image_dir(image):
+            raise SpecError(f"{source}: {key}: {image} is not a Charliecloud image directory")
+        if spec.resources.gpus > 0 and not charliecloud.has_gpu_libraries(image):
+            raise SpecError(f"{source}: {key}: the run asks for {spec.resources.gpus} GPU(s) but "
+                            f"{image} holds no NVIDIA driver libraries: run `ch-fromhost --nvidia "
+                            f"{image}` on a GPU node first (containers/README.md)")
+
+
+@functools.cache
+def _srun_help() -> str:
+    """``srun --help`` of this machine (the pyxis plugin adds its options there); once."""
+    try:
+        done = subprocess.run(["srun", "--help"], capture_output=True, text=True, timeout=60,
+                              check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout + done.stderr
+
+
+def _relative(image: str) -> str:
+    """``containers/<name>.<suffix>`` for the build hint (the workflow's target)."""
+    path = Path(image)
+    return f"{path.parent.name}/{path.name}"
 
 
 def job_python(spec: RunSpec, run_dir: Path) -> str:
@@ -213,6 +286,10 @@ def make_executor(spec: RunSpec, run_dir: Path, log: Callable[[str], None] = pri
             params["setup"] = list(s.setup)
         if s.extra_sbatch:
             params["additional_parameters"] = dict(s.extra_sbatch)
+        srun_args = container_srun_args(spec, run_dir)
+        if srun_args:  # enroot + pyxis: the task starts inside the image; the env goes with it
+            params["srun_args"] = srun_args
+            params["setup"] = list(s.setup) + pyxis.env_setup(site.env)
         ex.update_parameters(**params)
         return ex
     if site.executor == "local":
@@ -243,6 +320,8 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     executor = make_executor(spec, run_dir, log)
+    if spec.site.container.image and spec.site.container.runtime == CHARLIECLOUD:
+        os.environ.update(charliecloud.user_env())  # ch-run will not start without $USER
     try:
         with jobenv.job_environment(spec.site.env):  # the site's env: in, secrets: out
             job = executor.submit(func, *args)

@@ -26,6 +26,7 @@ from hopperlab.core.rundir import (
 from hopperlab.core.window import errors as window_errors
 from hopperlab.core.window import listening
 from hopperlab.node import hardware, threads
+from hopperlab.node.containers import inside_container
 from hopperlab.node.energy.meter import EnergyMeter, Result, open_meter
 from hopperlab.run import distributed, repeats
 from hopperlab.workloads import family_info
@@ -145,6 +146,7 @@ def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     rec.slurm = slurm_identity()
     try:
         rec.hardware = hardware.fingerprint()
+        rec.hardware["container"] = inside_container()  # what the job sees of its image
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
         spec = RunSpec.from_dict(spec_data)
         os.environ.update(spec.site.env)  # as submitted; again for an in-process (debug) run

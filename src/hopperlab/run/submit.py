@@ -35,6 +35,12 @@ from hopperlab.core.rundir import (
     write_json_atomic,
     write_record,
 )
+from hopperlab.node.containers import (
+    SITE_BINDS_KEY,
+    SITE_EXISTING_KEY,
+    SITE_IMAGE_KEY,
+    start_failure,
+)
 from hopperlab.profiling import check_profiler
 from hopperlab.run import attempts, launch, ranks, runner, scheduler, slurm_energy
 from hopperlab.run.annotate import annotate_record
@@ -269,11 +275,12 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
     if rec is None or rec.get("attempt") != attempt:
         status = "timeout" if outcome.timed_out else "failed"
         tail = _last_error_line(outcome)
+        container = _container_failure(spec, outcome)
         hardware_file = run_dir / record.HARDWARE_FILE
         rec = {
             "key": spec.key, "family": spec.family, "experiment": spec.experiment,
             "variant": spec.variant, "attempt": attempt, "status": status,
-            "reason": _died_reason(outcome, tail),
+            "reason": container or _died_reason(outcome, tail),
             "metrics": {}, "tags": {}, "started_at": None, "finished_at": utc_now(),
             "duration_s": None,
             "hardware": read_json(hardware_file) if hardware_file.exists() else {},
@@ -307,6 +314,25 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
                 rec.setdefault("metrics", {})[slurm_energy.METRIC] = joules
     annotate_record(rec, spec)
     return rec
+
+
+def _container_failure(spec: RunSpec, outcome: Any) -> str | None:
+    """One line naming the site file and key, when the job's container could not start."""
+    c = spec.site.container
+    if not c.image:
+        return None
+    text = ""
+    for path in (outcome.stderr, outcome.stdout):
+        if path is not None and Path(path).exists():
+            text += Path(path).read_text(errors="replace") + "\n"
+    line = start_failure(text)
+    if line is None:
+        return None
+    key = SITE_EXISTING_KEY if c.existing else SITE_IMAGE_KEY
+    if c.binds and "bind" in line.lower() and any(b.split(":")[0] in line for b in c.binds):
+        key = SITE_BINDS_KEY  # one of the site's own binds is what failed
+    return (f"{spec.site.source}: {key}: the job could not start its container "
+            f"({c.runtime}, {c.image_file}): {line[:500]}")
 
 
 #: what Slurm says when it kills a job for its memory: the state (cgroup OOM) or slurmstepd's
