@@ -292,3 +292,32 @@ def test_a_killed_submitters_local_job_is_stopped_before_the_next_attempt(tmp_pa
     spec = json.loads((run_dir / "spec.json").read_text())
     rec = json.loads((run_dir / "record.json").read_text())
     assert spec["attempt"] == rec["attempt"] == 2 and rec["run_uid"] == spec["run_uid"], rec
+
+
+def test_a_job_never_writes_its_record_over_a_later_attempts(tmp_path):
+    """Issue 28 item 4: a job that outlived its submitter wrote `record.json`/`metrics.json`
+    saying attempt 1 under attempt 2's spec. A job writes only while spec.json is its own."""
+    import threading
+    import time
+
+    from hopperlab.core import rundir
+    from hopperlab.run import runner
+    from tests.helpers import edit_yaml
+
+    project = copy_project(tmp_path / "project")
+    edit_yaml(project / "experiments/selftest.yaml", lambda d: d["experiments"]["faults"][
+        "variants"].__setitem__("slow", {"params": {"action": "sleep", "sleep_s": 3}}))
+    spec = load_matrix(project, {"families": "selftest"}).get("selftest/faults/slow")
+    run_dir = project / spec.run_dir
+    spec_file = run_dir / "spec.json"
+    rundir.write_json_atomic(spec_file, {**spec.to_dict(), "attempt": 1, "run_uid": "first"})
+    job = threading.Thread(target=runner.execute, args=(str(spec_file),))
+    job.start()
+    deadline = time.monotonic() + 60
+    while not (run_dir / "hardware.json").exists():  # the job has read its spec and runs
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+    # while it sleeps, a later submission takes the directory for attempt 2
+    rundir.write_json_atomic(spec_file, {**spec.to_dict(), "attempt": 2, "run_uid": "second"})
+    job.join(timeout=60)
+    assert not (run_dir / "record.json").exists() and not (run_dir / "metrics.json").exists()
