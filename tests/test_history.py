@@ -46,17 +46,19 @@ def test_history_from_a_real_mlflow_server(tmp_path, mlflow_uri, capsys):
             d["experiments"]["noise"]["scales"]["smoke"]["params"].update(
                 seed=i, steps=steps, jitter=0.01)
             d["experiments"]["noise"]["repeats"] = 3
+            # a variant of its own: the session's MLflow server holds other tests' noisy runs
+            d["experiments"]["noise"]["variants"]["history-probe"] = {}
         edit_yaml(project / "experiments/selftest.yaml", change)
-        out = hopperlab(["run", "selftest/noise/noisy", "--no-upload", "--config",
+        out = hopperlab(["run", "selftest/noise/history-probe", "--no-upload", "--config",
                          "families=selftest"], project)
         assert out.returncode == 0, out.stderr
     report = tracking.sync(project / "results", mlflow_uri, progress=False)
     assert not report.failed
     code = main(["--root", str(project), "history", "--mlflow", mlflow_uri, "--run",
-                 "selftest/noise/noisy", "--out", str(tmp_path / "h")])
+                 "selftest/noise/history-probe", "--out", str(tmp_path / "h")])
     out = capsys.readouterr().out
     assert code == 0
-    assert "selftest/noise/noisy value: 6 runs, 1 change point(s)" in out
+    assert "selftest/noise/history-probe value: 6 runs, 1 change point(s)" in out
     assert "CHANGE worse at" in out
     page = (tmp_path / "h/history.html").read_text()
     assert "1 of 1 series changed" in page and "data:image/png;base64," in page
