@@ -23,32 +23,13 @@ Why each piece (docs/benchmarks/distributed.md has the measurements):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True)
-class Shape:
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    vocab: int
-    layers: int
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def layer_params(self) -> int:
-        """Weights of one decoder block (attention and FFN projections; norms have none here)."""
-        d = self.head_dim
-        return self.hidden * d * (2 * self.heads + 2 * self.kv_heads) + 3 * self.hidden * self.ffn
+from hopperlab.workloads.inference.tp_floor import Shape
 
 
 class AllReduce:

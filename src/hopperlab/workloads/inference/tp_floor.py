@@ -17,8 +17,8 @@ from hopperlab.core.stats import GB
 
 
 @dataclass(frozen=True)
-class TPShape:
-    """The model as the floors need it (``tensor_parallel.Shape`` with the world size)."""
+class Shape:
+    """A Llama decoder's shape (grouped-query attention, SwiGLU FFN)."""
 
     hidden: int
     heads: int
@@ -26,18 +26,28 @@ class TPShape:
     ffn: int
     vocab: int
     layers: int
-    world: int
-    dtype_bytes: int
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
     @property
-    def block_params_per_rank(self) -> int:
+    def layer_params(self) -> int:
+        """Weights of one decoder block (attention and FFN projections; norms have none here)."""
         d = self.head_dim
-        per_block = self.hidden * d * (2 * self.heads + 2 * self.kv_heads) + 3 * self.hidden * self.ffn
-        return per_block // self.world
+        return self.hidden * d * (2 * self.heads + 2 * self.kv_heads) + 3 * self.hidden * self.ffn
+
+
+@dataclass(frozen=True)
+class TPShape(Shape):
+    """The shape as the floors need it: split over ``world`` ranks, ``dtype_bytes`` a weight."""
+
+    world: int
+    dtype_bytes: int
+
+    @property
+    def block_params_per_rank(self) -> int:
+        return self.layer_params // self.world
 
     def weight_read_bytes(self) -> int:
         """Bytes of weights one decode step reads on a rank (blocks' slices and the head; the

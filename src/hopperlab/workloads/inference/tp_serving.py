@@ -19,14 +19,19 @@ from typing import Any
 from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import GB, percentile
 from hopperlab.cuda.collectives import collective_latency
-from hopperlab.cuda.nvtx import measured_region
 from hopperlab.cuda.device_rates import hbm_gbps, matmul_tflops
+from hopperlab.cuda.nvtx import measured_region
 from hopperlab.workloads.base import Recording, RunView, no_cuda_reason
 from hopperlab.workloads.inference import TP_SHAPES, InferenceParams
 from hopperlab.workloads.inference import tensor_parallel as tp
-from hopperlab.workloads.inference.tp_floor import (NodeRates, TPShape, decode_floor_s,
-                                                    layers_that_fit, prefill_allreduce_floor_s,
-                                                    prefill_floor_s)
+from hopperlab.workloads.inference.tp_floor import (
+    NodeRates,
+    TPShape,
+    decode_floor_s,
+    layers_that_fit,
+    prefill_allreduce_floor_s,
+    prefill_floor_s,
+)
 
 #: decode steps replayed with and without their all-reduces, for what the collectives cost
 _COLLECTIVE_PROBE_STEPS = 20
