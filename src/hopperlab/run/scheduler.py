@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 from hopperlab.core.errors import NodeError
 
@@ -124,35 +124,30 @@ def _raise(signum: int, _frame: object) -> None:
 
 
 @contextmanager
-def interrupts_raise() -> Iterator[None]:
-    """SIGINT and SIGTERM raise ``Interrupted`` in this block (main thread only: elsewhere the
-    handlers cannot be set and the block runs as it is)."""
+def _sigint_sigterm(handler: Any) -> Iterator[None]:
+    """SIGINT and SIGTERM go to ``handler`` in this block, the old handlers back after it (main
+    thread only: elsewhere handlers cannot be set and the block runs as it is)."""
     try:
-        old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        for s, previous in old.items():
+            signal.signal(s, previous)
 
 
-@contextmanager
-def uninterrupted() -> Iterator[None]:
+def interrupts_raise() -> ContextManager[None]:
+    """SIGINT and SIGTERM raise ``Interrupted`` in this block."""
+    return _sigint_sigterm(_raise)
+
+
+def uninterrupted() -> ContextManager[None]:
     """SIGINT and SIGTERM are held off while the block settles an attempt (a second Ctrl-C
     must not leave it half written); they are not lost to the caller, which re-raises."""
-    try:
-        old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+    return _sigint_sigterm(signal.SIG_IGN)
 
 
 def poll_until(done: Callable[[], bool], poll_s: float, limit_s: float) -> bool:

@@ -227,10 +227,18 @@ def store_lock(tracking_uri: str) -> Iterator[None]:
     else:
         digest = hashlib.sha256(redact_uri(tracking_uri).encode()).hexdigest()[:16]
         lock_path = Path(tempfile.gettempdir()) / f"hopperlab-mlflow-{digest}.lock"
+    with _held(lock_path, tracking_uri):
+        yield
+
+
+@contextlib.contextmanager
+def _held(path: Path, tracking_uri: str) -> Iterator[None]:
+    """An exclusive flock on ``path`` for the block; a file that cannot be opened (a read-only
+    store folder) makes the upload wait for `hopperlab sync`."""
     try:
-        fh = open(lock_path, "a")
-    except OSError as exc:  # a read-only store folder: the upload waits for `hopperlab sync`
-        raise TrackingUnavailable(tracking_uri, f"cannot open the lock file {lock_path}: "
+        fh = open(path, "a")
+    except OSError as exc:
+        raise TrackingUnavailable(tracking_uri, f"cannot open the lock file {path}: "
                                   f"{exc.strerror or exc}") from exc
     with fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
@@ -251,17 +259,8 @@ def run_upload_lock(tracking_uri: str, uid: str) -> Iterator[None]:
     digest = hashlib.sha256(redact_uri(tracking_uri).encode()).hexdigest()[:16]
     bucket = int(hashlib.sha256(uid.encode()).hexdigest(), 16) % RUN_LOCK_BUCKETS
     path = Path(tempfile.gettempdir()) / f"hopperlab-mlflow-{digest}-run{bucket}.lock"
-    try:
-        fh = open(path, "a")
-    except OSError as exc:
-        raise TrackingUnavailable(tracking_uri, f"cannot open the lock file {path}: "
-                                  f"{exc.strerror or exc}") from exc
-    with fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    with _held(path, tracking_uri):
+        yield
 
 
 def mlflow_client(tracking_uri: str):
