@@ -321,3 +321,27 @@ def test_a_job_never_writes_its_record_over_a_later_attempts(tmp_path):
     rundir.write_json_atomic(spec_file, {**spec.to_dict(), "attempt": 2, "run_uid": "second"})
     job.join(timeout=60)
     assert not (run_dir / "record.json").exists() and not (run_dir / "metrics.json").exists()
+
+
+def test_an_in_process_run_puts_the_environment_back(tmp_path, monkeypatch):
+    """A census run in pytest left OMP_NUM_THREADS=1 behind (threads.apply and the site's
+    env), and the Slurm cluster a later test started counted one CPU a node (nproc obeys it):
+    two-task jobs were refused. ``execute`` restores what it changed."""
+    from hopperlab.core import rundir
+    from hopperlab.run import runner
+    from tests.helpers import edit_yaml
+
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "HOPPERLAB_ODD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOPPERLAB_KEPT", "as before")
+    project = copy_project(tmp_path / "project")
+    edit_yaml(project / "configs/sites/local.yaml", lambda d: d.update(
+        env={"OMP_NUM_THREADS": 1, "HOPPERLAB_ODD": ODD_VALUE, "HOPPERLAB_KEPT": "changed"}))
+    spec = load_matrix(project, {"families": "selftest"}).get("selftest/faults/ok")
+    spec_file = project / spec.run_dir / "spec.json"
+    rundir.write_json_atomic(spec_file, {**spec.to_dict(), "attempt": 1})
+    before = dict(os.environ)
+    rec = runner.execute(str(spec_file))
+    assert rec["status"] == "ok", rec
+    assert rec["hardware"]["threads"]["intra_op"] == 1  # the job did see the site's env
+    assert dict(os.environ) == before

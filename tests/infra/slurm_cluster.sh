@@ -144,7 +144,8 @@ show_logs() {
 write_configs() {
   local host cpus mem_mb db_port=$1 two=$2 addr=127.0.0.1 nodes
   host=$(hostname -s)
-  cpus=$(nproc)
+  # nproc obeys OMP_NUM_THREADS; a test that left it at 1 must not shrink the cluster.
+  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
   mem_mb=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.85}' /proc/meminfo)
   nodes=$host
   ((two)) && { addr=$ADDR1; nodes=$host,$NODE2; }

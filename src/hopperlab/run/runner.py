@@ -127,6 +127,21 @@ def _run_metered(workload: Any, spec: RunSpec, rec: Recorder) -> None:
 
 
 def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
+    """Run the spec at ``spec_path``; the environment it changed is put back after, so that an
+    in-process (debug) run leaves its caller's ``OMP_NUM_THREADS`` and the site's ``env:`` as
+    they were (a test once started its Slurm cluster with one CPU a node because of it)."""
+    saved = dict(os.environ)
+    try:
+        return _execute(spec_path, run_dir)
+    finally:
+        for name in set(os.environ) - set(saved):
+            os.environ.pop(name, None)
+        for name, value in saved.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+
+
+def _execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     """Run the spec at ``spec_path`` (a run directory's spec.json); return the record.
 
     A task of a job with several (``distributed.task_from_env``) runs as one rank, recording
