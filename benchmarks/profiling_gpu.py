@@ -49,13 +49,12 @@ def membench_runs(root: Path, nsys: str, site_file: Path) -> list[Path]:
         Resources,
         RunSpec,
         SiteSpec,
-        SlurmSettings,
     )
     from hopperlab.run.submit import submit
     from hopperlab.workloads.base import Knobs
     from hopperlab.workloads.membench import MembenchParams
 
-    site = SiteSpec(name="gpu", executor="local", poll_interval_s=0.2, slurm=SlurmSettings(),
+    site = SiteSpec(name="gpu", executor="local", poll_interval_s=0.2,
                     container=ContainerSettings(), tracking_uri="sqlite:///unused.db",
                     nsys_path=nsys, source=str(site_file), assets_dir=str(root / "assets"))
     variants = {

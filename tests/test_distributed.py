@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from hopperlab.backends.base import MASTER_PORT_ENV
+from hopperlab.backends.slurm.jobenv import first_host
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.errors import SpecError
 from hopperlab.run import distributed
@@ -84,11 +86,11 @@ def test_task_from_the_schedulers_environment():
             slurm.master_addr, slurm.launcher) == (5, 8, 1, 2, 4, "gpu03", "slurm")
     local = distributed.task_from_env({"SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1",
                                        "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_JOB_ID": "9",
-                                       distributed.MASTER_PORT_ENV: "31111"})
+                                       MASTER_PORT_ENV: "31111"})
     assert (local.rank, local.world_size, local.master_port, local.launcher) == (1, 2, 31111, "local")
     assert distributed.task_from_env({}).world_size == 1
-    assert distributed.first_host("a1,b2") == "a1"
-    assert distributed.first_host("n[7,9-10]") == "n7"
+    assert first_host("a1,b2") == "a1"
+    assert first_host("n[7,9-10]") == "n7"
 
 
 def _record(run_dir: Path) -> dict:

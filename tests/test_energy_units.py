@@ -13,7 +13,7 @@ from hopperlab.config.energy import (
     energy_figures,
     energy_scope,
 )
-from hopperlab.run.slurm_energy import parse_consumed_energy
+from hopperlab.backends.slurm.energy import parse_consumed_energy
 from hopperlab.workloads import family_info
 
 

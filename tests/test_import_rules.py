@@ -3,7 +3,7 @@
 import-linter (``lint-imports``, run by scripts/test.sh) keeps the layers; these tests read the
 package's own source with ``ast`` and keep the rest: no import cycle between modules, hopperlab's
 own modules imported only at module top, heavy third-party packages only inside functions, and
-``importlib`` only in the family registry.
+``importlib`` only in the family and backend registries.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "hopperlab"
 HEAVY = {"torch", "mlflow", "matplotlib", "submitit", "transformers"}
-#: the family registry: the one place that may import modules by name
-IMPORTLIB_ALLOWED = {"hopperlab.workloads", "hopperlab.workloads.base"}
+#: the family and backend registries: the places that may import modules by name
+IMPORTLIB_ALLOWED = {"hopperlab.workloads", "hopperlab.workloads.base", "hopperlab.backends"}
 
 
 def module_name(path: Path) -> str:

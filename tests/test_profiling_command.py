@@ -18,8 +18,8 @@ from hopperlab.config.spec import (
     Resources,
     RunSpec,
     SiteSpec,
-    SlurmSettings,
 )
+from hopperlab.backends.slurm import SlurmSettings
 from hopperlab.core.errors import SpecError
 from hopperlab.core.schema import validate_against_schema
 from hopperlab.profiling import command
@@ -41,7 +41,7 @@ def make_spec(tmp_path: Path, *, profiler="nsys", memory="device", executor="loc
     site_file.write_text(yaml.safe_dump({"executor": executor,
                                          **({"profiling": profiling} if profiling else {})}))
     site = SiteSpec(name="t", executor=executor, poll_interval_s=0.2,
-                    slurm=SlurmSettings(setup=tuple(setup)),
+                    settings={"slurm": SlurmSettings(setup=tuple(setup))},
                     container=ContainerSettings(image=image, runtime="apptainer" if image else None,
                                                 image_file=f"/img/{image}.sif" if image else None),
                     tracking_uri="sqlite:///x.db", nsys_path=nsys_path, source=str(site_file),

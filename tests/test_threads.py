@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from hopperlab.node.threads import (DUCKDB_ENV, WORKERS_ENV, apply, cpus_given, plan_threads)
+from hopperlab.backends import where_am_i
+from hopperlab.node.threads import DUCKDB_ENV, WORKERS_ENV, apply, plan_threads
+from hopperlab.node.threads import cpus_given as _cpus_given
 from hopperlab.results.report.html import _hardware_value
+
+
+def cpus_given(environ, affinity, requested=None):
+    """The count as the job sees it: what its backend reads of the environment (Slurm's
+    variables are read in backends/slurm only), bounded by the affinity."""
+    here = where_am_i(environ)
+    given = (here.cpus, here.cpus_source) if here.cpus is not None else None
+    return _cpus_given(given, affinity, requested)
 
 NODE = range(72)  # a GH200 node's Grace cores
 

@@ -9,12 +9,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from hopperlab import backends
 from hopperlab.config.matrix import load_matrix, parse_overrides
 from hopperlab.core.effects import DEFAULT_MIN_EFFECT
 from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import junit, node_check
 from hopperlab.results.report.collect import collect_runs
-from hopperlab.run.nodes import partition_nodes, pinned_to
+from hopperlab.run.nodes import pinned_to
 from hopperlab.run.submit import submit
 
 EXIT_REGRESSION = 1
@@ -30,13 +31,15 @@ def _say(node: str):
 
 def run(args: argparse.Namespace, root: Path, refs_dir: Path) -> int:
     matrix = load_matrix(root, parse_overrides(args.config))
-    if matrix.site.executor != "slurm":
+    if not matrix.site.backend.pins_nodes:
         raise SpecError(f"hopperlab check --every-node: the site {matrix.site.name} runs with "
-                        f"the {matrix.site.executor} executor; one job per node needs Slurm "
+                        f"the {matrix.site.executor} executor; one job per node needs a "
+                        f"scheduler that places jobs on named nodes, such as Slurm "
                         f"(--config site=<a slurm site>)")
-    partition = args.partition or matrix.site.slurm.partition
+    ops = backends.launcher(matrix.site.executor)
+    partition = args.partition or ops.default_partition(matrix.site.own_settings)
     nodes = [n for n in args.nodes.split(",") if n] if args.nodes else \
-        partition_nodes(partition)
+        ops.nodes_of(matrix.site.own_settings, partition)
     base = Path(matrix.config["results_dir"]) / "nodes"
     print(f"[hopperlab] check --every-node: {len(matrix.runs)} run(s) on {len(nodes)} node(s) "
           f"of partition {partition or '(default)'}: {', '.join(nodes)}", flush=True)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from hopperlab import backends
 from hopperlab.assets.registry import asset_fingerprint, asset_inputs
 from hopperlab.config.spec import Matrix, spec_data_fingerprint, unknown_target_message
 from hopperlab.core import locks
@@ -24,7 +25,6 @@ from hopperlab.core.schema import (
 from hopperlab.node.containers import PYXIS, resolve_site_runtime
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
-from hopperlab.run import scheduler
 from hopperlab.run.submit import FORCED_ENV, disk_full_reason, is_disk_full
 
 #: config keys forwarded to `hopperlab` on each rule's command line
@@ -250,9 +250,10 @@ def container_inputs(matrix: Matrix) -> list[str]:
 
 
 def check_scheduler(matrix: Matrix) -> None:
-    """Refuse, before any job, a Slurm site whose controller cannot be reached from here: one
-    line naming the site file, and nothing in the results folder moved (onstart)."""
-    scheduler.check_scheduler(matrix.site.executor, matrix.site.source)
+    """Refuse, before any job, a site whose scheduler cannot be reached from here (Slurm: its
+    controller): one line naming the site file, and nothing in the results folder moved
+    (onstart)."""
+    backends.launcher(matrix.site.executor).check_reachable(matrix.site.source)
 
 
 def check_container_runtime(matrix: Matrix) -> None:

@@ -232,7 +232,7 @@ def check_time(res: Resources, site: SiteSpec, where: str, scale: str) -> None:
 
 def check_caps(res: Resources, site: SiteSpec, where: str, scale: str) -> None:
     """Refuse, before anything is submitted, a selected run over the site's caps or beyond
-    what its executor can start (the local executor runs on this one node)."""
+    what its backend can start (``spans_nodes``, ``multi_task``)."""
     if site.max_nodes and res.nodes > site.max_nodes:
         raise SpecError(f"{where}: resources.nodes: asks for {res.nodes} nodes at scale {scale}, "
                         f"over the site's max_nodes {site.max_nodes} ({site.source}: max_nodes)")
@@ -243,12 +243,14 @@ def check_caps(res: Resources, site: SiteSpec, where: str, scale: str) -> None:
     if res.gpus and res.tasks_on_node > res.gpus and res.gpus_per_node:
         raise SpecError(f"{where}: resources.tasks_per_node: {res.tasks_on_node} tasks on "
                         f"{res.gpus} GPUs per node; at most one task per GPU")
-    if site.executor in ("local", "debug") and res.nodes > 1:
+    backend = site.backend
+    if not backend.spans_nodes and res.nodes > 1:
         raise SpecError(f"{where}: resources.nodes: asks for {res.nodes} nodes, but the site's "
-                        f"executor {site.executor} runs on this one node ({site.source}: executor)")
-    if site.executor == "debug" and res.distributed:
-        raise SpecError(f"{where}: resources: {res.world_size} tasks, but the debug executor "
-                        f"runs in-process ({site.source}: executor)")
+                        f"executor {site.executor} runs {backend.placement} "
+                        f"({site.source}: executor)")
+    if not backend.multi_task and res.distributed:
+        raise SpecError(f"{where}: resources: {res.world_size} tasks, but the {site.executor} "
+                        f"executor runs {backend.placement} ({site.source}: executor)")
 
 
 def _known_assets(root: Path, substitutes: Mapping[str, str]

@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from hopperlab import backends
+from hopperlab.backends.base import BackendInfo
 from hopperlab.config.cost import CostSpec
-from hopperlab.config.spec import ContainerSettings, SiteSpec, SlurmSettings
+from hopperlab.config.spec import ContainerSettings, SiteSpec, backend_settings
 from hopperlab.core.errors import SpecError, clip, shown
 from hopperlab.core.schema import (
     load_yaml,
@@ -33,23 +35,18 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
         raise SpecError(f"configs/config.yaml: site: no site file {clip(str(path))} "
                         f"(known sites: {', '.join(known)})")
     data = load_yaml(path, "site")
-    validate_against_schema(data, project_schema(root, "site.schema.yaml"), str(path))
-    slurm = data.get("slurm", {})
+    validate_against_schema(data, site_schema(root), str(path))
+    info = site_backend(data["executor"], str(path))
     image = data.get("container")
     # the files only: the runtime on PATH is found on the submitting side (run.launch)
     runtime = check_site_image(str(path), data.get("container_runtime", "auto"), image,
                                containers_dir=root / "containers")
     uri = (data.get("tracking") or {}).get("uri") or \
         f"sqlite:///{(root / results_dir / 'mlflow.db').resolve()}"
-    executor = data["executor"]
     return SiteSpec(
-        name=path.stem, executor=executor,
-        poll_interval_s=float(data.get("poll_interval_s", 30.0 if executor == "slurm" else 0.5)),
-        slurm=SlurmSettings(
-            partition=slurm.get("partition"), account=slurm.get("account"),
-            qos=slurm.get("qos"), constraint=slurm.get("constraint"),
-            extra_sbatch=dict(slurm.get("extra_sbatch", {})),
-            setup=tuple(slurm.get("setup", ()))),
+        name=path.stem, executor=info.name,
+        poll_interval_s=float(data.get("poll_interval_s", info.poll_interval_s)),
+        settings=backend_settings(data, str(path)),
         container=ContainerSettings(
             image=image, runtime=runtime, fakeroot=bool(data.get("container_fakeroot", False)),
             binds=tuple(data.get("container_binds", ())),
@@ -68,6 +65,24 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
         cost=typed_from_mapping(CostSpec, data["cost"], f"{path}: cost", "key of a site's cost")
         if data.get("cost") else None,
     )
+
+
+def site_schema(root: Path) -> dict[str, Any]:
+    """workflow/schemas/site.schema.yaml with each backend's settings block in it: the blocks'
+    own keys and types are the backends' (``backend_settings`` checks them)."""
+    schema = project_schema(root, "site.schema.yaml")
+    blocks = {info.site_key: {"type": "object", "description": info.summary}
+              for info in backends.all_backends() if info.site_key}
+    return {**schema, "properties": {**schema.get("properties", {}), **blocks}}
+
+
+def site_backend(name: Any, source: str) -> BackendInfo:
+    """The backend a site's ``executor:`` names; unknown: one line naming the file and key and
+    the backends there are (each a folder of hopperlab/backends/)."""
+    if not isinstance(name, str) or name not in backends.names():
+        raise SpecError(f"{source}: executor: unknown executor {shown(name)}; expected one of: "
+                        f"{', '.join(backends.names())}")
+    return backends.backend(name)
 
 
 def _image_file(root: Path, data: dict[str, Any], runtime: str | None) -> str:

@@ -4,11 +4,13 @@ resources, site) and the whole matrix of them (``Matrix``). The job rebuilds its
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+from hopperlab import backends
+from hopperlab.backends.base import BackendInfo
 from hopperlab.config.cost import CostSpec, cost_from_mapping
 from hopperlab.core.errors import AssetMissing, SpecError, clip, shown
 from hopperlab.core.schema import typed_from_mapping
@@ -67,16 +69,6 @@ class Resources:
 
 
 @dataclass(frozen=True)
-class SlurmSettings:
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    extra_sbatch: dict[str, Any] = field(default_factory=dict)
-    setup: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class ContainerSettings:
     """The site's container: ``image`` names containers/<image>.def (None: no container)."""
 
@@ -96,9 +88,9 @@ class ContainerSettings:
 @dataclass(frozen=True)
 class SiteSpec:
     name: str
+    #: the scheduler backend (``hopperlab.backends``: a folder of it)
     executor: str
     poll_interval_s: float
-    slurm: SlurmSettings
     container: ContainerSettings
     tracking_uri: str
     #: when runs reach MLflow: "each" (every run's job uploads it as it settles) or "at-end"
@@ -122,6 +114,49 @@ class SiteSpec:
     #: the GPU nodes' CPU architecture when it differs from the login node's (x86_64 |
     #: aarch64; None: the same): names the container image <name>.<arch>.sif
     gpu_arch: str | None = None
+    #: each backend's settings block (its site key -> its settings dataclass), every backend
+    #: that has one (defaults where the site file says nothing); spec.json keeps each block
+    #: under its key, beside the other site keys
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def backend(self) -> BackendInfo:
+        return backends.backend(self.executor)
+
+    def settings_of(self, info: BackendInfo) -> Any:
+        """The site's settings of backend ``info`` (its defaults when the site has none)."""
+        key = info.site_key
+        return self.settings.get(key, info.default_settings()) if key else None
+
+    @property
+    def own_settings(self) -> Any:
+        """The settings of the site's own backend (None: it has none)."""
+        return self.settings_of(self.backend)
+
+    @property
+    def node_setup(self) -> tuple[str, ...]:
+        """The shell lines the backend runs on the node before the job."""
+        return tuple(self.backend.node_setup(self.own_settings))
+
+    def with_settings(self, value: Any) -> "SiteSpec":
+        """This site with its own backend's settings replaced by ``value``."""
+        return replace(self, settings={**self.settings, str(self.backend.site_key): value})
+
+
+def backend_settings(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Every backend's settings block from ``values`` (a site file's data, or spec.json's
+    site), typed and checked (unknown keys and wrong types named at ``where: key``); the
+    defaults of a backend whose block is absent."""
+    found = {}
+    for info in backends.all_backends():
+        key = info.site_key
+        if key is None:
+            continue
+        block = values.get(key)
+        found[key] = typed_from_mapping(info.settings, block or {}, f"{where}: {key}",
+                                        f"key of a site's {key} block") \
+            if block else info.default_settings()
+    return found
 
 
 @dataclass(frozen=True)
@@ -182,6 +217,7 @@ class RunSpec:
         """The spec as written to spec.json (and so to MLflow): the tracking URI without its
         ``user:password@``, which the submitting side keeps in memory only."""
         data = asdict(self)
+        data["site"].update(data["site"].pop("settings"))  # each block under its site key
         data["site"]["tracking_uri"] = redact_uri(self.site.tracking_uri)
         data["key"] = self.key
         if data["compare_to"] is None:  # absent: specs of runs that name none stay as they were
@@ -194,7 +230,9 @@ class RunSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> "RunSpec":
         info = family_info(data["family"])
         site = dict(data["site"])
-        site["slurm"] = SlurmSettings(**{**site["slurm"], "setup": tuple(site["slurm"]["setup"])})
+        site["settings"] = backend_settings(site, "spec.json: site")
+        for key in site["settings"]:
+            site.pop(key, None)
         site["container"] = ContainerSettings(
             **{**site["container"], "binds": tuple(site["container"]["binds"])})
         site["cost"] = cost_from_mapping(site.get("cost"))
@@ -264,19 +302,21 @@ def unknown_target_message(key: str, runs: Mapping[str, RunSpec]) -> str:
 RESULT_KEYS = ("family", "experiment", "variant", "scale", "knobs", "params", "resources",
                "assets")
 RESULT_SITE_KEYS = ("executor", "env", "allow_oversubscription", "machine", "gpu_arch")
-RESULT_SLURM_KEYS = ("partition", "qos", "constraint", "extra_sbatch", "setup")
 
 
 def result_data(data: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a spec's data (``RunSpec.to_dict()`` or its ``spec.json``) that changes what
-    the run produces (``RESULT_KEYS``; of the site: executor, partition and scheduler options,
-    environment, the container image by name)."""
+    the run produces (``RESULT_KEYS``; of the site: executor, each backend's ``result_keys``
+    such as Slurm's partition and options, environment, the container image by name)."""
     site = data.get("site") if isinstance(data.get("site"), Mapping) else {}
-    slurm = site.get("slurm") if isinstance(site.get("slurm"), Mapping) else {}
     container = site.get("container") if isinstance(site.get("container"), Mapping) else {}
     kept = {k: data.get(k) for k in RESULT_KEYS}
     kept["site"] = {k: site.get(k) for k in RESULT_SITE_KEYS}
-    kept["site"]["slurm"] = {k: slurm.get(k) for k in RESULT_SLURM_KEYS}
+    for info in backends.all_backends():
+        if info.site_key and info.result_keys:
+            block = site.get(info.site_key)
+            block = block if isinstance(block, Mapping) else {}
+            kept["site"][info.site_key] = {k: block.get(k) for k in info.result_keys}
     kept["site"]["image"] = container.get("image")
     if not kept["site"]["env"]:
         kept["site"]["env"] = {}

@@ -3,8 +3,8 @@
 A GH200 node has 72 Grace cores and an x86 node often more; a job that Slurm gave 8 of them but
 whose OpenMP, MKL, torch intra-op pool, data loader and DuckDB each start one thread per core of
 the node oversubscribes its own allocation many times over (source 002: thread scaling by core
-count). ``cpus_given`` reads what the job really has (Slurm's allocation, bounded by the process
-affinity that the kernel enforces); ``plan_threads`` turns it into pool sizes, which a site or a
+count). ``cpus_given`` reads what the job really has (the scheduler's allocation, as the job's backend
+read it, bounded by the process affinity that the kernel enforces); ``plan_threads`` turns it into pool sizes, which a site or a
 variant may override (``resources.threads``); ``apply`` sets them before the workload starts.
 Nothing here imports torch: ``apply`` only touches it when the job already imported it.
 """
@@ -12,7 +12,6 @@ Nothing here imports torch: ``apply`` only touches it when the job already impor
 from __future__ import annotations
 
 import os
-import re
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, MutableMapping
@@ -43,41 +42,25 @@ class ThreadPlan:
         return d
 
 
-def _slurm_count(text: str | None) -> int | None:
-    """The first count of a Slurm CPU list: ``"16"``, ``"72(x2)"`` or ``"16,8"`` -> 16/72/16."""
-    if not text:
-        return None
-    m = re.match(r"\s*(\d+)", text)
-    return int(m.group(1)) if m and int(m.group(1)) > 0 else None
-
-
-def cpus_given(environ: Mapping[str, str], affinity: Iterable[int] | None,
+def cpus_given(given: tuple[int, str] | None, affinity: Iterable[int] | None,
                requested: int | None = None) -> tuple[int, str]:
     """(CPUs this process may use, how that was found).
 
-    Slurm's ``SLURM_CPUS_PER_TASK`` first, else this node's ``SLURM_JOB_CPUS_PER_NODE`` shared
-    by its tasks (``SLURM_NTASKS_PER_NODE``); both bounded by the affinity mask, which is what
-    the kernel enforces (with ``TaskPlugin=task/none`` it is the whole node, hence Slurm first).
-    Without Slurm: the run's ``requested`` CPUs (its ``resources.cpus``) bounded by the affinity
-    mask. Why: the local executor starts jobs side by side as Snakemake schedules them (one CPU
-    each at smoke); sized from the whole mask, two jobs put four OpenMP threads on two cores,
-    and OpenMP's spinning barriers made steps 10-30x slower whenever the cores were shared.
+    The scheduler's count first (``given``: what the job's backend read, e.g. Slurm's
+    ``SLURM_CPUS_PER_TASK``, with its words), bounded by the affinity mask, which is what the
+    kernel enforces (with ``TaskPlugin=task/none`` it is the whole node, hence the scheduler
+    first). Without one: the run's ``requested`` CPUs (its ``resources.cpus``) bounded by the
+    affinity mask. Why: the local executor starts jobs side by side as Snakemake schedules them
+    (one CPU each at smoke); sized from the whole mask, two jobs put four OpenMP threads on two
+    cores, and OpenMP's spinning barriers made steps 10-30x slower whenever the cores were
+    shared.
     """
     n_aff = len(set(affinity)) if affinity is not None else None
-    per_task = _slurm_count(environ.get("SLURM_CPUS_PER_TASK"))
-    slurm, source = None, ""
-    if per_task:
-        slurm, source = per_task, "SLURM_CPUS_PER_TASK"
-    else:
-        per_node = _slurm_count(environ.get("SLURM_JOB_CPUS_PER_NODE"))
-        if per_node:
-            tasks = _slurm_count(environ.get("SLURM_NTASKS_PER_NODE")) or 1
-            slurm = max(1, per_node // tasks)
-            source = "SLURM_JOB_CPUS_PER_NODE" + (f"/{tasks} tasks" if tasks > 1 else "")
-    if slurm is not None and n_aff is not None and n_aff < slurm:
-        return n_aff, f"affinity ({n_aff} CPUs, below {source}={slurm})"
-    if slurm is not None:
-        return slurm, source
+    sched, source = given if given else (None, "")
+    if sched is not None and n_aff is not None and n_aff < sched:
+        return n_aff, f"affinity ({n_aff} CPUs, below {source}={sched})"
+    if sched is not None:
+        return sched, source
     if requested and n_aff and requested < n_aff:
         return requested, f"resources.cpus ({n_aff} CPUs in the affinity mask)"
     if n_aff:
@@ -122,14 +105,15 @@ def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> 
     return set_now
 
 
-def job_threads(overrides: Mapping[str, Any] | None = None,
-                requested: int | None = None) -> ThreadPlan:
-    """The plan of this process: its environment, affinity mask and requested CPUs."""
+def job_threads(overrides: Mapping[str, Any] | None = None, requested: int | None = None,
+                given: tuple[int, str] | None = None) -> ThreadPlan:
+    """The plan of this process: the scheduler's count (``given``), its affinity mask and
+    requested CPUs."""
     try:
         affinity: Iterable[int] | None = os.sched_getaffinity(0)
     except (AttributeError, OSError):
         affinity = None
-    cpus, source = cpus_given(os.environ, affinity, requested)
+    cpus, source = cpus_given(given, affinity, requested)
     return plan_threads(cpus, source, overrides)
 
 

@@ -37,9 +37,11 @@ class _Container(Protocol):
     def image(self) -> str | None: ...
 
 
-class _Slurm(Protocol):
+class _Backend(Protocol):
+    """What this module asks of the site's scheduler backend (``backends.base.BackendInfo``)."""
+
     @property
-    def setup(self) -> Sequence[str]: ...
+    def profiler_reach(self) -> str: ...
 
 
 class ProfiledSite(Protocol):
@@ -54,7 +56,9 @@ class ProfiledSite(Protocol):
     @property
     def container(self) -> _Container: ...
     @property
-    def slurm(self) -> _Slurm: ...
+    def backend(self) -> _Backend: ...
+    @property
+    def node_setup(self) -> Sequence[str]: ...
 
 
 class ProfiledKnobs(Protocol):
@@ -137,10 +141,11 @@ def site_settings(spec: ProfiledRun) -> ProfilingSettings:
 
 def nsys_executable(spec: ProfiledRun) -> str:
     """The site's ``nsys_path``; else ``nsys`` as found on PATH here for a job that runs here
-    (local executor, no container), else plain ``nsys`` (PATH on the node, or in the image)."""
+    (a backend whose profiler reach is "here", no container), else plain ``nsys`` (PATH on the
+    node, or in the image)."""
     if spec.site.nsys_path:
         return spec.site.nsys_path
-    if spec.site.executor == "local" and not spec.site.container.image:
+    if spec.site.backend.profiler_reach == "here" and not spec.site.container.image:
         return shutil.which("nsys") or "nsys"
     return "nsys"
 
@@ -205,12 +210,13 @@ def profiler_prefix(spec: ProfiledRun, run_dir: Path, python: str = "python",
 def check_profiler(spec: ProfiledRun) -> None:
     """Refuse, before submission, a ``profiler: nsys`` run that cannot get an nsys.
 
-    Checked here: a job that runs on this machine (local executor, no container) needs an
-    executable nsys (``nsys_path``, else on PATH); the in-process debug executor cannot be
-    wrapped by nsys at all; a Slurm job without a container needs ``nsys_path``, nsys on PATH
-    here, or ``slurm.setup`` lines (a ``module load``) that put it on the node's PATH. Inside a
-    container the image is trusted to carry nsys (the NGC images do). The site's ``profiling:``
-    block is read (and so validated) too.
+    Checked here, by where the site's backend runs the job (``profiler_reach``): a job that
+    runs on this machine ("here": local, no container) needs an executable nsys (``nsys_path``,
+    else on PATH); an in-process job ("none": debug) cannot be wrapped by nsys at all; a job on
+    another node ("node": Slurm) without a container needs ``nsys_path``, nsys on PATH here, or
+    setup lines (``slurm.setup``: a ``module load``) that put it on the node's PATH. Inside a
+    container the image is trusted to carry nsys (the NGC images do). The site's
+    ``profiling:`` block is read (and so validated) too.
     """
     if spec.knobs.profiler == "none":
         return
@@ -219,23 +225,25 @@ def check_profiler(spec: ProfiledRun) -> None:
     if spec.knobs.profiler != "nsys":
         return
     where = f"{site.source or 'site'}: nsys_path"
-    if site.executor == "debug":
-        raise SpecError(f"{spec.key} asks for profiler=nsys, but executor debug (`hopperlab run`) "
-                        f"runs the job in this process, which nsys cannot wrap: submit it with "
-                        f"the local or slurm executor")
+    reach = site.backend.profiler_reach
+    if reach == "none":
+        raise SpecError(f"{spec.key} asks for profiler=nsys, but executor {site.executor} runs "
+                        f"the job in this process (`hopperlab run`), which nsys cannot wrap: "
+                        f"submit it with an executor that starts a process (local, slurm)")
     if site.container.image:
         return
     if site.nsys_path:
         path = Path(site.nsys_path)
-        if site.executor == "local" and not (path.is_file() and os.access(path, os.X_OK)):
+        if reach == "here" and not (path.is_file() and os.access(path, os.X_OK)):
             raise SpecError(f"{where}: {site.nsys_path} is not an executable file on this machine "
                             f"({spec.key} asks for profiler=nsys)")
         return
-    if site.executor == "local" and shutil.which("nsys") is None:
+    if reach == "here" and shutil.which("nsys") is None:
         raise SpecError(f"{where}: {spec.key} asks for profiler=nsys, but no nsys is on PATH and "
                         f"the site sets no nsys_path: install Nsight Systems or set nsys_path to "
                         f"its nsys executable")
-    if site.executor == "slurm" and shutil.which("nsys") is None and not site.slurm.setup:
+    if reach == "node" and shutil.which("nsys") is None and not site.node_setup:
         raise SpecError(f"{where}: {spec.key} asks for profiler=nsys, but the site sets no "
-                        f"nsys_path, no container and no slurm.setup (e.g. `module load nsight-"
-                        f"systems`), and no nsys is on PATH here: say where nsys is on the nodes")
+                        f"nsys_path, no container and no {site.executor}.setup (e.g. `module "
+                        f"load nsight-systems`), and no nsys is on PATH here: say where nsys is "
+                        f"on the nodes")

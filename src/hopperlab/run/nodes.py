@@ -1,46 +1,21 @@
-"""The nodes of a Slurm partition, and a matrix pinned to one of them: what ``hopperlab check
---every-node`` fans out over (one job per node and run, ``--nodelist``), the way ReFrame's
-``--distribute`` finds the one slow node of a partition."""
+"""A matrix pinned to one node: what ``hopperlab check --every-node`` fans out over (one job per
+node and run), the way ReFrame's ``--distribute`` finds the one slow node of a partition. The
+site's backend says how a job is pinned and which nodes there are."""
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+from hopperlab.backends import launcher
 from hopperlab.config.spec import Matrix
-from hopperlab.core.errors import HopperlabError
-
-#: node states (sinfo %t, without the flags after them) a job can be placed on
-USABLE = ("idle", "mix", "alloc", "comp", "resv", "plnd")
-
-
-def partition_nodes(partition: str | None) -> list[str]:
-    """The usable nodes of ``partition`` (None: the default one), sorted; raises with sinfo's
-    words when Slurm cannot be asked."""
-    cmd = ["sinfo", "-h", "-N", "-o", "%N %t"] + (["-p", partition] if partition else [])
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise HopperlabError(f"{' '.join(cmd)}: {exc}") from None
-    if out.returncode != 0:
-        raise HopperlabError(f"{' '.join(cmd)}: {out.stderr.strip() or out.returncode}")
-    nodes = set()
-    for line in out.stdout.splitlines():
-        name, _, state = line.strip().partition(" ")
-        if name and state.rstrip("*~#!%$@^-+") in USABLE:
-            nodes.add(name)
-    if not nodes:
-        raise HopperlabError(f"partition {partition or '(default)'}: no usable node "
-                             f"(sinfo: {out.stdout.strip() or 'nothing'})")
-    return sorted(nodes)
 
 
 def pinned_to(matrix: Matrix, node: str, results_dir: Path) -> Matrix:
     """``matrix`` with every run sent to ``node`` (``--nodelist``) and recorded under
     ``results_dir`` (relative to the project root), one folder per node."""
-    site = replace(matrix.site, slurm=replace(
-        matrix.site.slurm, extra_sbatch={**matrix.site.slurm.extra_sbatch, "nodelist": node}))
+    settings = launcher(matrix.site.executor).pinned(matrix.site.own_settings, node)
+    site = matrix.site.with_settings(settings)
     base = Path(matrix.config["results_dir"])
     runs = {}
     for key, spec in matrix.runs.items():

@@ -45,16 +45,6 @@ def _is_oom(exc: BaseException) -> bool:
     return "CUDA out of memory" in text or "cudaErrorMemoryAllocation" in text
 
 
-def slurm_identity() -> dict[str, Any] | None:
-    """The Slurm job this process runs in, from the environment Slurm sets."""
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        return None
-    array = os.environ.get("SLURM_ARRAY_JOB_ID")
-    return {"job_id": job_id, "array_job_id": array, "node": os.environ.get("SLURMD_NODENAME"),
-            "partition": os.environ.get("SLURM_JOB_PARTITION"), "state": "RUNNING"}
-
-
 def _size_threads(spec: RunSpec, rec: Recorder) -> None:
     """Size the thread pools from the CPUs this job was given (node.threads), before the
     workload imports anything that starts a pool; the plan goes into the hardware record."""
@@ -62,7 +52,9 @@ def _size_threads(spec: RunSpec, rec: Recorder) -> None:
     omp = str(spec.site.env.get("OMP_NUM_THREADS", ""))
     if omp.isdigit() and int(omp) > 0:  # the site's env sizes the intra-op pool
         overrides.setdefault("intra_op", int(omp))
-    plan = threads.job_threads(overrides, requested=spec.resources.cpus)
+    here = distributed.task_from_env()  # the CPUs the scheduler gave, if it says
+    given = (here.cpus, here.cpus_source) if here.cpus is not None else None
+    plan = threads.job_threads(overrides, requested=spec.resources.cpus, given=given)
     threads.apply(plan)
     rec.hardware["cpus_given"] = plan.cpus
     rec.hardware["threads"] = plan.as_record()
@@ -158,7 +150,7 @@ def _execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)),
                    job_started=record.process_started_at(),
                    may_write=lambda: _still_current(Path(spec_path), uid))
-    rec.slurm = slurm_identity()
+    rec.slurm = distributed.task_from_env().record  # the scheduler's job (the record's slurm)
     try:
         rec.hardware = hardware.fingerprint()
         rec.hardware["container"] = inside_container()  # what the job sees of its image

@@ -20,6 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from hopperlab import backends
+from hopperlab.backends.base import CANCEL_WAIT_S, SchedulerDown
 from hopperlab.config.spec import Matrix, RunSpec, spec_data_fingerprint
 from hopperlab.core.errors import SpecError
 from hopperlab.core import locks
@@ -42,7 +44,7 @@ from hopperlab.node.containers import (
     start_failure,
 )
 from hopperlab.profiling import check_profiler
-from hopperlab.run import attempts, launch, ranks, runner, scheduler, slurm_energy
+from hopperlab.run import attempts, launch, ranks, runner, scheduler
 from hopperlab.run.annotate import annotate_record
 
 #: How long the submitting side waits for space to write a run's record on a full disk, and how
@@ -307,11 +309,12 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
     if outcome.job_id:
         rec["slurm"] = {**(rec.get("slurm") or {}), "job_id": outcome.job_id,
                         "state": outcome.state}
-        if spec.site.executor == "slurm":
-            joules, note = slurm_energy.consumed_energy(outcome.job_id)
-            rec.setdefault("tags", {})[slurm_energy.TAG] = note
-            if joules is not None:
-                rec.setdefault("metrics", {})[slurm_energy.METRIC] = joules
+        # what the scheduler's accounting says of the whole job (Slurm: its energy)
+        metrics, tags = backends.launcher(spec.site.executor).accounting(outcome.job_id)
+        if tags:
+            rec.setdefault("tags", {}).update(tags)
+        if metrics:
+            rec.setdefault("metrics", {}).update(metrics)
     annotate_record(rec, spec)
     return rec
 
@@ -423,13 +426,14 @@ def submit(matrix: Matrix, key: str, *, upload: Uploader | None = None,
     spec = matrix.get(key)
     if executor:
         spec = replace(spec, site=replace(spec.site, executor=executor))
-    if spec.site.executor == "debug" and spec.resources.distributed:
-        raise SpecError(f"{key}: {spec.resources.world_size} tasks cannot run in-process "
-                        f"(debug executor); submit it through the site's executor")
+    if not spec.site.backend.multi_task and spec.resources.distributed:
+        raise SpecError(f"{key}: {spec.resources.world_size} tasks cannot run "
+                        f"{spec.site.backend.placement} ({spec.site.executor} executor); submit "
+                        f"it through the site's executor")
     run_dir = matrix.root / spec.run_dir
     check_profiler(spec)  # e.g. profiler=nsys where no nsys is: refused before anything runs
     launch.container_runtime(spec)  # a container site without its runtime here: refused too
-    scheduler.check_scheduler(spec.site.executor, spec.site.source)  # Slurm down: refused too
+    backends.launcher(spec.site.executor).check_reachable(spec.site.source)  # Slurm down: too
     locks.check_free(locks.results_lock_path(matrix.results_dir),
                      f"results folder {matrix.results_dir}", allowed=locks.workflow_holders())
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -455,15 +459,16 @@ def _await_earlier_job(spec: RunSpec, run_dir: Path, log) -> None:
         _await_earlier_local_job(spec, run_dir, last, entry, log)
         return
     job = entry["job_id"] if entry else None
-    if job is None or not scheduler.job_active(job):
+    ops = backends.launcher(spec.site.executor)  # a job the scheduler knows by its id
+    if job is None or not ops.job_active(job):
         return
     poll = max(1.0, spec.site.poll_interval_s)
     current = spec_data_fingerprint(json.loads(json.dumps(spec.to_dict(), default=str)))
     if spec_data_fingerprint(last.spec) == current:
         log(f"[hopperlab] {spec.key}: job {job} of attempt {last.number} still runs this spec; "
             f"waiting for it")
-        limit_s = last_time_limit_s(last.spec) + scheduler.CANCEL_WAIT_S
-        if scheduler.poll_until(lambda: not scheduler.job_active(job), poll, limit_s):
+        limit_s = last_time_limit_s(last.spec) + CANCEL_WAIT_S
+        if scheduler.poll_until(lambda: not ops.job_active(job), poll, limit_s):
             return
         log(f"[hopperlab] {spec.key}: job {job} still listed past its time limit; cancelling it")
         note = "cancelled: still listed past its time limit"
@@ -471,9 +476,8 @@ def _await_earlier_job(spec: RunSpec, run_dir: Path, log) -> None:
         note = "cancelled: its spec changed"
         log(f"[hopperlab] {spec.key}: job {job} of attempt {last.number} still runs an older "
             f"spec; cancelling it before attempt {attempts.next_attempt(run_dir)}")
-    scheduler.cancel(job)
-    if not scheduler.wait_until_gone(job, poll):
-        raise scheduler.SchedulerDown(f"{spec.key}: job {job} of attempt {last.number} is still "
+    if not ops.cancel_job(job, poll):
+        raise SchedulerDown(f"{spec.key}: job {job} of attempt {last.number} is still "
                                       f"queued after scancel; try again once it has left")
     _end_line(run_dir, last.number, "failed", job, "CANCELLED", note)
 
@@ -576,9 +580,10 @@ def _submit_locked(spec: RunSpec, run_dir: Path, upload: Uploader | None, log,
         # what a later submission checks (_await_earlier_job): Slurm's job id, or the local
         # job's controller process
         entry = {"attempt": attempt, "event": "submitted", "time": utc_now(), "job_id": job_id}
-        if spec.site.executor == "local" and job_id.isdigit():
+        handle = spec.site.backend.job_handle
+        if handle == "process" and job_id.isdigit():
             entry.update(locks.process_on_this_host(int(job_id)), job_id=job_id)
-        if spec.site.executor in ("slurm", "local"):
+        if handle != "none":
             attempts.append_history(run_dir, entry)
         log(f"[hopperlab] {key}: job {job_id} submitted")
 
