@@ -246,7 +246,6 @@ def measure_point(model: Any, rt: Runtime, batch: int, prompt_tokens: int, decod
 
 def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: Recording, *,
                          profiler: str) -> None:
-    torch = rt.torch
     link_gbps = p.pinned_gbps if p.pinned_gbps is not None else measure_pinned_h2d_gbps(rt)
     recorder.set_tag("inference.pinned_gbps_source",
                      "params.pinned_gbps" if p.pinned_gbps is not None else
