@@ -65,3 +65,21 @@ def test_a_missing_family_or_memory_module_is_found():
     assert any("hopperlab.workloads.finetune is not listed" in g for g in gaps), gaps
     assert any("hopperlab.memory.pinned is not in any layer" in g for g in gaps), gaps
     assert len(gaps) == 2, gaps
+
+
+def test_results_never_imports_a_memory_technique():
+    """A new memory technique touches no results/ code (ARCHITECTURE.md's walk): its report
+    table lives with its family (finetune's saved-tensor census: ``FamilyInfo.tables``)."""
+    import ast
+
+    offenders = []
+    for path in sorted((SRC / "hopperlab" / "results").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(SRC)}: {n}" for n in names
+                          if n == "hopperlab.memory" or n.startswith("hopperlab.memory.")]
+    assert offenders == []
+    contracts = _pyproject()["tool"]["importlinter"]["contracts"]
+    assert any(c["type"] == "forbidden" and c["source_modules"] == ["hopperlab.results"]
+               and "hopperlab.memory" in c["forbidden_modules"] for c in contracts)

@@ -223,6 +223,7 @@ FAMILY = FamilyInfo(
     params=FinetuneParams,
     headline_metrics=HEADLINE_METRICS,
     charts="hopperlab.workloads.finetune.charts:charts",
+    tables="hopperlab.workloads.finetune.tables:tables",
     directions=METRIC_DIRECTIONS,
     work_units=WORK_UNITS,
     floors=FLOORS,
