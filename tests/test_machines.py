@@ -67,6 +67,10 @@ def fixtures(tmp_path: Path) -> dict[str, Path]:
     ({"gpu_count": 1, "gpu_model": "NVIDIA H100 PCIe", "gpu_memory_gb": 79.6,
       "host_link": "PCIe Gen4 x8", "cpu_arch": "x86_64"}, "h100pcie-80g-pcie4x8-x86_64"),
     ({"gpu_count": 0, "gpu_model": None, "cpu_arch": "x86_64"}, "cpu-x86_64"),
+    # a run that saw 4 GPUs is a machine of its own (issue 27: the 4 x H200 collectives were
+    # filed under the one-GPU H200's name)
+    ({"gpu_count": 4, "gpu_model": "NVIDIA H200", "gpu_memory_gb": 140.4,
+      "host_link": "PCIe Gen5 x16", "cpu_arch": "x86_64"}, "4xh200-141g-pcie5-x86_64"),
 ])
 def test_machine_names_from_the_fingerprint(hw, name):
     assert machine_name(hw) == name
@@ -576,3 +580,14 @@ def test_the_host_triad_and_the_optimizer_floor_refuse_what_they_cannot_use():
     assert two["optimizer_host_gb_per_step"] == pytest.approx(7 * 1.0)  # half of 2 GB a rank
     assert optimizer_floor("torchao-cpu-offload", 10**9, 2, 2, 100.0)[
         "optimizer_host_gb_per_step"] == pytest.approx(14.0)  # torchao: one GPU, whole model
+
+
+def test_a_machine_of_several_gpus_takes_the_per_gpu_figures_and_not_the_host_ones():
+    four = descriptions.find_description(MACHINES, "4xh200-141g-pcie5-x86_64")
+    one = descriptions.find_description(MACHINES, H200)
+    assert four.name == "4xh200-141g-pcie5-x86_64"
+    assert four.hbm_tbps == one.hbm_tbps and four.host_link == one.host_link
+    assert four.cpu_cores.value is None and "write 4xh200-141g-pcie5-x86_64.yaml" in \
+        four.cpu_cores.source
+    with pytest.raises(SpecError, match="no description"):
+        descriptions.find_description(MACHINES, "4xb300-288g-pcie6-x86_64")
