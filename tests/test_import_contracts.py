@@ -83,3 +83,19 @@ def test_results_never_imports_a_memory_technique():
     contracts = _pyproject()["tool"]["importlinter"]["contracts"]
     assert any(c["type"] == "forbidden" and c["source_modules"] == ["hopperlab.results"]
                and "hopperlab.memory" in c["forbidden_modules"] for c in contracts)
+
+
+def test_only_cli_parses_arguments():
+    """cli/ is the only argument parser (ARCHITECTURE.md): membench's sweep had its own
+    argparse inside the family; it is benchmarks/membench_sweep.py now."""
+    import ast
+
+    offenders = []
+    for path in sorted((SRC / "hopperlab").rglob("*.py")):
+        if path.relative_to(SRC / "hopperlab").parts[0] == "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [str(path.relative_to(SRC)) for n in names if n == "argparse"]
+    assert offenders == []
