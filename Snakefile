@@ -3,29 +3,16 @@
 #   snakemake --profile profiles/slurm        the matrix on a Slurm cluster (configs/sites/)
 #   snakemake results/membench/copy/h2d-pinned/metrics.json --forcerun   rerun one run
 # The rules are thin: each calls the `hopperlab` command; the logic lives in src/hopperlab.
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
-from hopperlab.core.errors import SpecError
-from hopperlab.cli.workflow import check_config, check_config_file, exit_on_config_error
+from hopperlab.cli.workflow import workflow_matrix
 
 min_version("9.0")
 
-# hopperlab reads the config before Snakemake does: Snakemake's loader expands YAML aliases
-# without bound, and its `validate` prints the whole schema for one unknown key
-try:
-    check_config_file("configs/config.yaml")
-except SpecError as exc:
-    exit_on_config_error(exc)
-
-
-configfile: "configs/config.yaml"
-
-
-try:
-    check_config(config, "workflow/schemas/config.schema.yaml")
-except SpecError as exc:
-    exit_on_config_error(exc)
-validate(config, "workflow/schemas/config.schema.yaml")
+# configs/config.yaml with --config's overrides, read and validated once by hopperlab (no
+# `configfile:`: Snakemake's loader expands YAML aliases without bound); a mistake stops here,
+# before any job, in one line
+MATRIX = workflow_matrix(workflow.basedir, config)
 
 
 include: "workflow/rules/common.smk"

@@ -90,14 +90,14 @@ def kv_section(b: Bench, model: Any, rt: Any, gbps: float, contexts: list[int],
     import torch
 
     from hopperlab.workloads.inference.generation import decode, prefill
-    from hopperlab.workloads.inference.host_memory import HostArena
+    from hopperlab.memory.host_arena import HostArena
     from hopperlab.workloads.inference.kv_cache import (cache_from_layers, cache_nbytes,
                                                          layer_tensors, new_cache)
     from hopperlab.workloads.inference.layered_reload import PinnedHostStore
     from hopperlab.workloads.inference.managed_kv import ManagedStore
 
     rows = b.results.setdefault("kv", {}).setdefault("rows", [])
-    arena = HostArena(torch, pinned=True, chunk_bytes=2**30)
+    arena = HostArena(pinned=True, chunk_bytes=2**30)
     pinned = PinnedHostStore(rt, arena)
     managed = ManagedStore(rt, allow_oversubscription=False)
     vocab = model.config.vocab_size
@@ -232,7 +232,7 @@ def determinism_section(b: Bench, model: Any, rt: Any, ctx: int, turn: int, runs
     import torch
 
     from hopperlab.workloads.inference.generation import decode, forward_last, prefill
-    from hopperlab.workloads.inference.host_memory import HostArena
+    from hopperlab.memory.host_arena import HostArena
     from hopperlab.workloads.inference.kv_cache import (cache_from_layers, caches_equal,
                                                          layer_tensors, new_cache)
     from hopperlab.workloads.inference.layered_reload import PinnedHostStore
@@ -241,7 +241,7 @@ def determinism_section(b: Bench, model: Any, rt: Any, ctx: int, turn: int, runs
     vocab = model.config.vocab_size
     ctx_ids = torch.randint(4, vocab, (1, ctx), generator=g).to(rt.device)
     ids = torch.randint(4, vocab, (1, turn), generator=g).to(rt.device)
-    store = PinnedHostStore(rt, HostArena(torch, pinned=True, chunk_bytes=2**30))
+    store = PinnedHostStore(rt, HostArena(pinned=True, chunk_bytes=2**30))
     out = b.results.setdefault("determinism", {})
     out.update({"context": ctx, "turn": turn,
                 "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()})
@@ -281,13 +281,13 @@ def stream_section(b: Bench, model: Any, rt: Any, gbps: float, fractions: list[f
                    batches: list[int], prompt: int, steps: int) -> None:
     import torch
 
-    from hopperlab.workloads.inference.host_memory import HostArena
+    from hopperlab.memory.host_arena import HostArena
     from hopperlab.workloads.inference.weight_streaming import (LayerStreamer, decoder_layers,
                                                                 resident_layer_count)
     from hopperlab.workloads.inference.workload import measure_point
 
     rows = b.results.setdefault("stream", {}).setdefault("rows", [])
-    arena = HostArena(torch, pinned=True, chunk_bytes=2**29)
+    arena = HostArena(pinned=True, chunk_bytes=2**29)
     n_layers = len(decoder_layers(model))
     vocab = model.config.vocab_size
     for fraction in fractions:

@@ -7,7 +7,7 @@
 #   benchmarks/membench_gpu.sh [OUT_DIR]        # OUT_DIR defaults to $OUT, else results/membench_gpu
 #
 # Needs python3 with torch (CUDA build) and numpy. Extra arguments after OUT_DIR go to
-# `python -m hopperlab.workloads.membench.sweep` (e.g. --only copy-h2d-pinned --repeats 5).
+# `benchmarks/membench_sweep.py` (e.g. --only copy-h2d-pinned --repeats 5).
 # OUT_DIR receives: log.txt (everything printed), table.txt, fingerprint.json, nvidia-smi.txt and
 # membench_runs.tar.gz (one run directory per variant: steps.jsonl, metrics.json, artifacts/).
 set -euo pipefail
@@ -39,7 +39,7 @@ PY
 } 2>&1 | tee "$out/nvidia-smi.txt"
 
 set +e
-"$python" -m hopperlab.workloads.membench.sweep --out "$runs" --scale full --budget-s "${MEMBENCH_BUDGET_S:-480}" "$@" 2>&1 | tee "$out/log.txt"
+"$python" benchmarks/membench_sweep.py --out "$runs" --scale full --budget-s "${MEMBENCH_BUDGET_S:-480}" "$@" 2>&1 | tee "$out/log.txt"
 rc=${PIPESTATUS[0]}
 set -e
 cp "$runs/table.txt" "$runs/fingerprint.json" "$out/" 2>/dev/null || true

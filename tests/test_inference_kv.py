@@ -17,7 +17,7 @@ from hopperlab.core.rundir import Recorder  # noqa: E402
 from hopperlab.workloads.base import RunView, fake_run  # noqa: E402
 from hopperlab.workloads.inference import InferenceParams  # noqa: E402
 from hopperlab.workloads.inference.generation import decode, prefill  # noqa: E402
-from hopperlab.workloads.inference.host_memory import HostArena  # noqa: E402
+from hopperlab.memory.host_arena import HostArena  # noqa: E402
 from hopperlab.workloads.inference.kv_cache import (  # noqa: E402
     caches_equal,
     layer_tensors,
@@ -129,7 +129,7 @@ def test_torch_profiler_trace_names_the_pipeline(assets, tmp_path):
 def test_reloaded_cache_equals_saved(model, rt, layered):
     cache = _filled_cache(model, 23)
     saved = [(k.clone(), v.clone()) for k, v in layer_tensors(cache)]
-    store = PinnedHostStore(rt, HostArena(torch, pinned=False, chunk_bytes=2**16))
+    store = PinnedHostStore(rt, HostArena(pinned=False, chunk_bytes=2**16))
     copy = store.save(layer_tensors(cache))
     assert store.held_bytes == sum(2 * k.numel() * k.element_size() for k, _ in saved)
     with torch.inference_mode():  # the device copy is gone or reused: nothing may alias it
@@ -170,7 +170,7 @@ def test_reload_then_generate_equals_uninterrupted(model, rt):
         reply_a = decode(model, first, a, 5)
         b = new_cache()
         reply_b = decode(model, prefill(model, ctx, b), b, 5)
-        store = PinnedHostStore(rt, HostArena(torch, pinned=False, chunk_bytes=2**16))
+        store = PinnedHostStore(rt, HostArena(pinned=False, chunk_bytes=2**16))
         reload = store.load(store.save(layer_tensors(b)), layered=True)
         nxt = torch.cat([reply_a[:, -1:], turn], dim=1)
         out_a = decode(model, prefill(model, nxt, a), a, 6)
@@ -203,7 +203,7 @@ def test_layerwise_cache_waits_for_each_layer_just_before_its_attention(model, r
 
 
 def test_host_arena_reuses_power_of_two_chunks():
-    arena = HostArena(torch, pinned=False, chunk_bytes=4096)
+    arena = HostArena(pinned=False, chunk_bytes=4096)
     a = arena.block()
     x = a.empty((100,), torch.float32)  # 400 B
     y = a.empty((10, 10), torch.float64)  # 800 B, same chunk, aligned
@@ -220,7 +220,7 @@ def test_host_arena_reuses_power_of_two_chunks():
     b.empty((3000,), torch.float32)
     assert arena.reserved_bytes == 4096 + 16384  # both chunks reused, nothing new pinned
     with pytest.raises(ValueError):
-        HostArena(torch, pinned=False, chunk_bytes=3000)
+        HostArena(pinned=False, chunk_bytes=3000)
 
 
 class _CountingStore:

@@ -14,7 +14,7 @@ from hopperlab.core.rundir import Recorder  # noqa: E402
 from hopperlab.workloads.base import fake_run  # noqa: E402
 from hopperlab.workloads.inference import InferenceParams  # noqa: E402
 from hopperlab.workloads.inference.generation import forward_last  # noqa: E402
-from hopperlab.workloads.inference.host_memory import HostArena  # noqa: E402
+from hopperlab.memory.host_arena import HostArena  # noqa: E402
 from hopperlab.workloads.inference.kv_cache import new_cache  # noqa: E402
 from hopperlab.workloads.inference.runtime import probe  # noqa: E402
 from hopperlab.workloads.inference.weight_streaming import (LayerStreamer,  # noqa: E402
@@ -58,7 +58,7 @@ IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79], [2, 71, 82, 81, 82, 84, 59,
 def test_streamed_logits_equal_resident(rt, resident):
     model = _small_llama()
     reference = _logits_over_steps(model, IDS)
-    arena = HostArena(torch, pinned=False, chunk_bytes=2**16)
+    arena = HostArena(pinned=False, chunk_bytes=2**16)
     streamer = LayerStreamer(model, rt, arena, resident).attach()
     streamed = LAYERS - resident
     assert streamer.n_streamed == streamed
@@ -86,7 +86,7 @@ def test_streaming_detects_a_wrong_buffer(rt):
     """The check above can fail: a streamer that skips one copy gives other logits."""
     model = _small_llama()
     reference = _logits_over_steps(model, IDS, steps=1)
-    streamer = LayerStreamer(model, rt, HostArena(torch, pinned=False, chunk_bytes=2**16),
+    streamer = LayerStreamer(model, rt, HostArena(pinned=False, chunk_bytes=2**16),
                              1).attach()
     real = streamer._prefetch
     skipped = []

@@ -67,6 +67,10 @@ def fixtures(tmp_path: Path) -> dict[str, Path]:
     ({"gpu_count": 1, "gpu_model": "NVIDIA H100 PCIe", "gpu_memory_gb": 79.6,
       "host_link": "PCIe Gen4 x8", "cpu_arch": "x86_64"}, "h100pcie-80g-pcie4x8-x86_64"),
     ({"gpu_count": 0, "gpu_model": None, "cpu_arch": "x86_64"}, "cpu-x86_64"),
+    # a run that saw 4 GPUs is a machine of its own (issue 27: the 4 x H200 collectives were
+    # filed under the one-GPU H200's name)
+    ({"gpu_count": 4, "gpu_model": "NVIDIA H200", "gpu_memory_gb": 140.4,
+      "host_link": "PCIe Gen5 x16", "cpu_arch": "x86_64"}, "4xh200-141g-pcie5-x86_64"),
 ])
 def test_machine_names_from_the_fingerprint(hw, name):
     assert machine_name(hw) == name
@@ -516,3 +520,74 @@ def test_tensor_parallel_rows_are_predicted_on_gh200_from_their_decode_and_prefi
     # the one-GPU rows held what fit an H200: refused with the reason, not guessed
     one = preds[("prompt-31k-c1-1gpu", "request_latency_ms_p50")]
     assert one.predicted is None and "70 of the 80 layers" in one.unpredictable
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory) -> Path:
+    """A real sharded run (FSDP2 + CPU offload, the smoke shape, gloo on the CPU)."""
+    from tests.helpers import hopperlab
+
+    project = copy_project(tmp_path_factory.mktemp("sharded") / "project")
+    out = hopperlab(["run", "finetune/full-llama2-13b-sharded/fsdp2-offload-1gpu", "--no-upload",
+                     "--config", "families=finetune"], project)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return project / "results"
+
+
+def test_a_sharded_run_records_its_cpu_optimizer_floor_from_the_host_rate_it_measured(sharded_run):
+    from hopperlab.workloads.finetune.step_floor import ADAMW_TRAFFIC
+
+    m = json.loads((sharded_run / "finetune/full-llama2-13b-sharded/fsdp2-offload-1gpu"
+                    / "metrics.json").read_text())["metrics"]
+    assert m["host_triad_gbps"] > 0
+    share_gb = m["params_b"] * 4  # float32 at smoke scale, one rank holds every parameter
+    assert m["optimizer_host_gb_per_step"] == pytest.approx(ADAMW_TRAFFIC * share_gb)
+    assert m["optimizer_floor_s"] == pytest.approx(m["optimizer_host_gb_per_step"]
+                                                   / m["host_triad_gbps"])
+    assert m["optimizer_over_floor"] == pytest.approx(m["optimizer_step_s"] / m["optimizer_floor_s"])
+
+
+def test_a_sharded_step_is_predicted_on_gh200_from_its_floors_parts(sharded_run):
+    """Issue 27 item 3: the GH200 prediction of a sharded row has a CPU optimizer term (host
+    memory rate measured by the job against Grace's) and the C2C link term."""
+    group = runs.load_folders([sharded_run])[0]
+    src = descriptions.find_description(MACHINES, "h200-141g-pcie5-x86_64")
+    tgt = descriptions.find_description(MACHINES, "gh200-144g-c2c-aarch64")
+    (p,) = [p for p in predict.predict(group, src, tgt)
+            if p.variant == "fsdp2-offload-1gpu" and p.metric == "tokens_per_s"]
+    assert p.unpredictable is None and p.label == "prediction"
+    m = json.loads((sharded_run / "finetune/full-llama2-13b-sharded/fsdp2-offload-1gpu"
+                    / "metrics.json").read_text())["metrics"]
+    k = 989 / 989  # bf16 peak: H200 SXM and GH200's Hopper alike
+    link = max(m["h2d_gb_per_step"] / 375, m["d2h_gb_per_step"] / 297)  # C2C, the description's
+    step = max(m["floor_compute_s"] * k, link) + m["floor_optimizer_s"] * m["host_triad_gbps"] / 486 \
+        + (m["step_time_p50_s"] - m["step_floor_s"])
+    assert p.predicted == pytest.approx(m["tokens_per_s"] * m["step_time_p50_s"] / step)
+    text = " ".join(p.inputs)
+    assert "host_triad_gbps" in text and "host_memory_gbps" in text and "O' = O * m_S/m_T" in p.formula
+
+
+def test_the_host_triad_and_the_optimizer_floor_refuse_what_they_cannot_use():
+    from hopperlab.node.host_bandwidth import triad_gbps
+    from hopperlab.workloads.finetune.step_floor import optimizer_floor
+
+    assert triad_gbps(mib_per_array=4, repeats=2) > 0
+    with pytest.raises(ValueError, match="positive size"):
+        triad_gbps(mib_per_array=0)
+    assert optimizer_floor("fsdp2", 10**9, 2, 2, 100.0) == {}  # the optimizer runs on the GPUs
+    assert optimizer_floor("fsdp2-cpu-offload", 10**9, 2, 2, None) == {}  # no rate, no floor
+    two = optimizer_floor("fsdp2-cpu-offload", 10**9, 2, 2, 100.0)
+    assert two["optimizer_host_gb_per_step"] == pytest.approx(7 * 1.0)  # half of 2 GB a rank
+    assert optimizer_floor("torchao-cpu-offload", 10**9, 2, 2, 100.0)[
+        "optimizer_host_gb_per_step"] == pytest.approx(14.0)  # torchao: one GPU, whole model
+
+
+def test_a_machine_of_several_gpus_takes_the_per_gpu_figures_and_not_the_host_ones():
+    four = descriptions.find_description(MACHINES, "4xh200-141g-pcie5-x86_64")
+    one = descriptions.find_description(MACHINES, H200)
+    assert four.name == "4xh200-141g-pcie5-x86_64"
+    assert four.hbm_tbps == one.hbm_tbps and four.host_link == one.host_link
+    assert four.cpu_cores.value is None and "write 4xh200-141g-pcie5-x86_64.yaml" in \
+        four.cpu_cores.source
+    with pytest.raises(SpecError, match="no description"):
+        descriptions.find_description(MACHINES, "4xb300-288g-pcie6-x86_64")

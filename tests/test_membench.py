@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -94,13 +95,15 @@ def test_params_defaults_and_validation():
         MembenchParams(repeats=0)
 
 
-def test_plan_defaults_follow_scale():
-    smoke = plan_for(MembenchParams(), "smoke")
-    full = plan_for(MembenchParams(), "full")
-    assert max(smoke.sizes_mb) <= 64 and smoke.repeats <= 3
-    assert max(full.sizes_mb) >= 1024 and full.repeats >= 10
-    explicit = plan_for(MembenchParams(sizes_mb=(2,), repeats=7, warmup=0), "full")
-    assert (explicit.sizes_mb, explicit.repeats, explicit.warmup) == ((2,), 7, 0)
+def test_the_plan_is_the_params_whatever_the_scale():
+    """Scale is decided once, in experiments/membench.yaml's ``scales:`` (issue 31): a run reads
+    its params only; the defaults are the smoke scale's."""
+    smoke = plan_for(MembenchParams())
+    assert (smoke.sizes_mb, smoke.repeats, smoke.warmup, smoke.sample_bytes) == \
+        ((1, 8, 32), 3, 1, 16 << 20)
+    explicit = plan_for(MembenchParams(sizes_mb=(2,), repeats=7, warmup=0, sample_mb=256))
+    assert (explicit.sizes_mb, explicit.repeats, explicit.warmup, explicit.sample_bytes) == \
+        ((2,), 7, 0, 256 << 20)
     assert inner_copies(1 << 20, 16 << 20) == 16
     assert inner_copies(1 << 30, 16 << 20) == 1
 
@@ -228,8 +231,19 @@ def test_loaded_cudart_paths():
     ]
 
 
+def _sweep_script():
+    """benchmarks/membench_sweep.py as a module (a script: no command line in the package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "membench_sweep.py"
+    spec_ = importlib.util.spec_from_file_location("membench_sweep", path)
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    return module
+
+
 def test_sweep_script_on_cpu(tmp_path, capsys):
-    from hopperlab.workloads.membench import sweep
+    sweep = _sweep_script()
 
     rc = sweep.main(["--out", str(tmp_path), "--scale", "smoke", "--gpus", "0", "--no-extras",
                      "--only", "copy-h2d-pageable,copy-h2d-pinned,alloc-host",

@@ -64,8 +64,8 @@ def test_collective_params_sizes_and_the_decode_message():
     from hopperlab.workloads.membench import collective as coll
 
     p = MembenchParams(test="collective", min_bytes=8, max_bytes=2048, factor=4)
-    assert coll.sizes(p, "smoke") == [8, 32, 128, 512, 2048]
-    assert coll.sizes(MembenchParams(test="collective"), "full")[-1] == 1 << 30
+    assert coll.sizes(p) == [8, 32, 128, 512, 2048]
+    assert coll.sizes(MembenchParams(test="collective", max_bytes=1 << 30))[-1] == 1 << 30
     assert coll.decode_message_bytes(8192, 8) == 131072  # 70B hidden, bf16, batch 8
     assert headline_metrics("collective") == COLLECTIVE_HEADLINES
     for bad in ({"op": "broadcast"}, {"factor": 1}, {"min_bytes": 0},

@@ -1,14 +1,10 @@
-# The resolved matrix (validated: a config mistake stops here, before any job) and helpers.
+# What the rules are made from: the matrix (MATRIX, resolved and validated by the Snakefile) and helpers.
 import shlex
 import sys
 
-from hopperlab.config.matrix import load_matrix
-from hopperlab.core.errors import SpecError
 from hopperlab.assets.registry import load_assets as load_asset_specs
 from hopperlab.cli.workflow import (
-    check_container_runtime,
     container_inputs,
-    exit_on_config_error,
     asset_input_manifests,
     asset_rule_fingerprint,
     assets_dir_for_rules,
@@ -20,12 +16,6 @@ from hopperlab.cli.workflow import (
     run_output_paths,
     spec_fingerprint,
 )
-
-try:
-    MATRIX = load_matrix(workflow.basedir, config)
-    check_container_runtime(MATRIX)  # the one look at PATH, on the submitting side
-except SpecError as exc:
-    exit_on_config_error(exc)
 
 RESULTS = MATRIX.config["results_dir"]
 # every asset of configs/assets.yaml + configs/assets.d/, and where the site keeps them

@@ -32,6 +32,7 @@ from hopperlab.assets.registry import (
 )
 from hopperlab.core.errors import SpecError
 from hopperlab.core.progress import track
+from hopperlab.core.secrets import scrub
 
 log = logging.getLogger("hopperlab.assets")
 
@@ -132,12 +133,6 @@ def _produces(spec: HubSpec) -> tuple[str, ...]:
 def hf_token() -> str | Literal[False]:
     """``HF_TOKEN`` from the environment, or False (never a token file, never an argument)."""
     return os.environ.get("HF_TOKEN") or False
-
-
-def scrub(text: str) -> str:
-    """``text`` with the token's value, if any, replaced: messages never carry it."""
-    token = os.environ.get("HF_TOKEN")
-    return text.replace(token, "***") if token else text
 
 
 # --------------------------------------------------------------------------- errors

@@ -12,16 +12,11 @@ from typing import Any, Mapping
 
 from hopperlab import backends
 from hopperlab.assets.registry import asset_fingerprint, asset_inputs
+from hopperlab.config.matrix import load_matrix
 from hopperlab.config.spec import Matrix, spec_data_fingerprint, unknown_target_message
 from hopperlab.core import locks
 from hopperlab.core.errors import HopperlabError, ResultsError, SpecError, one_line, shown
 from hopperlab.core.rundir import METRICS_FILE, RECORD_FILE
-from hopperlab.core.schema import (
-    check_expansion,
-    load_yaml,
-    validate_against_schema,
-    value_children,
-)
 from hopperlab.node.containers import PYXIS, resolve_site_runtime
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
@@ -47,25 +42,22 @@ def config_args(config: Mapping[str, Any]) -> str:
     return " ".join(words)
 
 
-def check_config_file(path: str) -> None:
-    """Read the config file with hopperlab's bounded YAML loader before `configfile:` does.
+def workflow_matrix(root: str | Path, config: Mapping[str, Any]) -> Matrix:
+    """The matrix the Snakefile's rules are made from, its config validated once.
 
-    Snakemake's own loader expands every alias: a small "billion laughs" file would hold
-    `snakemake -n` for minutes. Run it first, on the same path, so that such a file is refused
-    at once, naming the file.
+    The Snakefile has no ``configfile:``: Snakemake's loader expands YAML aliases without
+    bound, and its ``validate`` prints the whole schema for one unknown key. ``config`` holds
+    only what ``--config`` (or a profile) gave; ``load_matrix`` reads configs/config.yaml with
+    hopperlab's bounded loader, applies those overrides and checks the result against the
+    schema, one line per mistake. The one look at PATH on the submitting side (the container
+    runtime) follows. A mistake stops Snakemake as ``hopperlab`` stops (``exit_on_config_error``).
     """
-    load_yaml(Path(path), "platform config")
-
-
-def check_config(config: Mapping[str, Any], schema_path: str) -> None:
-    """Validate the config (with --config overrides) before Snakemake's `validate` does.
-
-    Snakemake prints its whole schema for one unknown key; hopperlab says, one line each,
-    which key and what it expected, with the values cut short.
-    """
-    where = "configs/config.yaml (with --config overrides)"
-    check_expansion(config, value_children, where)
-    validate_against_schema(config, load_yaml(Path(schema_path), "schema"), where)
+    try:
+        matrix = load_matrix(root, config)
+        check_container_runtime(matrix)
+    except SpecError as exc:
+        exit_on_config_error(exc)
+    return matrix
 
 
 def bare_forcerun(argv: list[str]) -> bool:

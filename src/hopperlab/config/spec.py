@@ -7,31 +7,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import urlsplit, urlunsplit
 
 from hopperlab import backends
 from hopperlab.backends.base import BackendInfo
 from hopperlab.config.cost import CostSpec, cost_from_mapping
 from hopperlab.core.errors import AssetMissing, SpecError, clip, shown
 from hopperlab.core.schema import typed_from_mapping
+from hopperlab.core.secrets import redact_uri
 from hopperlab.workloads import family_info
 from hopperlab.workloads.base import KNOB_DEFAULTS, Contradiction, FamilyInfo, Knobs
 
 DEFAULT_RESOURCES = {"gpus": 0, "cpus": 1, "mem_gb": 4.0, "time_min": 10}
-
-
-def redact_uri(uri: str) -> str:
-    """``uri`` without ``user:password@`` (and without a trailing slash): what may be written."""
-    uri = str(uri).strip()
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return uri
-    if parts.scheme in ("http", "https") and ("@" in parts.netloc):
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        parts = parts._replace(netloc=netloc)
-        uri = urlunsplit(parts)
-    return uri.rstrip("/") if parts.scheme in ("http", "https") else uri
 
 
 @dataclass(frozen=True)

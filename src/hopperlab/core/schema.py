@@ -8,6 +8,7 @@ built by ``typed_from_mapping``. Each error names the file, the key path and wha
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from pathlib import Path
@@ -216,11 +217,106 @@ def value_fits(value: Any, tp: Any) -> bool:
 
 
 def type_name(tp: Any) -> str:
-    """A type hint as a reader would write it (``int | None``, ``one of 'a', 'b'``)."""
+    """A type hint as a reader would write it (``int | None``, ``one of a, b``)."""
     if typing.get_origin(tp) is typing.Literal:
-        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
+    if tp is bool:
+        return "true or false"
     return getattr(tp, "__name__", None) or (
         str(tp).replace("typing.", "").replace("<class '", "").replace("'>", ""))
+
+
+# --------------------------------------------------------------------------- declared bounds
+#: the bounds a field may declare in its metadata (``bounded``), and how a message says each
+BOUND_WORDS = {"at_least": "at least", "above": "more than", "at_most": "at most",
+               "below": "less than"}
+
+
+def bounded(default: Any, *, at_least: float | None = None, above: float | None = None,
+            at_most: float | None = None, below: float | None = None,
+            min_len: int | None = None, unique: bool = False, why: str = "") -> Any:
+    """A dataclass field with declared bounds, read by ``field_problem`` (a list's bounds hold
+    for each item; ``min_len`` and ``unique`` for the list): the one place a bound is written,
+    so that the loader names the file and key and the message says the bound and ``why``."""
+    meta = {k: v for k, v in (("at_least", at_least), ("above", above), ("at_most", at_most),
+                              ("below", below), ("min_len", min_len)) if v is not None}
+    if unique:
+        meta["unique"] = True
+    if why:
+        meta["why"] = why
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _items_hint(tp: Any) -> Any | None:
+    """The item type of a list or tuple hint (through ``| None``); None for other hints."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [_items_hint(a) for a in typing.get_args(tp) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else None
+    if typing.get_origin(tp) in (list, tuple):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return args[0] if args else Any
+    return None
+
+
+def _noun(tp: Any) -> str:
+    tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp) \
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) else tp
+    return {int: "a whole number", float: "a number"}.get(tp, type_name(tp))
+
+
+def field_problem(value: Any, tp: Any, meta: Mapping[str, Any]) -> str | None:
+    """What is wrong with ``value`` for a field of type ``tp`` with declared bounds ``meta``
+    (None: nothing): ``expected <what>, got <value>``."""
+    if not value_fits(value, tp):
+        items = _items_hint(tp)
+        if items is not None and isinstance(value, (list, tuple)):
+            bad = next(v for v in value if not value_fits(v, items))
+            return f"expected each {type_name(items)}, got {shown(bad)} in {shown(list(value))}"
+        return f"expected {type_name(tp)}, got {type(value).__name__} {shown(value)}"
+    if value is None:
+        return None
+    why = f" ({meta['why']})" if meta.get("why") else ""
+    items = _items_hint(tp)
+    if items is not None:
+        if "min_len" in meta and len(value) < meta["min_len"]:
+            n = meta["min_len"]
+            what = "one value" if n == 1 else f"{n} values"
+            return f"expected at least {what}{why}, got {shown(list(value))}"
+        if meta.get("unique") and len(set(value)) != len(value):
+            return f"expected each value at most once{why}, got {shown(list(value))}"
+    words = [f"{BOUND_WORDS[k]} {meta[k]}" for k in BOUND_WORDS if k in meta]
+    if not words:
+        return None
+    for v in (value if items is not None else (value,)):
+        if (v != v or ("at_least" in meta and v < meta["at_least"])  # NaN fits no bound
+                or ("above" in meta and v <= meta["above"])
+                or ("at_most" in meta and v > meta["at_most"])
+                or ("below" in meta and v >= meta["below"])):
+            noun = _noun(items if items is not None else tp)
+            each = " each" if items is not None else ""
+            return f"expected {noun} of {' and '.join(words)}{each}{why}, got {shown(value)}"
+    return None
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def settle_fields(obj: Any) -> None:
+    """Check a frozen dataclass's fields against their types (``Literal`` choices included)
+    and declared bounds (``bounded``), making YAML lists tuples where a field is a tuple: the
+    first thing a params class's ``__post_init__`` does; what it writes after are the checks
+    across fields. Raises ValueError ``<field>: expected ..., got ...``."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, list) and not _wants_list(hints[f.name]):
+            value = tuple(value)
+            object.__setattr__(obj, f.name, value)
+        problem = field_problem(value, hints[f.name], f.metadata)
+        if problem:
+            raise ValueError(f"{f.name}: {problem}")
 
 
 def typed_from_mapping(cls: type[T], values: Mapping[str, Any], where: str, unknown: str, *,
@@ -229,8 +325,10 @@ def typed_from_mapping(cls: type[T], values: Mapping[str, Any], where: str, unkn
 
     ``where`` is the file and key path (``experiments/x.yaml: a.params``); ``unknown`` says what
     a key is (``parameter of the finetune family``); ``hidden`` fields are not the file's to set
-    and come from ``fixed``. Lists become tuples where the field is a tuple. The dataclass's own
-    ``__post_init__`` checks (bounds, fields that go together) become SpecErrors at ``where``.
+    and come from ``fixed``. Lists become tuples where the field is a tuple. Each value is
+    checked against its field's type and declared bounds (``bounded``) here, naming its key;
+    the dataclass's own ``__post_init__`` checks (fields that go together) become SpecErrors
+    at ``where``.
     """
     hints = typing.get_type_hints(cls)
     hidden = set(hidden)
@@ -239,9 +337,9 @@ def typed_from_mapping(cls: type[T], values: Mapping[str, Any], where: str, unkn
         if key not in fields:
             raise SpecError(f"{where}.{clip(str(key))}: unknown {unknown}; "
                             f"expected one of: {', '.join(sorted(fields))}")
-        if not value_fits(value, hints[key]):
-            raise SpecError(f"{where}.{key}: expected {type_name(hints[key])}, "
-                            f"got {type(value).__name__} {shown(value)}")
+        problem = field_problem(value, hints[key], fields[key].metadata)
+        if problem:
+            raise SpecError(f"{where}.{key}: {problem}")
     missing = [f.name for f in fields.values() if f.name not in values
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:

@@ -1,9 +1,11 @@
 """Pinned host buffers shared by the offload techniques: exact-size page-locked memory and a pool
 that reuses it.
 
-Why here: activation offload copies saved tensors into these buffers and parameter offload keeps
-the frozen weights in them; both need the same exact-size registration (PyTorch's pinned
-allocator rounds every block up to a power of two, up to twice the host memory).
+Why here: activation offload copies saved tensors into these buffers, parameter offload keeps
+the frozen weights in them and inference's host arena (``host_arena``) its evicted KV caches and
+streamed layers; all need the same exact-size registration (PyTorch's pinned allocator rounds
+every block up to a power of two, up to twice the host memory). ``host_buffer`` is the one place
+hopperlab allocates host memory for the GPU to copy from and to.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ def pinned_empty(nbytes: int) -> torch.Tensor:
         raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed (error {int(err)})")
     weakref.finalize(buf, cudart.cudaHostUnregister, buf.data_ptr())
     return buf
+
+
+def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
+    """``nbytes`` of host memory (uint8): page-locked (``pinned_empty``) when ``pin``, else plain."""
+    return pinned_empty(nbytes) if pin else torch.empty(nbytes, dtype=torch.uint8)
 
 
 #: a new buffer is rounded up to 1/GRANULE_DIVISIONS of its power-of-two range (at most 12.5 %
@@ -76,10 +83,8 @@ class PinnedBufferPool:
             size = rounded_size(nbytes)
             if self.device is not None:
                 base = torch.empty(size, dtype=torch.uint8, device=self.device)
-            elif self.pin:
-                base = pinned_empty(size)
             else:
-                base = torch.empty(size, dtype=torch.uint8)
+                base = host_buffer(size, pin=self.pin)
             self.allocated_bytes += size
             self.allocations += 1
         self.in_use_bytes += base.numel()

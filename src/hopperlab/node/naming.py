@@ -4,7 +4,10 @@ Why: two nodes of one kind must compare as one machine (hostnames differ, the ki
 and a name is what references (``configs/references/<machine>.yaml``) and machine descriptions
 (``configs/machines/<machine>.yaml``) are filed under. The parts are the GPU model, its memory
 as sold (the nearest marketed capacity: 143771 MiB reads 141 GB), the host link and the CPU
-architecture. A site may override the name (``machine:`` in its file).
+architecture; a run that saw several GPUs is named with their count first
+(``4xh200-141g-pcie5-x86_64``): collectives, tensor-parallel serving and sharded fine-tuning are
+figures of the GPU set, and a one-GPU reference must not judge them. A site may override the
+name (``machine:`` in its file).
 """
 
 from __future__ import annotations
@@ -73,6 +76,17 @@ def machine_name(hardware: Mapping[str, Any] | None, override: str | None = None
         return "unknown"
     if not hw.get("gpu_count") or not hw.get("gpu_model"):
         return f"cpu-{arch or 'unknown'}"
-    parts = [gpu_short(str(hw["gpu_model"])), memory_tag(hw.get("gpu_memory_gb")),
+    count = int(hw.get("gpu_count") or 0)
+    gpu = gpu_short(str(hw["gpu_model"]))
+    parts = [f"{count}x{gpu}" if count > 1 else gpu, memory_tag(hw.get("gpu_memory_gb")),
              link_tag(hw.get("host_link")), arch]
     return "-".join(p for p in parts if p)
+
+
+def split_gpu_count(name: str) -> tuple[int, str]:
+    """``4xh200-141g-pcie5-x86_64`` -> ``(4, "h200-141g-pcie5-x86_64")``; a name without a
+    count -> ``(1, name)``."""
+    m = re.fullmatch(r"(\d+)x(.+)", name)
+    if m and int(m.group(1)) > 1:
+        return int(m.group(1)), m.group(2)
+    return 1, name

@@ -15,9 +15,10 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
+from hopperlab.core.secrets import SECRET_ENV
+
 #: what the submitting side needs and a job never does (jobs do not use the network)
-JOB_SECRETS = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME",
-               "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_TOKEN")
+JOB_SECRETS = SECRET_ENV
 
 _lock = threading.Lock()
 

@@ -103,6 +103,10 @@ class FamilyInfo:
     #: ``function(runs) -> list[FamilyChart]`` (runs: the report's rows of that experiment).
     #: The module imports matplotlib only (no torch): the report runs on the login node.
     charts: str | None = None
+    #: "package.module:function" giving the family's own tables for one experiment as HTML:
+    #: ``function(runs) -> str`` ('' when none; e.g. finetune's saved-tensor census). Cheap to
+    #: import (no torch): the report runs on the login node.
+    tables: str | None = None
     #: metric -> "higher" or "lower" (which is better); machines and references read it
     directions: Mapping[str, str] = field(default_factory=dict)
     #: what a run's cost is divided by (hopperlab.config.cost prices each)
@@ -141,6 +145,9 @@ class FamilyInfo:
 
     def load_charts(self) -> Callable[..., list["FamilyChart"]] | None:
         return _load(self.charts) if self.charts else None
+
+    def load_tables(self) -> Callable[..., str] | None:
+        return _load(self.tables) if self.tables else None
 
 
 @dataclass(frozen=True)

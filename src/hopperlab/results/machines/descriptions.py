@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from hopperlab.core.errors import SpecError
 from hopperlab.core.schema import load_yaml, typed_from_mapping
+from hopperlab.node.naming import split_gpu_count
 
 MACHINES_DIR = Path("configs") / "machines"
 
@@ -119,14 +120,34 @@ def load_descriptions(folder: Path) -> dict[str, MachineDescription]:
     return {p.stem: load_description(p) for p in sorted(Path(folder).glob("*.yaml"))}
 
 
+#: a node of several GPUs has its own host (cores, memory): those figures of the one-GPU
+#: description do not carry over
+_HOST_FIGURES = ("host_memory_gb", "host_memory_gbps", "cpu_cores")
+
+
+def _several(base: MachineDescription, count: int, name: str) -> MachineDescription:
+    """``<count>x<base>``: the base's per-GPU figures (peaks, HBM, each GPU's host link); the
+    host's own figures unknown until a description of that node is written."""
+    unknown = {f: Figure(None, f"not described: {name} is {count} GPUs of {base.name}, whose "
+                               f"host figures are a one-GPU node's (write {name}.yaml)")
+               for f in _HOST_FIGURES}
+    return dataclasses.replace(base, name=name, aliases=(), module_power_w=None,
+                               description=f"{count} x {base.description} (per-GPU figures of "
+                                           f"{base.name})", **unknown)
+
+
 def find_description(folder: Path, name: str) -> MachineDescription:
-    """The description named ``name`` or carrying it as an alias."""
+    """The description named ``name`` or carrying it as an alias; ``<n>x<name>`` (a run of
+    several GPUs, node.naming) without a file of its own takes ``<name>``'s per-GPU figures."""
     descs = load_descriptions(folder)
     if name in descs:
         return descs[name]
     for desc in descs.values():
         if name in desc.aliases:
             return desc
+    count, single = split_gpu_count(name)
+    if count > 1:
+        return _several(find_description(folder, single), count, name)
     known = ", ".join(f"{n} ({', '.join(d.aliases)})" if d.aliases else n
                       for n, d in descs.items()) or "none"
     raise SpecError(f"--machine {name}: no description in {folder}; known machines: {known}")

@@ -23,7 +23,6 @@ from hopperlab.results.report.charts import (
     ordered,
     profile_breakdown,
 )
-from hopperlab.results.report.census import census_table
 from hopperlab.results.report.verdicts import family_verdicts
 from hopperlab.results.report.energy import energy_section
 from hopperlab.results.report import marks
@@ -216,7 +215,7 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
                   else " <span class=\"note\">(no run)</span>") + "</p>")
     out.append(_status_table(runs, metrics))
     out.append(_marks_note(runs, metrics))
-    out.append(census_table(runs))
+    out.append(_family_tables(family, runs))
     out.append(energy_section(runs, charts=plotter is not None))
     charts = []
     for m in metrics:
@@ -269,6 +268,22 @@ def _caption_tail(runs: Sequence[RunRow], base: str | None) -> str:
                  + ("every bar" if len(stand) == sum(r.status == "ok" for r in runs)
                     else ", ".join(_e(v) for v in stand)))
     return tail
+
+
+def _family_tables(family: str, runs: Sequence[RunRow]) -> str:
+    """The family's own tables (FamilyInfo.tables); one that fails is named in a note instead
+    of breaking the report."""
+    try:
+        make = family_info(family).load_tables()
+    except (KeyError, ImportError, AttributeError):
+        return ""
+    if make is None:
+        return ""
+    try:
+        return make(runs)
+    except Exception as exc:  # noqa: BLE001 - a table never takes the report down
+        return (f'<p class="note">{_e(family)} tables failed: {_e(type(exc).__name__)}: '
+                f"{_e(str(exc)[:200])}</p>")
 
 
 def _family_charts(family: str, runs: Sequence[RunRow]) -> list[str]:

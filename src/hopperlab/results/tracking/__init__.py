@@ -5,7 +5,7 @@ results folders never share a run. ``client`` hardens the connection, ``layout``
 where, ``upload`` and ``sync`` move the runs. The layout and its rules: docs/tracking.md.
 """
 
-from hopperlab.config.spec import redact_uri
+from hopperlab.core.secrets import redact_uri
 from hopperlab.results.tracking.client import (TrackingError, TrackingUnavailable, is_reachable,
                                                scrub, warm_up_in_background)
 from hopperlab.results.tracking.layout import (TAG_ATTEMPT, TAG_EXPERIMENT, TAG_FAMILY, TAG_REASON,

@@ -10,7 +10,6 @@ import hashlib
 import logging
 import os
 import random
-import re
 import tempfile
 import threading
 import time
@@ -18,8 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import unquote
 
-from hopperlab.config.spec import redact_uri
 from hopperlab.core.errors import ResultsError
+from hopperlab.core.secrets import redact_uri, scrub
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +55,11 @@ class TrackingUnavailable(TrackingError):
 
     def __init__(self, tracking_uri: str, detail: str = "") -> None:
         self.tracking_uri = redact_uri(tracking_uri)
-        self.detail = scrub(detail, tracking_uri)
+        self.detail = scrub(detail)
         msg = f"MLflow unreachable at {self.tracking_uri}"
         if self.detail:
             msg += f" ({self.detail})"
         super().__init__(msg)
-
-
-_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
-
-
-def scrub(text: str, uri: str = "") -> str:
-    """``text`` without any ``user:password@`` of a URL in it."""
-    return _USERINFO.sub("", str(text))
 
 
 def is_http(uri: str) -> bool:

@@ -11,7 +11,7 @@ import re
 from datetime import datetime
 from typing import Any, Iterable, Iterator, Mapping, TypeVar
 
-from hopperlab.config.spec import redact_uri
+from hopperlab.core.secrets import redact_uri
 from hopperlab.results.tracking.client import (
     TrackingError,
     is_http,

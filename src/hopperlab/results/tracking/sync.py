@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from hopperlab.config.spec import redact_uri
 from hopperlab.core.progress import track
 from hopperlab.core.rundir import (
     METRICS_FILE,
@@ -20,6 +19,7 @@ from hopperlab.core.rundir import (
     load_record,
     read_json,
 )
+from hopperlab.core.secrets import redact_uri
 from hopperlab.results.tracking.client import (
     TrackingUnavailable,
     mlflow_client,
@@ -187,8 +187,8 @@ def sync(results_dir: Path, tracking_uri: str, *, progress: bool | None = None) 
             report.failed.append((run.key, str(exc)))
             break
         except Exception as exc:
-            log.warning("cannot upload %s: %s", run.run_dir, scrub(str(exc), tracking_uri))
-            report.failed.append((run.key, scrub(str(exc), tracking_uri)))
+            log.warning("cannot upload %s: %s", run.run_dir, scrub(str(exc)))
+            report.failed.append((run.key, scrub(str(exc))))
             continue
         (report.uploaded if created else report.already).append(run.key)
     return report

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from hopperlab.config.spec import redact_uri
 from hopperlab.core.rundir import (
     FAILING_STATUSES,
     HARDWARE_FILE,
@@ -30,6 +29,7 @@ from hopperlab.core.rundir import (
     read_steps,
     write_json_atomic,
 )
+from hopperlab.core.secrets import redact_uri
 from hopperlab.core.stats import half_width, plus_minus
 from hopperlab.results.tracking.client import (
     TrackingError,

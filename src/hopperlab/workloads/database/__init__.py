@@ -10,11 +10,14 @@ duckdb): the spec layer reads it. The claim and the modules: docs/benchmarks/dat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
+from hopperlab.core.schema import bounded, settle_fields
 from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
                                       WorkUnit)
 
-QUERIES = ("q1", "q3", "q5", "q6", "q12", "q14")
+Query = Literal["q1", "q3", "q5", "q6", "q12", "q14"]
+QUERIES: tuple[str, ...] = get_args(Query)
 #: device: columns in GPU memory before timing; host-pinned: pinned host memory, streamed in
 #: chunks by copy engines on a side stream (double buffered); zero-copy: kernels read mapped
 #: pinned host memory; managed: cudaMallocManaged, host-resident at the start of each query
@@ -22,14 +25,12 @@ QUERIES = ("q1", "q3", "q5", "q6", "q12", "q14")
 #: from ordinary host memory; system: ordinary (malloc'd, unpinned) host memory read by the
 #: kernels in place, no copies (only where the device reports pageableMemoryAccess: Grace
 #: Hopper, x86 with HMM; with the knob memory: system).
-PLACEMENTS = ("device", "host-pinned", "zero-copy", "managed", "pageable", "system")
+Placement = Literal["device", "host-pinned", "zero-copy", "managed", "pageable", "system"]
+PLACEMENTS: tuple[str, ...] = get_args(Placement)
 #: plain: int32 days, int64 cents, int32 dictionary codes, int64 keys; compact: each column in
 #: its narrowest exact form (frame of reference and common factor), widened on the GPU.
-ENCODINGS = ("plain", "compact")
-
-DEFAULT_REPEATS = {"smoke": 2, "full": 10}
-DEFAULT_WARMUP = {"smoke": 1, "full": 2}
-DEFAULT_CHUNK_ROWS = {"smoke": 16_384, "full": 16 * 2**20}
+Encoding = Literal["plain", "compact"]
+ENCODINGS: tuple[str, ...] = get_args(Encoding)
 
 #: per-query metric names: ``<query>_<name>`` (e.g. ``q6_time_ms``)
 QUERY_METRICS = ("time_ms", "bytes_read", "gbps", "link_fraction", "floor_ms", "duckdb_ms",
@@ -41,57 +42,32 @@ HEADLINE_METRICS: tuple[str, ...] = tuple(f"{q}_time_ms" for q in QUERIES) + tup
 @dataclass(frozen=True)
 class DatabaseParams:
     #: queries to run, in order (each checked against DuckDB)
-    queries: tuple[str, ...] = QUERIES
+    queries: tuple[Query, ...] = bounded(QUERIES, min_len=1, unique=True)
     #: where the columns live while the query runs (see PLACEMENTS)
-    placement: str = "device"
+    placement: Placement = "device"
     #: column form in memory: plain or compact (see ENCODINGS)
-    encoding: str = "plain"
+    encoding: Encoding = "plain"
     #: managed placement only: prefetch each chunk to the GPU ahead of use (else page faults)
     prefetch: bool = True
     #: Q1 and Q6 as one fused Triton kernel per chunk where Triton runs (GPU); false: PyTorch
     #: operators only (``fused.py`` says why the fused form exists)
     fused_kernels: bool = True
-    #: rows per streamed chunk (host placements); None: DEFAULT_CHUNK_ROWS of the scale
-    chunk_rows: int | None = None
-    #: timed runs per query (the median is reported); None: DEFAULT_REPEATS of the scale
-    repeats: int | None = None
-    #: untimed runs per query before the timed ones; None: DEFAULT_WARMUP of the scale
-    warmup: int | None = None
+    # the sizes below are the smoke scale's; experiments/database.yaml's ``scales:`` sets each
+    # scale's (the workload reads params only, never the scale's name)
+    #: rows per streamed chunk (host placements)
+    chunk_rows: int = bounded(16_384, at_least=1)
+    #: timed runs per query (the median is reported)
+    repeats: int = bounded(2, at_least=1)
+    #: untimed runs per query before the timed ones
+    warmup: int = bounded(1, at_least=0)
     #: DuckDB threads; None: the job's CPUs (hopperlab.node.threads, set by the runner), else
     #: all of the node's cores
-    duckdb_threads: int | None = None
+    duckdb_threads: int | None = bounded(None, at_least=1)
     #: pinned host->device GB/s of the node for link_fraction; None: measured at the start
-    link_gbps: float | None = None
+    link_gbps: float | None = bounded(None, above=0)
 
     def __post_init__(self) -> None:
-        queries = tuple(self.queries)
-        object.__setattr__(self, "queries", queries)
-        if not queries:
-            raise ValueError("queries: expected at least one of " + ", ".join(QUERIES))
-        for q in queries:
-            if q not in QUERIES:
-                raise ValueError(f"queries: unknown query {q!r}; expected some of "
-                                 f"{', '.join(QUERIES)}")
-        if len(set(queries)) != len(queries):
-            raise ValueError(f"queries: each query at most once, got {list(queries)}")
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement: expected one of {', '.join(PLACEMENTS)}, got "
-                             f"{self.placement!r}")
-        if self.encoding not in ENCODINGS:
-            raise ValueError(f"encoding: expected one of {', '.join(ENCODINGS)}, got "
-                             f"{self.encoding!r}")
-        for name in ("prefetch", "fused_kernels"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
-        for name, low in (("chunk_rows", 1), ("repeats", 1), ("warmup", 0),
-                          ("duckdb_threads", 1)):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < low):
-                raise ValueError(f"{name}: expected a whole number >= {low}, got {value!r}")
-        if self.link_gbps is not None and not (isinstance(self.link_gbps, (int, float))
-                                               and self.link_gbps > 0):
-            raise ValueError(f"link_gbps: expected a positive number, got {self.link_gbps!r}")
+        settle_fields(self)  # every bound is declared on its field; no two fields go together
 
 
 def check(knobs: Knobs, params: DatabaseParams) -> None:

@@ -9,7 +9,6 @@ and what runs where: docs/benchmarks/database.md.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import platform
 from contextlib import contextmanager
@@ -26,8 +25,7 @@ from hopperlab.cuda.system_memory import system_memory_support, system_memory_ta
 from hopperlab.node import hardware
 from hopperlab.node.threads import DUCKDB_ENV, env_threads
 from hopperlab.workloads.base import Recording, RunView, no_cuda_reason, spec_params
-from hopperlab.workloads.database import (DEFAULT_CHUNK_ROWS, DEFAULT_REPEATS, DEFAULT_WARMUP,
-                                          DatabaseParams)
+from hopperlab.workloads.database import DatabaseParams
 from hopperlab.workloads.database.columns import load_tables
 from hopperlab.workloads.database.encoding import encode
 from hopperlab.workloads.database.engine import HOST_RESIDENT, QueryFigures, run_query
@@ -39,21 +37,6 @@ from hopperlab.workloads.database.sql import SQL
 
 #: the energy window of the DuckDB peer's timed queries (its figures: ``duckdb_energy_*``)
 DUCKDB_WINDOW = "duckdb"
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    chunk_rows: int
-    repeats: int
-    warmup: int
-
-
-def settings(params: DatabaseParams, scale: str) -> Settings:
-    scale = scale if scale in DEFAULT_REPEATS else "smoke"
-    return Settings(
-        chunk_rows=params.chunk_rows or DEFAULT_CHUNK_ROWS[scale],
-        repeats=params.repeats if params.repeats is not None else DEFAULT_REPEATS[scale],
-        warmup=params.warmup if params.warmup is not None else DEFAULT_WARMUP[scale])
 
 
 def check_system_memory(device: Any, recorder: Recording) -> None:
@@ -102,16 +85,14 @@ def run(spec: RunView, recorder: Recording) -> None:
     import torch
 
     params = spec_params(spec, DatabaseParams)
-    scale = spec.scale
     profiler = spec.knobs.profiler
-    cfg = settings(params, scale)
     device, no_gpu = compute_device(spec)
     recorder.set_tag("database.placement", params.placement)
     recorder.set_tag("database.encoding", params.encoding)
     recorder.set_tag("database.queries", ",".join(params.queries))
-    recorder.set_tag("database.chunk_rows", cfg.chunk_rows)
-    recorder.set_tag("database.repeats", cfg.repeats)
-    recorder.set_tag("database.warmup", cfg.warmup)
+    recorder.set_tag("database.chunk_rows", params.chunk_rows)
+    recorder.set_tag("database.repeats", params.repeats)
+    recorder.set_tag("database.warmup", params.warmup)
     recorder.set_tag("database.target", device.type)
     if no_gpu:
         recorder.set_tag("database.no_gpu_reason", no_gpu)
@@ -137,7 +118,7 @@ def run(spec: RunView, recorder: Recording) -> None:
     duck_ms: dict[str, float] = {}
     with window(DUCKDB_WINDOW):  # its own energy window: the same queries on the host's cores
         for q in params.queries:
-            rows, times = peer.timed(SQL[q], cfg.warmup, cfg.repeats)
+            rows, times = peer.timed(SQL[q], params.warmup, params.repeats)
             expected[q] = rows
             duck_ms[q] = sorted(times)[len(times) // 2]
     peer.close()
@@ -157,7 +138,7 @@ def run(spec: RunView, recorder: Recording) -> None:
                    for c in t.columns.values())
         allow = spec.site.allow_oversubscription
         runtime = managed_runtime(device, need, allow)
-    source = make_source(params.placement, tables, params.encoding, device, cfg.chunk_rows,
+    source = make_source(params.placement, tables, params.encoding, device, params.chunk_rows,
                          runtime=runtime, prefetch=params.prefetch,
                          fused=None if params.fused_kernels else False)
     recorder.set_tag("database.fused_kernels", str(source.fused).lower())
@@ -178,7 +159,7 @@ def run(spec: RunView, recorder: Recording) -> None:
                         recorder.log_step(step, query_index=qi, repeat=i, time_ms=ms)
                         step += 1
 
-                    result = run_query(source, q, cfg.warmup, cfg.repeats, sample)
+                    result = run_query(source, q, params.warmup, params.repeats, sample)
                     diffs = compare(expected[q], result.rows)
                     figures = QueryFigures(q, result.time_ms, result.bytes_read, duck_ms[q],
                                            correct=not diffs,

@@ -29,6 +29,8 @@ def _without(params: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]
 def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
     if ctx.knobs.get("memory", "device") != "device":
         raise Unpredictable("managed memory's page migration is not modelled")
+    if ctx.params.get("backend") == "sharded":
+        return _sharded(ctx, metric)
     precision = "fp8" if ctx.knobs.get("precision") == "fp8" else "bf16"
     offload = ctx.knobs.get("offload", "none")
     step = ctx.metric("step_time_p50_s", label="t (step_time_p50_s)")
@@ -72,6 +74,35 @@ def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
         formula = f"t' = (t - w) * k + w; w = data_wait_fraction * t; k = {precision}_tflops S/T"
         model = "compute"
     return _through_time(ctx, metric, step, step_t, "step_time_p50_s"), model, formula
+
+
+def _sharded(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
+    """A sharded step (FSDP2 or torchao, offloaded or not) from its floor's parts: GPU compute
+    scales with the GPU's peak, the offload bytes cross the target's host link, the optimizer
+    step scales with the memory it streams (the host's on the CPU, HBM on the GPU), and what
+    the floor does not hold (collectives between GPUs, Python) stays as measured."""
+    t = ctx.metric("step_time_p50_s", label="t (step_time_p50_s)")
+    floor = ctx.metric("step_floor_s", label="F (step_floor_s)")
+    c = ctx.metric("floor_compute_s", label="C (floor_compute_s)")
+    o = ctx.metric("floor_optimizer_s", label="O (floor_optimizer_s)")
+    k = ctx.compute_scale("bf16")
+    link = 0.0
+    if "h2d_gb_per_step" in ctx.row.metrics:  # offloaded: parameters and gradients cross the link
+        t_h2d = ctx.fig(ctx.tgt, "host_link.pinned.h2d", "r_T h2d")
+        t_d2h = ctx.fig(ctx.tgt, "host_link.pinned.d2h", "r_T d2h")
+        link = max(ctx.metric("h2d_gb_per_step") / t_h2d, ctx.metric("d2h_gb_per_step") / t_d2h)
+        r_s = ctx.metric("host_triad_gbps", label="m_S (host_triad_gbps: the job's CPUs)")
+        r_t = ctx.fig(ctx.tgt, "host_memory_gbps", "m_T (host_memory_gbps)")
+        o_t = o * r_s / r_t
+        where = "O' = O * m_S/m_T (AdamW on the CPU streams host memory)"
+    else:
+        o_t = o * ctx.compute_scale("hbm")
+        where = "O' = O * hbm_tbps S/T (AdamW on the GPU streams HBM)"
+    step_t = max(c * k, link) + o_t + max(0.0, t - floor)
+    formula = ("t' = max(C*k, L_T) + O' + (t - F); L_T = max(h2d_gb/r_T h2d, d2h_gb/r_T d2h) "
+               f"(0 without offload); {where}; k = bf16_tflops S/T; t - F as measured "
+               "(collectives, Python)")
+    return _through_time(ctx, metric, t, step_t, "step_time_p50_s"), "sharded floor", formula
 
 
 def _through_time(ctx: PredictionInputs, metric: str, t: float, t_new: float,

@@ -32,6 +32,7 @@ from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import percentile
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.memory.pinned import pinned_empty
+from hopperlab.node.host_bandwidth import triad_gbps
 from hopperlab.workloads.base import Recording
 from hopperlab.workloads.finetune import host_need, shard_init, step_floor
 
@@ -350,6 +351,15 @@ def probe_compute(plan: Plan, device: Any, accum: int) -> float:
     return step_floor.extrapolate_layers(times[0], times[1], sizes[0], sizes[1], layers)
 
 
+def _host_triad_gbps(share_bytes: int, world: int) -> float:
+    """The host memory rate this rank's CPUs reach with every rank of the node streaming at
+    once (as their optimizer steps do): arrays a quarter of the rank's parameter bytes, 8 to
+    512 MiB each."""
+    if world > 1:
+        dist.barrier()
+    return triad_gbps(mib_per_array=max(8, min(512, share_bytes // 4 // 2**20)))
+
+
 def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None,
          model: Llama, device: Any, rank: int, world: int, accum: int) -> None:
     n_params = sum(p.numel() for p in model.parameters())  # global sizes, sharded or not
@@ -397,4 +407,11 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
         mode=plan.mode, params=n_params, elt_bytes=elt, world=world, compute_s=compute_s,
         optimizer_s=figures["optimizer_step_s"], h2d_gbps=rates[0], d2h_gbps=rates[1]))
     figures.update(compute_s=compute_s, **floor, **step_floor.over_floor(s_iter, floor))
+    if plan.mode in step_floor.OFFLOADED:  # the CPU optimizer's floor, and the GH200 prediction's input
+        host = _host_triad_gbps(n_params * elt // world, world)
+        figures["host_triad_gbps"] = host
+        opt_floor = step_floor.optimizer_floor(plan.mode, n_params, elt, world, host)
+        figures.update(opt_floor)
+        if opt_floor.get("optimizer_floor_s", 0) > 0:
+            figures["optimizer_over_floor"] = figures["optimizer_step_s"] / opt_floor["optimizer_floor_s"]
     recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})

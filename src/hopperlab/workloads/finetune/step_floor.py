@@ -60,6 +60,24 @@ def step_floor(x: FloorInputs) -> dict[str, float]:
     return out
 
 
+#: host-memory traffic of one AdamW step per parameter, in units of the element's size:
+#: parameter read and written, gradient read, both moments read and written
+ADAMW_TRAFFIC = 7
+
+
+def optimizer_floor(mode: str, params: int, elt_bytes: int, world: int,
+                    host_gbps: float | None) -> dict[str, float]:
+    """The CPU optimizer step's floor where it runs on the host (the offloaded modes): this
+    rank's AdamW traffic (``ADAMW_TRAFFIC`` x its parameter share) at the host memory rate the
+    job's CPUs reached (``node.host_bandwidth``). Empty elsewhere or without the rate."""
+    if mode not in OFFLOADED or not host_gbps or host_gbps <= 0:
+        return {}
+    share = params * elt_bytes / (world if mode.startswith("fsdp2") else 1)
+    traffic = ADAMW_TRAFFIC * share
+    return {"optimizer_host_gb_per_step": traffic / 1e9,
+            "optimizer_floor_s": traffic / (host_gbps * 1e9)}
+
+
 def over_floor(step_s: float, floor: dict[str, float]) -> dict[str, float]:
     """The measured step against its floor (and against the link alone where it counts)."""
     out = {}

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from hopperlab.cuda.nvtx import OFFLOAD_COPY, OFFLOAD_PREFETCH, nvtx_range
-from hopperlab.workloads.inference.host_memory import HostArena, HostBlock
+from hopperlab.memory.host_arena import HostArena, HostBlock
 from hopperlab.workloads.inference.kv_cache import (LayerKV, cache_from_layers, cache_nbytes,
                                                      make_layerwise_ready_cache)
 from hopperlab.workloads.inference.runtime import GpuTimer, Runtime

@@ -14,7 +14,7 @@ from typing import Any
 
 from hopperlab.cuda.nvtx import OFFLOAD_PREFETCH, nvtx_range
 from hopperlab.memory.layers import decoder_layers  # the one helper (the family imports it here)
-from hopperlab.workloads.inference.host_memory import HostArena
+from hopperlab.memory.host_arena import HostArena
 from hopperlab.workloads.inference.runtime import Runtime
 
 ALIGN = 512

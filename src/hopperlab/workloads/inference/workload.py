@@ -28,7 +28,7 @@ from hopperlab.workloads.inference import InferenceParams, tp_serving
 from hopperlab.workloads.inference.accelerate_peer import dispatch_offloaded
 from hopperlab.workloads.inference.dialogue import Dialogue, make_conversations
 from hopperlab.workloads.inference.generation import decode, prefill
-from hopperlab.workloads.inference.host_memory import HostArena
+from hopperlab.memory.host_arena import HostArena
 from hopperlab.workloads.inference.kv_cache import new_cache
 from hopperlab.workloads.inference.kv_policies import KvCachePolicy
 from hopperlab.workloads.inference.layered_reload import PinnedHostStore
@@ -137,7 +137,7 @@ def run_kv_cache(model: Any, rt: Runtime, p: InferenceParams, recorder: Recordin
             recorder.set_tag("inference.kv_store", "managed" + (
                 " (emulated: no CUDA, prefetches do nothing)" if store.emulated else ""))
         else:
-            arena = HostArena(torch, pinned=rt.is_cuda, chunk_bytes=_chunk_bytes(session_bytes))
+            arena = HostArena(pinned=rt.is_cuda, chunk_bytes=_chunk_bytes(session_bytes))
             store = PinnedHostStore(rt, arena)
             recorder.set_tag("inference.kv_store", "pinned" if rt.is_cuda else "host (no CUDA)")
     recorder.set_tag("inference.policy", p.policy)
@@ -246,7 +246,6 @@ def measure_point(model: Any, rt: Runtime, batch: int, prompt_tokens: int, decod
 
 def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: Recording, *,
                          profiler: str) -> None:
-    torch = rt.torch
     link_gbps = p.pinned_gbps if p.pinned_gbps is not None else measure_pinned_h2d_gbps(rt)
     recorder.set_tag("inference.pinned_gbps_source",
                      "params.pinned_gbps" if p.pinned_gbps is not None else
@@ -257,7 +256,7 @@ def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: 
     total = module_bytes(model)
     recorder.log_metric("model_bytes", total)
     vocab = vocab_size(model)
-    arena = HostArena(torch, pinned=rt.is_cuda,
+    arena = HostArena(pinned=rt.is_cuda,
                       chunk_bytes=1 << max(20, (module_bytes(decoder_layers(model)[0]) * 2 - 1)
                                            .bit_length()))
     points = sorted(((f, b) for f in p.resident_fractions for b in p.batch_sizes),

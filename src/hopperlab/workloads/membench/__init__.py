@@ -22,22 +22,20 @@ This module is imported by the spec layer: it stays cheap (no torch, no numpy).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
+from hopperlab.core.schema import bounded, settle_fields
 from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
                                       WorkUnit)
 
-TESTS = ("copy", "alloc", "collective")
-OPS = ("all_reduce", "all_gather")
-DIRECTIONS = ("h2d", "d2h", "bidir")
-HOST_MEMORIES = ("pageable", "pinned")
-KINDS = ("device", "pinned", "managed", "host", "system")
-
-#: Size sweeps (MiB) and repeat counts used when the params leave them unset.
-DEFAULT_SIZES_MB = {"smoke": (1, 8, 32), "full": (1, 4, 16, 64, 256, 1024)}
-DEFAULT_REPEATS = {"smoke": 3, "full": 20}
-DEFAULT_WARMUP = {"smoke": 1, "full": 3}
-#: collective: the largest message of the sweep (bytes), per scale, when max_bytes is unset
-DEFAULT_MAX_BYTES = {"smoke": 1 << 20, "full": 1 << 30}
+# each choice declared once, as the params' type (core.schema checks it); the tuples for readers
+Test = Literal["copy", "alloc", "collective"]
+Op = Literal["all_reduce", "all_gather"]
+Direction = Literal["h2d", "d2h", "bidir"]
+HostMemory = Literal["pageable", "pinned"]
+Kind = Literal["device", "pinned", "managed", "host", "system"]
+TESTS, OPS, DIRECTIONS = get_args(Test), get_args(Op), get_args(Direction)
+HOST_MEMORIES, KINDS = get_args(HostMemory), get_args(Kind)
 
 #: The figures the report charts for every membench run (each run logs the ones of its test).
 #: gbps_peak / gbps_at_largest: copy GB/s (bidir: both directions' bytes) or, for alloc, the
@@ -62,65 +60,48 @@ def headline_metrics(test: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class MembenchParams:
     #: "copy" (copy bandwidth) or "alloc" (allocation cost and first touch / migration)
-    test: str = "copy"
+    test: Test = "copy"
     #: copy: "h2d", "d2h" or "bidir" (one stream each way at once; counts both directions' bytes)
-    direction: str = "h2d"
+    direction: Direction = "h2d"
     #: copy: host side "pageable" (plain) or "pinned" (page-locked) memory
-    host_memory: str = "pinned"
+    host_memory: HostMemory = "pinned"
     #: alloc: "device" (cudaMalloc), "pinned" (cudaHostAlloc), "managed" (cudaMallocManaged),
     #: "host" (fresh anonymous pages, what malloc gives for a large block), "system" (such
     #: pages read and written by GPU kernels, first touch by CPU or GPU, cudaMemAdvise and
     #: cudaMemPrefetchAsync on them; with the knob memory: system)
-    kind: str = "device"
-    #: the sweep, MiB per buffer; empty: DEFAULT_SIZES_MB of the run's scale
-    sizes_mb: tuple[int, ...] = ()
-    #: timed samples per size (the median is reported); None: DEFAULT_REPEATS of the scale
-    repeats: int | None = None
-    #: untimed samples per size before the timed ones; None: DEFAULT_WARMUP of the scale
+    kind: Kind = "device"
+    # the sizes and counts below are the smoke scale's; experiments/membench.yaml's ``scales:``
+    # sets each scale's (the workload reads params only, never the scale's name)
+    #: the sweep, MiB per buffer
+    sizes_mb: tuple[int, ...] = bounded((1, 8, 32), at_least=1, min_len=1)
+    #: timed samples per size (the median is reported)
+    repeats: int = bounded(3, at_least=1)
+    #: untimed samples per size before the timed ones
     #: (collective: ``repeats`` back-to-back timed calls per size after ``warmup`` untimed)
-    warmup: int | None = None
+    warmup: int = bounded(1, at_least=0)
+    #: copy: MiB one timed sample moves at least (a small size repeats its copy inside a
+    #: sample, up to 256 times)
+    sample_mb: int = bounded(16, at_least=1)
     #: collective: "all_reduce" or "all_gather" (nccl-tests' sizes: all-gather's is the whole
     #: gathered output)
-    op: str = "all_reduce"
-    #: collective: the sweep's smallest and largest message, bytes (max None: the scale's
-    #: DEFAULT_MAX_BYTES), each ``factor`` times the one before
-    min_bytes: int = 8
-    max_bytes: int | None = None
-    factor: int = 2
+    op: Op = "all_reduce"
+    #: collective: the sweep's smallest and largest message, bytes, each ``factor`` times the
+    #: one before
+    min_bytes: int = bounded(8, at_least=1)
+    max_bytes: int = bounded(1 << 20, at_least=1)
+    factor: int = bounded(2, at_least=2)
     #: collective: replay the timed calls from one captured CUDA graph (NCCL only; what a
     #: graph-captured decode step pays, without Python's launch of each call)
     graph: bool = False
     #: collective: batches whose 70B decode message (decode_hidden x 2 bytes x batch) is timed
-    decode_batches: tuple[int, ...] = (1, 8)
-    decode_hidden: int = 8192
+    decode_batches: tuple[int, ...] = bounded((1, 8), at_least=1)
+    decode_hidden: int = bounded(8192, at_least=1)
 
     def __post_init__(self) -> None:
-        choices = {"test": TESTS, "direction": DIRECTIONS, "host_memory": HOST_MEMORIES,
-                   "kind": KINDS, "op": OPS}
-        for name, allowed in choices.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
-        sizes = tuple(self.sizes_mb)
-        object.__setattr__(self, "sizes_mb", sizes)
-        for s in sizes:
-            if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
-                raise ValueError(f"sizes_mb: expected positive whole MiB, got {s!r}")
-        if self.repeats is not None and (isinstance(self.repeats, bool) or self.repeats < 1):
-            raise ValueError(f"repeats: expected at least 1, got {self.repeats!r}")
-        if self.warmup is not None and (isinstance(self.warmup, bool) or self.warmup < 0):
-            raise ValueError(f"warmup: expected 0 or more, got {self.warmup!r}")
-        object.__setattr__(self, "decode_batches", tuple(self.decode_batches))
-        whole = {"min_bytes": self.min_bytes, "factor": self.factor,
-                 "decode_hidden": self.decode_hidden, **{f"decode_batches[{i}]": b for i, b in
-                                                         enumerate(self.decode_batches)}}
-        for name, value in whole.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive whole number, got {value!r}")
-        if self.factor < 2:
-            raise ValueError(f"factor: expected 2 or more, got {self.factor}")
-        if self.max_bytes is not None and (isinstance(self.max_bytes, bool)
-                                           or self.max_bytes < self.min_bytes):
+        """Types and bounds are declared on the fields (``settle_fields``); here: the fields
+        that go together."""
+        settle_fields(self)
+        if self.max_bytes < self.min_bytes:
             raise ValueError(f"max_bytes: expected at least min_bytes ({self.min_bytes}), "
                              f"got {self.max_bytes!r}")
 

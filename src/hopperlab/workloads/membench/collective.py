@@ -18,18 +18,13 @@ from typing import Any, Callable
 from hopperlab.core.rundir import SkipRun
 from hopperlab.cuda import collectives
 from hopperlab.workloads.base import Recording
-from hopperlab.workloads.membench import DEFAULT_MAX_BYTES, DEFAULT_REPEATS, MembenchParams
-
-#: untimed calls per size when the params leave warmup unset (nccl-tests' default is 5)
-DEFAULT_WARMUP = {"smoke": 1, "full": 5}
+from hopperlab.workloads.membench import MembenchParams
 
 
-def sizes(params: MembenchParams, scale: str) -> list[int]:
-    """The sweep: min_bytes, min_bytes x factor, ... up to max_bytes (the scale's default)."""
-    top = params.max_bytes if params.max_bytes is not None else DEFAULT_MAX_BYTES.get(
-        scale, DEFAULT_MAX_BYTES["smoke"])
+def sizes(params: MembenchParams) -> list[int]:
+    """The sweep: min_bytes, min_bytes x factor, ... up to max_bytes."""
     out, s = [], params.min_bytes
-    while s <= top:
+    while s <= params.max_bytes:
         out.append(s)
         s *= params.factor
     return out
@@ -54,12 +49,11 @@ def check(params: MembenchParams) -> Any:
     return dist
 
 
-def run_collective(params: MembenchParams, scale: str, recorder: Recording,
+def run_collective(params: MembenchParams, recorder: Recording,
                    mark: Callable[[str], Any]) -> None:
     dist = check(params)
     op = params.op
-    repeats = params.repeats if params.repeats is not None else DEFAULT_REPEATS.get(scale, 3)
-    warmup = params.warmup if params.warmup is not None else DEFAULT_WARMUP.get(scale, 1)
+    repeats, warmup = params.repeats, params.warmup
     n = dist.get_world_size()
     recorder.set_tag("membench.op", op)
     recorder.set_tag("membench.backend", str(dist.get_backend()))
@@ -67,7 +61,7 @@ def run_collective(params: MembenchParams, scale: str, recorder: Recording,
     recorder.set_tag("membench.graph", str(params.graph).lower())
     recorder.set_tag("membench.bus_factor", f"{collectives.bus_factor(op, n):.4f}")
     rows = []
-    for step, nbytes in enumerate(sizes(params, scale)):
+    for step, nbytes in enumerate(sizes(params)):
         with mark(f"{op} {nbytes} B"):
             t = collectives.time_collective(op, nbytes, repeats, warmup=warmup,
                                             graph=params.graph)
@@ -86,7 +80,7 @@ def run_collective(params: MembenchParams, scale: str, recorder: Recording,
                                             graph=params.graph)
         recorder.log_metric(f"latency_us_decode_b{batch}", t.seconds * 1e6)
         recorder.set_tag(f"membench.decode_b{batch}_bytes", t.nbytes)
-    probe = sizes(params, scale)[-1]
+    probe = sizes(params)[-1]
     if not collectives.check_collective(op, probe):
         raise RuntimeError(f"{op} of {probe} B gave a wrong result on rank {dist.get_rank()}")
     recorder.log_metric("correct", 1.0)

@@ -14,11 +14,8 @@ from typing import Any, Iterable, Sequence
 from hopperlab.core.stats import MIB
 from hopperlab.node import hardware
 from hopperlab.workloads.base import Recording, RunView, no_cuda_reason
-from hopperlab.workloads.membench import (DEFAULT_REPEATS, DEFAULT_SIZES_MB, DEFAULT_WARMUP,
-                                          MembenchParams)
+from hopperlab.workloads.membench import MembenchParams
 
-#: Bytes one timed copy sample should move at least (small sizes repeat the copy inside a sample).
-SAMPLE_BYTES = {"smoke": 16 * MIB, "full": 256 * MIB}
 #: The most copies one timed sample repeats.
 MAX_INNER = 256
 
@@ -35,15 +32,11 @@ class Plan:
         return max(self.sizes_mb)
 
 
-def plan_for(params: MembenchParams, scale: str) -> Plan:
-    scale = scale if scale in DEFAULT_SIZES_MB else "smoke"
-    sizes = tuple(params.sizes_mb) or DEFAULT_SIZES_MB[scale]
-    return Plan(
-        sizes_mb=sizes,
-        repeats=params.repeats if params.repeats is not None else DEFAULT_REPEATS[scale],
-        warmup=params.warmup if params.warmup is not None else DEFAULT_WARMUP[scale],
-        sample_bytes=SAMPLE_BYTES[scale],
-    )
+def plan_for(params: MembenchParams) -> Plan:
+    """The sweep of a copy or alloc run: all of it from the params (the experiments file's
+    ``scales:`` decides each scale's numbers, once)."""
+    return Plan(sizes_mb=tuple(params.sizes_mb), repeats=params.repeats, warmup=params.warmup,
+                sample_bytes=params.sample_mb * MIB)
 
 
 def inner_copies(nbytes: int, sample_bytes: int) -> int:

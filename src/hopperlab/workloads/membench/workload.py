@@ -32,11 +32,10 @@ def run(spec: RunView, recorder: Recording, *, use_torch: bool = True) -> None:
     ``use_torch=False`` behaves as on a node without torch (tests of the numpy path).
     """
     params = spec_params(spec, MembenchParams)
-    scale = spec.scale
     memory = spec.knobs.memory
     profiler = spec.knobs.profiler
     allow_over = spec.site.allow_oversubscription
-    plan = plan_for(params, scale)
+    plan = plan_for(params)
 
     env = probe(spec, use_torch=use_torch)
     recorder.set_tag("membench.test", params.test)
@@ -54,7 +53,7 @@ def run(spec: RunView, recorder: Recording, *, use_torch: bool = True) -> None:
     if params.test == "collective":
         collective.check(params)  # skip before the profiler starts
         with _profiling(env, profiler, recorder) as mark:
-            collective.run_collective(params, scale, recorder, mark)
+            collective.run_collective(params, recorder, mark)
         return
     check, measure = (check_copy, run_copy) if params.test == "copy" else (check_alloc, run_alloc)
     check(env, params, memory)  # skip before the profiler starts

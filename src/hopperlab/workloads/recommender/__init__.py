@@ -11,15 +11,21 @@ per-component and end-to-end p50/p99 latency, shares, qps, recall@k and AUC. Che
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
+from hopperlab.core.schema import bounded, settle_fields
 from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
                                       WorkUnit)
 
 COMPONENTS = ("retrieval", "features", "transfer", "ranking", "topn")
-PIPELINES = ("gpu", "cpu")
-AUGMENTS = ("numpy", "pandas")
-TRANSFERS = ("pinned", "pageable")
-EMBEDDING_PLACES = ("gpu", "host")
+Pipeline = Literal["gpu", "cpu"]
+PIPELINES = get_args(Pipeline)
+Augment = Literal["numpy", "pandas"]
+AUGMENTS = get_args(Augment)
+Transfer = Literal["pinned", "pageable"]
+TRANSFERS = get_args(Transfer)
+EmbeddingPlace = Literal["gpu", "host"]
+EMBEDDING_PLACES = get_args(EmbeddingPlace)
 
 HEADLINE_METRICS: tuple[str, ...] = (
     "lat_e2e_p50_ms", "qps", *(f"lat_{c}_p50_ms" for c in COMPONENTS),
@@ -30,63 +36,49 @@ HEADLINE_METRICS: tuple[str, ...] = (
 class RecommenderParams:
     #: "gpu": retrieval and ranking on the GPU (CPU stand-in on a node without one);
     #: "cpu": every component on the CPU, on all of the node's cores (the peer)
-    pipeline: str = "gpu"
+    pipeline: Pipeline = "gpu"
     #: feature augmentation: "numpy" (vectorised gathers into staging buffers) or "pandas"
     #: (DataFrame lookups and concatenation: the "before")
-    augment: str = "numpy"
+    augment: Augment = "numpy"
     #: feature-augmentation worker threads = the node's core count (knob num_workers must be 0)
     workers_all_cores: bool = False
     #: host staging buffers of the ranking batch: "pinned" (page-locked) or "pageable"
-    transfer: str = "pinned"
+    transfer: Transfer = "pinned"
     #: where the item embeddings live for retrieval: "gpu", or "host" (pinned, streamed per query)
-    item_embeddings: str = "gpu"
+    item_embeddings: EmbeddingPlace = "gpu"
     #: replay retrieval and ranking as CUDA graphs (fewer launches); GPU only
     cuda_graphs: bool = True
     #: candidates retrieved per query (the ranking batch) and the final list's length
-    candidates: int = 1000
-    top_n: int = 10
+    candidates: int = bounded(1000, at_least=1)
+    top_n: int = bounded(10, at_least=1)
     #: timed queries and untimed warm-up queries (random users, seeded)
-    queries: int = 1000
-    warmup: int = 50
+    queries: int = bounded(1000, at_least=1)
+    warmup: int = bounded(50, at_least=0)
     #: model sizes: categorical embedding width, tower output width, hidden width
-    embedding_dim: int = 16
-    tower_dim: int = 64
-    hidden_dim: int = 256
+    embedding_dim: int = bounded(16, at_least=1)
+    tower_dim: int = bounded(64, at_least=1)
+    hidden_dim: int = bounded(256, at_least=1)
     #: brief training: steps and batch size of each model, learning rate
-    retrieval_steps: int = 300
-    ranking_steps: int = 300
-    batch_size: int = 4096
-    learning_rate: float = 0.003
+    retrieval_steps: int = bounded(300, at_least=1)
+    ranking_steps: int = bounded(300, at_least=1)
+    batch_size: int = bounded(4096, at_least=1)
+    learning_rate: float = bounded(0.003, above=0)
     #: evaluation: recall@recall_k over at most eval_users held-out users
-    recall_k: int = 100
-    eval_users: int = 2000
+    recall_k: int = bounded(100, at_least=1)
+    eval_users: int = bounded(2000, at_least=1)
     #: item-embedding chunks streamed per query when item_embeddings is "host"
-    host_chunks: int = 8
+    host_chunks: int = bounded(8, at_least=1)
     #: write the trained models' state dicts to artifacts/models.pt
     save_models: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
-        choices = {"pipeline": PIPELINES, "augment": AUGMENTS, "transfer": TRANSFERS,
-                   "item_embeddings": EMBEDDING_PLACES}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}: expected one of {', '.join(allowed)}, "
-                                 f"got {getattr(self, name)!r}")
-        for name in ("candidates", "top_n", "queries", "embedding_dim", "tower_dim",
-                     "hidden_dim", "retrieval_steps", "ranking_steps", "batch_size", "recall_k",
-                     "eval_users", "host_chunks"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive whole number, got {value!r}")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warmup: expected 0 or more, got {self.warmup!r}")
+        """Types and bounds are declared on the fields (``settle_fields``); here: the fields
+        that go together."""
+        settle_fields(self)
         if self.top_n > self.candidates:
             raise ValueError(f"top_n ({self.top_n}) must not exceed candidates "
                              f"({self.candidates})")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate: expected a positive number, got "
-                             f"{self.learning_rate!r}")
         if self.pipeline == "cpu" and (self.item_embeddings != "gpu" or self.transfer != "pinned"):
             raise ValueError("pipeline: cpu runs every component on the CPU; item_embeddings "
                              "and transfer are GPU choices (leave them at their defaults)")

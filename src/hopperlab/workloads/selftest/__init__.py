@@ -8,10 +8,13 @@ limit. Not part of the default matrix (configs/config.yaml ``families``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
+from hopperlab.core.schema import bounded, settle_fields
 from hopperlab.workloads.base import FamilyInfo
 
-ACTIONS = ("ok", "raise", "oom", "sleep", "skip", "read-table", "collective")
+Action = Literal["ok", "raise", "oom", "sleep", "skip", "read-table", "collective"]
+ACTIONS = get_args(Action)
 
 
 @dataclass(frozen=True)
@@ -19,9 +22,9 @@ class SelftestParams:
     #: ok: log steps and finish; raise: a bug (RuntimeError); oom: MemoryError;
     #: sleep: sleep ``sleep_s`` (for time limits and cancels); skip: SkipRun;
     #: read-table: count the rows of the run's ``table`` asset (the asset wiring, end to end);
-    action: str = "ok"
-    steps: int = 3
-    sleep_s: float = 0.0
+    action: Action = "ok"
+    steps: int = bounded(3, at_least=0)
+    sleep_s: float = bounded(0.0, at_least=0)
     #: collective: all-reduce once per step over the run's ranks, each after ``sleep_s``;
     #: ``fail_rank`` raises at ``fail_step`` (-1: none), for the distributed fault path
     fail_rank: int = -1
@@ -31,7 +34,7 @@ class SelftestParams:
     hang_rank: int = -1
     #: ok: the relative standard deviation of ``value`` (normal, seeded by ``seed`` and the
     #: repeat), so that repeats and references can be exercised with known noise
-    jitter: float = 0.0
+    jitter: float = bounded(0.0, at_least=0)
     seed: int = 0
     #: ok: ``value`` is 10 % lower while this file exists (``{node}`` in it: the Slurm node the
     #: job runs on): a node slowed by a second process, for the CPU tests of
@@ -42,10 +45,7 @@ class SelftestParams:
     env_names: str = ""
 
     def __post_init__(self) -> None:
-        if self.action not in ACTIONS:
-            raise ValueError(f"action must be one of {', '.join(ACTIONS)}, not {self.action!r}")
-        if self.steps < 0 or self.sleep_s < 0 or self.jitter < 0:
-            raise ValueError("steps, sleep_s and jitter must be >= 0")
+        settle_fields(self)  # every bound is declared on its field
 
 
 FAMILY = FamilyInfo(

@@ -1,5 +1,9 @@
 """Pinned host memory for evicted KV caches and streamed weights, carved from power-of-two chunks.
 
+Why in memory/: it is the inference techniques' side of the one pinned host allocator
+(``pinned.host_buffer``, exact-size ``cudaHostRegister``) that the offload techniques' pool uses
+too; a family keeps no allocator of its own.
+
 Why not one ``torch.empty(..., pin_memory=True)`` per tensor: torch's caching host allocator
 rounds every request up to a power of two, so a 134 MB layer of a 16k-token cache would pin
 256 MB, and pinning costs time (docs/benchmarks/membench.md: a few GB/s). Chunks of
@@ -10,7 +14,9 @@ paid once per chunk. Without CUDA the chunks are plain host memory.
 
 from __future__ import annotations
 
-from typing import Any
+import torch
+
+from hopperlab.memory.pinned import host_buffer
 
 DEFAULT_CHUNK_BYTES = 2**30
 ALIGN = 512  # bytes; keeps every slice aligned for copies and for any dtype
@@ -27,31 +33,30 @@ def _pow2_ceil(n: int) -> int:
 class HostArena:
     """Chunks of pinned host memory shared by every ``HostBlock`` of a run."""
 
-    def __init__(self, torch: Any, pinned: bool, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(self, pinned: bool, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         if chunk_bytes & (chunk_bytes - 1):
             raise ValueError(f"chunk_bytes must be a power of two, got {chunk_bytes}")
-        self.torch = torch
         self.pinned = pinned
         self.chunk_bytes = chunk_bytes
-        self._free: dict[int, list[Any]] = {}
+        self._free: dict[int, list[torch.Tensor]] = {}
         self.held_bytes = 0  # chunks handed out now
         self.peak_held_bytes = 0
         self.reserved_bytes = 0  # every chunk allocated, in use or free
 
-    def take(self, nbytes: int) -> Any:
+    def take(self, nbytes: int) -> torch.Tensor:
         """A uint8 chunk of at least ``nbytes`` (the arena's chunk size, or the next power of two
         for a larger request)."""
         size = max(self.chunk_bytes, _pow2_ceil(nbytes))
         pool = self._free.setdefault(size, [])
         chunk = pool.pop() if pool else None
         if chunk is None:
-            chunk = self.torch.empty(size, dtype=self.torch.uint8, pin_memory=self.pinned)
+            chunk = host_buffer(size, pin=self.pinned)
             self.reserved_bytes += size
         self.held_bytes += size
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
         return chunk
 
-    def give_back(self, chunk: Any) -> None:
+    def give_back(self, chunk: torch.Tensor) -> None:
         self._free.setdefault(chunk.numel(), []).append(chunk)
         self.held_bytes -= chunk.numel()
 
@@ -65,12 +70,11 @@ class HostBlock:
 
     def __init__(self, arena: HostArena) -> None:
         self.arena = arena
-        self._chunks: list[Any] = []
+        self._chunks: list[torch.Tensor] = []
         self._used = 0  # bytes used in the last chunk
         self.nbytes = 0  # bytes of the tensors handed out
 
-    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        torch = self.arena.torch
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         n = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
         need = _round_up(max(n, 1), ALIGN)
         if not self._chunks or self._used + need > self._chunks[-1].numel():

@@ -1,4 +1,6 @@
-"""The saved-tensor census in the report: one table per experiment whose runs measured it.
+"""finetune's own tables in the report (``FamilyInfo.tables``): the saved-tensor census, one
+table per experiment whose runs measured it. Here, not in results/report: a memory technique's
+figures are read by its family, so a new technique touches no results/ code.
 
 A run that asked for the census (finetune's ``census: true``) has ``census_*`` metrics and a
 ``census.kinds_<class>`` tag per size class; the table reads those (no artifact file: the
@@ -64,3 +66,8 @@ def census_table(runs: Sequence[Any]) -> str:
             f"shared memory counted once, parameters apart (docs/memory.md).</p>"
             f'<div class="scroll"><table class="{TABLE_CLASS}"><thead><tr>{head}</tr></thead>'
             f"<tbody>{body}</tbody></table></div>")
+
+
+def tables(runs: Sequence[Any]) -> str:
+    """The family's tables of one experiment's runs, as HTML ('' when there are none)."""
+    return census_table(runs)

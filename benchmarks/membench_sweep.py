@@ -1,17 +1,21 @@
-"""Run every membench variant in this process, without Snakemake or submitit, and print a table.
+"""Run every membench copy and alloc variant in this process, without Snakemake or submitit,
+and print a table.
 
-    PYTHONPATH=src python3 -m hopperlab.workloads.membench.sweep --out /tmp/membench [--scale full]
+    python3 benchmarks/membench_sweep.py --out /tmp/membench [--scale full]
 
 Each variant gets its own run directory (``<out>/<experiment>-<variant>/``, the usual
 ``steps.jsonl``, ``metrics.json`` and ``artifacts/``) written by a real Recorder, with the
-node's ``hardware.fingerprint()``. The sizes and repeat counts are those of
-``experiments/membench.yaml`` for the scale (repeated here so that no YAML parser is needed);
-flags override them. This is what ``benchmarks/membench_gpu.sh`` runs on a GPU node.
+node's ``hardware.fingerprint()``. The variants, their knobs and their params (sizes, repeats,
+warmup, sample size) are those of ``experiments/membench.yaml`` at the scale, read through the
+matrix (the scale is decided there, once); flags override them. This is what
+``benchmarks/membench_gpu.sh`` runs on a GPU node. It was ``hopperlab.workloads.membench.sweep``:
+a command line belongs to cli/ or benchmarks/, not to a family.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -20,35 +24,44 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from hopperlab.node import hardware
-from hopperlab.core.rundir import Recorder, SkipRun
-from hopperlab.workloads.base import RunView, fake_run
-from hopperlab.workloads.membench import MembenchParams
-from hopperlab.workloads.membench.workload import run
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
 
-#: experiments/membench.yaml, per scale: (sizes_mb, repeats, warmup) of each test.
-SCALES = {
-    "smoke": {"copy": ((1, 8, 32), 3, 1), "alloc": ((1, 8, 32), 3, 1)},
-    "full": {"copy": ((1, 4, 16, 64, 256, 1024), 20, 3),
-             "alloc": ((1, 16, 256, 1024, 4096), 10, 2)},
-}
+from hopperlab.config.matrix import load_matrix  # noqa: E402
+from hopperlab.core.rundir import Recorder, SkipRun  # noqa: E402
+from hopperlab.node import hardware  # noqa: E402
+from hopperlab.workloads.base import RunView, fake_run  # noqa: E402
+from hopperlab.workloads.membench import MembenchParams  # noqa: E402
+from hopperlab.workloads.membench.workload import run  # noqa: E402
 
-#: (experiment, variant, params, knobs) -- the matrix of experiments/membench.yaml, then extras
-#: that exercise the managed-memory copy path and the torch profiler.
-VARIANTS: list[tuple[str, str, dict[str, Any], dict[str, str]]] = [
-    ("copy", f"{d}-{h}", {"test": "copy", "direction": d, "host_memory": h}, {})
-    for d in ("h2d", "d2h", "bidir") for h in ("pageable", "pinned")
-] + [
-    ("alloc", k, {"test": "alloc", "kind": k}, {"memory": "managed"} if k == "managed" else {})
-    for k in ("device", "pinned", "managed", "host")
-]
+SCALES = ("smoke", "full")
+#: the experiments of membench.yaml the sweep runs (collective needs several tasks)
+EXPERIMENTS = ("copy", "alloc")
+#: (experiment, variant, params over the experiment's, knobs): beyond the matrix, the
+#: managed-memory copy path and the torch profiler
 EXTRAS: list[tuple[str, str, dict[str, Any], dict[str, str]]] = [
-    ("copy", "h2d-pinned-managed", {"test": "copy", "direction": "h2d", "host_memory": "pinned"},
+    ("copy", "h2d-pinned-managed", {"direction": "h2d", "host_memory": "pinned"},
      {"memory": "managed"}),
     ("copy", "bidir-pinned-torchprof",
-     {"test": "copy", "direction": "bidir", "host_memory": "pinned", "sizes_mb": (1, 64),
-      "repeats": 2, "warmup": 1}, {"profiler": "torch"}),
+     {"direction": "bidir", "host_memory": "pinned", "sizes_mb": (1, 64), "repeats": 2,
+      "warmup": 1}, {"profiler": "torch"}),
 ]
+
+
+def variants(scale: str, root: Path = ROOT) -> list[tuple[str, str, MembenchParams, dict[str, str]]]:
+    """(experiment, variant, params, knobs) of membench.yaml's copy and alloc runs at ``scale``
+    (knobs other than their defaults), then the extras."""
+    matrix = load_matrix(root, {"families": ["membench"], "scale": scale,
+                                "only": [f"membench/{e}" for e in EXPERIMENTS]})
+    out, base = [], {}
+    for spec in matrix.runs.values():
+        knobs = {f.name: getattr(spec.knobs, f.name) for f in dataclasses.fields(spec.knobs)
+                 if getattr(spec.knobs, f.name) != f.default}
+        out.append((spec.experiment, spec.variant, spec.params, knobs))
+        base.setdefault(spec.experiment, spec.params)
+    for exp, var, changes, knobs in EXTRAS:
+        out.append((exp, var, dataclasses.replace(base[exp], **changes), knobs))
+    return out
 
 
 def make_spec(params: MembenchParams, scale: str, knobs: dict[str, str], gpus: int,
@@ -138,7 +151,7 @@ def table(out: Path, results: list[tuple[str, str, dict[str, Any]]], heads: bool
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for the run directories")
-    ap.add_argument("--scale", default="full", choices=sorted(SCALES))
+    ap.add_argument("--scale", default="full", choices=SCALES)
     ap.add_argument("--gpus", type=int, default=1, help="resources.gpus of every variant")
     ap.add_argument("--only", default="", help="comma-separated experiment-variant names")
     ap.add_argument("--no-extras", action="store_true", help="only the matrix of membench.yaml")
@@ -166,17 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     print(hardware.summary_line(fp), flush=True)
 
     only = {s for s in args.only.split(",") if s}
+    extras = {(e, v) for e, v, _, _ in EXTRAS}
     results = []
-    for exp, var, pdict, knobs in VARIANTS + ([] if args.no_extras else EXTRAS):
-        if only and f"{exp}-{var}" not in only:
+    for exp, var, params, knobs in variants(args.scale):
+        if (only and f"{exp}-{var}" not in only) or (args.no_extras and (exp, var) in extras):
             continue
-        sizes, repeats, warmup = SCALES[args.scale][exp]
         override = args.copy_sizes if exp == "copy" else args.alloc_sizes
+        changes: dict[str, Any] = {}
         if override:
-            sizes = tuple(int(s) for s in override.split(","))
-        values = {"sizes_mb": sizes, "repeats": args.repeats or repeats,
-                  "warmup": args.warmup if args.warmup is not None else warmup, **pdict}
-        params = MembenchParams(**values)
+            changes["sizes_mb"] = tuple(int(s) for s in override.split(","))
+        if args.repeats:
+            changes["repeats"] = args.repeats
+        if args.warmup is not None:
+            changes["warmup"] = args.warmup
+        params = dataclasses.replace(params, **changes)
         if args.budget_s is not None and time.monotonic() - started > args.budget_s:
             print(f"[budget] {exp}/{var}: not run (past --budget-s {args.budget_s:g})", flush=True)
             continue
