@@ -172,6 +172,10 @@ class Launcher:
     def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Any:
         raise NotImplementedError
 
+    def refusal(self, exc: BaseException) -> str:
+        """What the scheduler said when it refused a job, in one line."""
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
     def check_reachable(self, source: str) -> None:
         """Raise (naming ``source``) when the scheduler cannot take a job from here."""
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -286,10 +285,8 @@ class NotSubmitted(NodeError):
 
 
 def _submit_error(spec: RunSpec, exc: BaseException) -> str:
-    """One line: which site, what the scheduler said."""
-    text = " ".join(str(exc).split())
-    said = re.findall(r"sbatch: error: ([^\n]+?)(?= sbatch: error:|$)", text)
-    detail = "; ".join(said) if said else f"{type(exc).__name__}: {text}"
+    """One line: which site, what the scheduler said (its backend picks the words out)."""
+    detail = backends.launcher(spec.site.executor).refusal(exc)
     return f"{spec.site.source}: {spec.site.executor} refused the job of {spec.key}: {detail[:400]}"
 
 

@@ -178,6 +178,12 @@ class SlurmLauncher(Launcher):
     def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Any:
         return make_executor(req, log)
 
+    def refusal(self, exc: BaseException) -> str:
+        """sbatch's own words (``sbatch: error: ...``), else the exception."""
+        text = " ".join(str(exc).split())
+        said = re.findall(r"sbatch: error: ([^\n]+?)(?= sbatch: error:|$)", text)
+        return "; ".join(said) if said else f"{type(exc).__name__}: {text}"
+
     def check_reachable(self, source: str) -> None:
         control.check_scheduler(source)
 
