@@ -184,3 +184,37 @@ def test_a_debug_site_runs_its_jobs_in_process_end_to_end(project, tmp_path):
                      f"results_dir={results}"], project)
     assert two.returncode != 0 and "inproc.yaml: executor" in two.stderr, two.stderr[-2000:]
     assert "2 tasks, but the debug executor runs in-process" in two.stderr
+
+
+def _package_trees():
+    import ast
+
+    package = Path(backends.__file__).parents[1]
+    for path in sorted(package.rglob("*.py")):
+        yield path.relative_to(package).as_posix(), ast.parse(path.read_text())
+
+
+def test_no_backend_name_is_compared_and_slurm_variables_stay_in_its_folder():
+    """Outside backends/, the backend is asked (its caps), never compared by name; the
+    scheduler's variables are read only by backends/slurm (its jobenv)."""
+    import ast
+
+    compared, slurm_vars = [], []
+    for rel, tree in _package_trees():
+        if rel.startswith("backends/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(s, ast.Attribute) and s.attr == "executor" or
+                       isinstance(s, ast.Name) and s.id == "executor" for s in sides):
+                    compared.append(f"{rel}:{node.lineno}")
+            if isinstance(node, ast.Call) and node.args and \
+                    isinstance(node.args[0], ast.Constant) and \
+                    str(node.args[0].value).startswith("SLURM_"):
+                slurm_vars.append(f"{rel}:{node.lineno}")
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
+                    str(node.slice.value).startswith("SLURM_"):
+                slurm_vars.append(f"{rel}:{node.lineno}")
+    assert compared == [], "executor compared by name:\n" + "\n".join(compared)
+    assert slurm_vars == [], "SLURM_* read outside backends/slurm:\n" + "\n".join(slurm_vars)
