@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hopperlab.config.matrix import load_matrix
-from hopperlab.run.distributed import free_port
+from tests.infra.mlflow_fixture import free_port
 from hopperlab.workloads.finetune import sharded
 from hopperlab.workloads.inference import tensor_parallel as tp
 from tests.helpers import REPO, copy_project, hopperlab

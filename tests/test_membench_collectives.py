@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hopperlab.cuda import collectives
-from hopperlab.run.distributed import free_port
+from tests.infra.mlflow_fixture import free_port
 
 
 def test_bus_factors_are_nccl_tests():
