@@ -55,3 +55,14 @@ def snakemake(args: list[str], cwd: Path, env: dict | None = None, timeout: floa
 def hopperlab(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 600
               ) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "hopperlab.cli", *args], cwd, env, timeout)
+
+
+def default_signals() -> None:
+    """``preexec_fn`` for a child a test will signal: SIGINT and SIGTERM at their defaults and
+    unblocked, as a shell starts a command, whatever a test before left in pytest (an ignored
+    or blocked signal is inherited across exec, and Python then installs no Ctrl-C handler)."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])

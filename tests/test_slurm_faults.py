@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import copy_project
+from tests.helpers import copy_project, default_signals
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
@@ -37,7 +37,8 @@ def _submit(project: Path, cluster, variant: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "hopperlab.cli", "submit", f"selftest/faults/{variant}",
            "--no-upload", "--config", "site=slurm-test", "families=selftest"]
     return subprocess.Popen(cmd, cwd=project, env={**os.environ, **cluster.env},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_signals)
 
 
 def _job_id(run_dir: Path) -> str:

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from tests.helpers import copy_project, edit_yaml, snakemake
+from tests.helpers import copy_project, default_signals, edit_yaml, snakemake
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -44,7 +44,8 @@ def _config(*keys: str, results: str = "results") -> list[str]:
 def _start(project: Path, args: list[str]) -> subprocess.Popen:
     log = open(project / f"snakemake-{time.monotonic_ns()}.log", "w")  # noqa: SIM115 - Popen writes it
     return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", *args],
-                            cwd=project, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=project, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=default_signals)
 
 
 def _wait_for(predicate, what: str, timeout: float = 300) -> None:
@@ -189,7 +190,8 @@ def test_ctrl_c_to_the_process_group_after_the_job_recorded_ok_adopts_it(tmp_pat
     log = open(project / "snakemake-pg.log", "w")  # noqa: SIM115 - Popen writes it
     proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", *config],
                             cwd=project, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # its own group, as a terminal's job is
+                            start_new_session=True,  # its own group, as a terminal's job is
+                            preexec_fn=default_signals)
 
     def recorded_ok() -> bool:
         try:
