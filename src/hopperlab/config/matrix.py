@@ -130,6 +130,7 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
     info = family_info(family)
     scale = config["scale"]
     base_resources = {**DEFAULT_RESOURCES, **site_resources(root, site, scale)}
+    site_repeat = site_repeats(root, site, scale)  # the site's, for every run of the family
     substitutes = config.get("asset_substitutes") or {}
     runs = []
     for exp_name, exp in data["experiments"].items():
@@ -182,7 +183,7 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                 headline_metrics=info.headline_metrics, source=source,
                 assets=assets,
                 compare_to=_compare_to(var, exp["variants"], var_name, source, var_path),
-                repeats=resolve_repeats(config, var, exp, site_repeats(root, site, scale)))
+                repeats=resolve_repeats(config, var, exp, site_repeat))
             if _selected(spec.key, list(config.get("only") or [])):
                 check_caps(resources, site, where, scale)  # what this site cannot start
                 runs.append(spec)

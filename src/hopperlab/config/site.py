@@ -4,7 +4,6 @@ machine (the container runtime is found on the submitting side)."""
 
 from __future__ import annotations
 
-import functools
 
 import re
 from pathlib import Path
@@ -122,18 +121,10 @@ def site_resources(root: Path, site: SiteSpec, scale: str) -> dict[str, Any]:
     return dict((data.get("resources") or {}).get(scale) or {})
 
 
-@functools.lru_cache(maxsize=16)
-def _site_file_repeats(path: str, mtime_ns: int) -> Any:
-    """The site file's ``repeats:`` as written, read once per file version (the matrix asks
-    for every run; reading the file 80 times cost 0.36 s of each submit)."""
-    del mtime_ns  # part of the cache key only: an edited file is read again
-    return load_yaml(Path(path), "site").get("repeats")
-
-
 def site_repeats(root: Path, site: SiteSpec, scale: str) -> int | None:
     """The site's ``repeats`` at ``scale`` (a number for every scale, or one per scale);
     None: the site says nothing."""
-    value = _site_file_repeats(str(site.source), Path(site.source).stat().st_mtime_ns)
+    value = load_yaml(Path(site.source), "site").get("repeats")
     if isinstance(value, Mapping):
         value = value.get(scale)
     return value
