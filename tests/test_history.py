@@ -35,6 +35,22 @@ def test_too_short_a_series_has_none():
     assert change_points([1.0, 2.0, 1.0, 2.0, 1.0], "lower") == []
 
 
+def test_runs_started_within_one_second_keep_their_order(tmp_path):
+    """The history orders runs by start time: at whole seconds two runs of one second tied and
+    came out either way round, which hid the change point of the MLflow test below (CI)."""
+    import time
+
+    from hopperlab.core.rundir import Recorder
+    from hopperlab.results.tracking.layout import to_ms
+
+    starts = []
+    for i in range(3):
+        record = Recorder(tmp_path / f"r{i}").finish("ok")
+        starts.append(to_ms(record["started_at"]))
+        time.sleep(0.003)
+    assert starts == sorted(starts) and len(set(starts)) == 3
+
+
 @pytest.mark.mlflow_server
 @pytest.mark.timeout(600)
 def test_history_from_a_real_mlflow_server(tmp_path, mlflow_uri, capsys):

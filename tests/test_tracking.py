@@ -153,7 +153,7 @@ def test_upload_contents(mlflow_uri, tmp_path):
 def test_final_metric_is_the_latest_value_of_its_step_metric(mlflow_uri, tmp_path):
     """tokens_per_s is logged each step and once as the run's figure (the median): MLflow's
     latest value, what its UI shows, must be the run's figure, also when the run finished
-    within the second of its last step (finished_at has whole seconds)."""
+    within the second of its last step (records written before 2026-11-26 have whole seconds)."""
     run_dir = make_run(tmp_path, f"finetune-{uid()}", "lora", "base",
                        step_metrics=("tokens_per_s",), final={"tokens_per_s": 123.0})
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]

@@ -193,9 +193,9 @@ def _metrics(run: RunFiles) -> list:
             last_step[name] = max(step, last_step.get(name, step))
     # Final metrics: at the last step of a same-named step metric, else at step 0; timestamped
     # when the run finished, and after every step: at equal steps MLflow's "latest value" (what
-    # its UI shows) is the later one, and finished_at has whole seconds only, so the last step,
-    # logged within that second, would otherwise win (tokens_per_s: the last step's rate
-    # instead of the median).
+    # its UI shows) is the later one, and finished_at had whole seconds in records before
+    # 2026-11-26, so the last step, logged within that second, would otherwise win
+    # (tokens_per_s: the last step's rate instead of the median).
     finished = to_ms(run.record.get("finished_at")) or int(time.time() * 1000)
     finished = max(finished, last_ts + 1)
     for name, value in (run.record.get("metrics") or {}).items():
