@@ -196,10 +196,11 @@ def _package_trees():
 
 def test_no_backend_name_is_compared_and_slurm_variables_stay_in_its_folder():
     """Outside backends/, the backend is asked (its caps), never compared by name; the
-    scheduler's variables are read only by backends/slurm (its jobenv)."""
+    scheduler's variables are read only by backends/slurm (its jobenv), and so are its words
+    for how a job ended (OUT_OF_MEMORY, NODE_FAIL: its launcher reads them)."""
     import ast
 
-    compared, slurm_vars = [], []
+    compared, slurm_vars, slurm_words = [], [], []
     for rel, tree in _package_trees():
         if rel.startswith("backends/"):
             continue
@@ -216,5 +217,24 @@ def test_no_backend_name_is_compared_and_slurm_variables_stay_in_its_folder():
             if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
                     str(node.slice.value).startswith("SLURM_"):
                 slurm_vars.append(f"{rel}:{node.lineno}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
+                    w in node.value for w in ("OUT_OF_MEMORY", "NODE_FAIL", "DUE TO TIME LIMIT")):
+                slurm_words.append(f"{rel}:{node.lineno}")
     assert compared == [], "executor compared by name:\n" + "\n".join(compared)
     assert slurm_vars == [], "SLURM_* read outside backends/slurm:\n" + "\n".join(slurm_vars)
+    assert slurm_words == [], "Slurm's job states read outside backends/slurm:\n" + \
+        "\n".join(slurm_words)
+
+
+def test_only_the_scheduler_that_kills_a_job_says_why():
+    """Memory kills, node failures and stop lines are the scheduler's words: Slurm's launcher
+    reads them; a local job that prints them is not classified by them."""
+    said = "slurmstepd: error: Step 11.0 exceeded memory limit (2118524 > 1048576)"
+    slurm, local = backends.launcher("slurm"), backends.launcher("local")
+    assert "exceeding its memory limit" in slurm.memory_kill("CANCELLED by 0", said)
+    assert slurm.memory_kill("COMPLETED", said) is None
+    assert slurm.memory_kill("OUT_OF_MEMORY", "").startswith("Slurm ended the job OUT_OF_MEMORY")
+    assert "NODE_FAIL" in slurm.node_failure("NODE_FAIL")
+    assert slurm.node_failure("FAILED") is None and "CANCELLED" in slurm.stop_words
+    assert local.memory_kill("OUT_OF_MEMORY", said) is None
+    assert local.node_failure("NODE_FAIL") is None and local.stop_words == ()

@@ -237,8 +237,11 @@ def test_submit_goes_on_past_a_wrong_typed_spec_or_record(tmp_path, spec_text, r
                       "of the step tasks have been OOM Killed.\n"),
 ])
 def test_a_job_slurm_killed_for_its_memory_is_oom(tmp_path, state, said):
-    """Issue 28 item 10: a job killed by Slurm for exceeding --mem was `failed` "CANCELLED"."""
-    matrix = load_matrix(copy_project(tmp_path / "project"), {"families": "selftest"})
+    """Issue 28 item 10: a job killed by Slurm for exceeding --mem was `failed` "CANCELLED".
+    The words are Slurm's (its launcher reads them): a local job that prints them is not
+    classified by them."""
+    project = copy_project(tmp_path / "project")
+    matrix = load_matrix(project, {"families": "selftest", "site": "slurm"})
     spec = matrix.get("selftest/faults/ok")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -249,6 +252,9 @@ def test_a_job_slurm_killed_for_its_memory_is_oom(tmp_path, state, said):
     rec = submission._settle_record(run_dir, spec, 1, outcome)
     assert rec["status"] == "oom", rec
     assert "memory" in rec["reason"] and "mem_gb" in rec["reason"], rec["reason"]
+    local = load_matrix(project, {"families": "selftest"}).get("selftest/faults/ok")
+    (run_dir / "record.json").unlink(missing_ok=True)
+    assert submission._settle_record(run_dir, local, 1, outcome)["status"] == "failed"
 
 
 def test_a_killed_submitters_local_job_is_stopped_before_the_next_attempt(tmp_path):

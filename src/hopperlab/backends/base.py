@@ -204,6 +204,21 @@ class Launcher:
         """Cancel the job ``job_id`` by its id; True once it has left the scheduler."""
         return True
 
+    def memory_kill(self, state: str, output: str) -> str | None:
+        """Why the scheduler killed the job for its memory, from the job's end ``state`` and
+        its ``output`` (stderr, then stdout); None when it did not (the default: a process of
+        this host that runs out of memory raises MemoryError itself)."""
+        return None
+
+    def node_failure(self, state: str) -> str | None:
+        """The scheduler's word that a node of the job failed (its ranks only saw a peer go),
+        or None."""
+        return None
+
+    #: words of the scheduler's own in a job's output when it stopped the job (the line the
+    #: record's reason quotes when the job left no record)
+    stop_words: tuple[str, ...] = ()
+
     def accounting(self, job_id: str) -> tuple[dict[str, float], dict[str, str]]:
         """(metrics, tags) the scheduler's accounting adds to the job's record (Slurm: the
         job's energy); nothing by default."""

@@ -234,7 +234,7 @@ def _when_space(write: Callable[[], None], path: Path, log=print) -> bool:
             time.sleep(DISK_FULL_RETRY_S)
 
 
-def _last_error_line(outcome: Any) -> str:
+def _last_error_line(outcome: Any, stop_words: tuple[str, ...] = ()) -> str:
     """The last line of the job's stderr, else stdout, that names an exception (else the last
     line of stderr); a full disk ("[Errno 28]") wherever it was said comes first."""
     texts = []
@@ -250,7 +250,7 @@ def _last_error_line(outcome: Any) -> str:
         return full[-1][-1500:]
     for found in texts:
         errors = [ln for ln in found if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)
-                  or "DUE TO TIME LIMIT" in ln or "CANCELLED" in ln]
+                  or any(word in ln for word in stop_words)]
         if errors:
             return errors[-1][-1500:]
     return (texts[0] or [""])[-1][-1500:]
@@ -276,7 +276,7 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
             ranks.write_run_files(run_dir, rec)  # the failing rank's traceback, rank 0's steps
     if rec is None or rec.get("attempt") != attempt:
         status = "timeout" if outcome.timed_out else "failed"
-        tail = _last_error_line(outcome)
+        tail = _last_error_line(outcome, backends.launcher(spec.site.executor).stop_words)
         container = _container_failure(spec, outcome)
         hardware_file = run_dir / record.HARDWARE_FILE
         rec = {
@@ -294,23 +294,24 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
             and outcome.reason not in str(rec.get("reason")):
         # we stopped the job ourselves (a hung rank, an interrupt): say so before its words
         rec = {**rec, "reason": f"{outcome.reason}; {rec.get('reason')}"}
-    killed_for_memory = _memory_kill(outcome)
+    launcher = backends.launcher(spec.site.executor)
+    killed_for_memory = launcher.memory_kill(str(outcome.state or ""), _job_output(outcome))
     if killed_for_memory and rec.get("status") in FAILING_STATUSES:
         # the scheduler killed it for its memory: a result (oom), as a MemoryError would be
         rec = {**rec, "status": "oom",
                "reason": f"{killed_for_memory} (memory asked: {spec.resources.mem_gb:g} GB per "
                          f"task; raise resources.mem_gb)"}
-    if (str(outcome.state).startswith("NODE_FAIL") and rec.get("status") == "failed"
-            and "NODE_FAIL" not in str(rec.get("reason"))):
+    node_failed = launcher.node_failure(str(outcome.state or ""))
+    if node_failed and rec.get("status") == "failed" and node_failed not in str(rec.get("reason")):
         # the scheduler's word first: a node of the job died (the ranks only saw a peer go)
-        rec = {**rec, "reason": f"a node of the job failed (Slurm NODE_FAIL); {rec.get('reason')}"}
+        rec = {**rec, "reason": f"{node_failed}; {rec.get('reason')}"}
     if uid:
         rec[RUN_UID] = uid
     if outcome.job_id:
         rec["slurm"] = {**(rec.get("slurm") or {}), "job_id": outcome.job_id,
                         "state": outcome.state}
         # what the scheduler's accounting says of the whole job (Slurm: its energy)
-        metrics, tags = backends.launcher(spec.site.executor).accounting(outcome.job_id)
+        metrics, tags = launcher.accounting(outcome.job_id)
         if tags:
             rec.setdefault("tags", {}).update(tags)
         if metrics:
@@ -324,11 +325,7 @@ def _container_failure(spec: RunSpec, outcome: Any) -> str | None:
     c = spec.site.container
     if not c.image:
         return None
-    text = ""
-    for path in (outcome.stderr, outcome.stdout):
-        if path is not None and Path(path).exists():
-            text += Path(path).read_text(errors="replace") + "\n"
-    line = start_failure(text)
+    line = start_failure(_job_output(outcome))
     if line is None:
         return None
     key = SITE_EXISTING_KEY if c.existing else SITE_IMAGE_KEY
@@ -338,25 +335,13 @@ def _container_failure(spec: RunSpec, outcome: Any) -> str | None:
             f"({c.runtime}, {c.image_file}): {line[:500]}")
 
 
-#: what Slurm says when it kills a job for its memory: the state (cgroup OOM) or slurmstepd's
-#: line in the job's output (the accounting plugin's OverMemoryKill; the job then reads
-#: CANCELLED or FAILED)
-MEMORY_KILL = re.compile(r"exceeded (job )?memory limit|oom[_-]kill event|OOM Killed", re.I)
-
-
-def _memory_kill(outcome: Any) -> str | None:
-    """Why the scheduler killed the job for its memory, or None when it did not."""
-    state = str(outcome.state or "").split()[0].upper() if outcome.state else ""
-    lines: list[str] = []
+def _job_output(outcome: Any) -> str:
+    """The job's stderr, then its stdout ("" for what it did not leave)."""
+    text = ""
     for path in (outcome.stderr, outcome.stdout):
         if path is not None and Path(path).exists():
-            lines += [ln.strip() for ln in Path(path).read_text(errors="replace").splitlines()
-                      if MEMORY_KILL.search(ln)]
-    if state == "OUT_OF_MEMORY":
-        return "Slurm ended the job OUT_OF_MEMORY" + (f": {lines[-1][:300]}" if lines else "")
-    if lines and state in ("CANCELLED", "FAILED", "UNKNOWN", ""):
-        return f"Slurm killed the job for exceeding its memory limit: {lines[0][:300]}"
-    return None
+            text += Path(path).read_text(errors="replace") + "\n"
+    return text
 
 
 def spec_uid_differs(rec: dict[str, Any], uid: str | None) -> bool:

@@ -19,6 +19,12 @@ from hopperlab.backends.slurm import SlurmSettings, control, energy, nodes
 from hopperlab.node import pyxis
 
 
+#: what Slurm says when it kills a job for its memory: the state (cgroup OOM) or slurmstepd's
+#: line in the job's output (the accounting plugin's OverMemoryKill; the job then reads
+#: CANCELLED or FAILED)
+MEMORY_KILL = re.compile(r"exceeded (job )?memory limit|oom[_-]kill event|OOM Killed", re.I)
+
+
 def squeue_states(job_ids: list[str]) -> dict[str, dict[str, str]]:
     """The controller's view of jobs, shaped like submitit's sacct info (``JobID``, ``State``).
 
@@ -203,6 +209,21 @@ class SlurmLauncher(Launcher):
     def cancel_job(self, job_id: str, poll_s: float) -> bool:
         control.cancel(job_id)
         return control.wait_until_gone(job_id, poll_s, CANCEL_WAIT_S)
+
+    stop_words = ("DUE TO TIME LIMIT", "CANCELLED")
+
+    def memory_kill(self, state: str, output: str) -> str | None:
+        said = [ln.strip() for ln in output.splitlines() if MEMORY_KILL.search(ln)]
+        word = state.split()[0].upper() if state.strip() else ""
+        if word == "OUT_OF_MEMORY":
+            return "Slurm ended the job OUT_OF_MEMORY" + (f": {said[-1][:300]}" if said else "")
+        if said and word in ("CANCELLED", "FAILED", "UNKNOWN", ""):
+            return f"Slurm killed the job for exceeding its memory limit: {said[0][:300]}"
+        return None
+
+    def node_failure(self, state: str) -> str | None:
+        return "a node of the job failed (Slurm NODE_FAIL)" if state.startswith("NODE_FAIL") \
+            else None
 
     def accounting(self, job_id: str) -> tuple[dict[str, float], dict[str, str]]:
         joules, note = energy.consumed_energy(job_id)
