@@ -25,9 +25,11 @@ python3 -c 'import torch' 2>/dev/null || python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e '.[test]'
 
 # the rules of the house (ARCHITECTURE.md): layers kept by import-linter, heavy packages imported
-# inside functions only (ruff's banned module-level imports)
+# inside functions only (ruff's banned module-level imports), and no pyflakes finding
 lint-imports
 ruff check --select TID253 src
+# pyflakes' findings (unused imports and variables, shadowed names) everywhere Python lives
+ruff check --select F src tests benchmarks
 
 set +e
 python3 -m pytest -ra --timeout=1800 "$@"

@@ -473,9 +473,9 @@ def test_the_pool_reuses_buffers_when_sizes_move_a_little():
 
     pool = PinnedBufferPool(pin=False)
     sizes = [(1000_000, 1_050_000), (1_040_000, 1_010_000), (990_000, 1_060_000)]
-    for step in sizes:
-        bufs = [pool.acquire(n) for n in step]
-        assert [b.numel() for b in bufs] == list(step)
+    for step_sizes in sizes:
+        bufs = [pool.acquire(n) for n in step_sizes]
+        assert [b.numel() for b in bufs] == list(step_sizes)
         for b in bufs:
             pool.release(b)
     assert pool.allocations == 2 and pool.in_use_bytes == 0

@@ -6,7 +6,6 @@ that does not bind, citations repeated in every prediction row, very tall skippe
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 

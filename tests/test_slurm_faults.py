@@ -315,7 +315,6 @@ def test_a_sites_env_reaches_every_slurm_task_and_the_secrets_do_not(tmp_path, s
 
 def test_a_run_waiting_on_drained_nodes_says_why(tmp_path, slurm_cluster):
     """Issue 28 item 10: on a drained node a run waited with no word."""
-    from tests.helpers import hopperlab
 
     project = copy_project(tmp_path / "project")
     _site(project, "slurm-test", slurm_cluster.partition)

@@ -95,7 +95,6 @@ def test_time_limit_and_cancel_end_as_records_without_hanging(slurm_project, slu
     deadline = time.monotonic() + 180
     job_id = None
     while time.monotonic() < deadline and job_id is None:
-        history = long_dir / "history.jsonl"
         spec = long_dir / "submitit"
         if spec.exists():
             ids = {p.name.split("_")[0] for p in spec.glob("*_submitted.pkl")}

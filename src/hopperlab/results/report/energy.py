@@ -156,7 +156,7 @@ def energy_section(runs: Sequence[Any], charts: bool = True) -> str:
                       for k in ("energy_gpu_j", "energy_host_j")):
         # a table of "not measured" cells (a CPU machine) says less than one line
         why = next((r.tags.get("energy.gpu") for r in ok if r.tags.get("energy.gpu")), None)
-        return (f'<p class="note">Energy: not measured for any run'
+        return ('<p class="note">Energy: not measured for any run'
                 + (f" ({_e(why)})" if why else "") + ".</p>")
     png = power_chart(runs) if charts else None
     if png:
