@@ -126,7 +126,8 @@ def test_a_job_that_died_of_a_full_disk_is_recorded_as_such(tmp_path):
     stderr.write_text("Traceback (most recent call last):\n"
                       f"OSError: [Errno 28] No space left on device: '{tmp_path}/steps.jsonl'\n")
     outcome = launch.JobOutcome(job_id=None, state="FAILED", stderr=stderr)
-    reason = submission._died_reason(outcome, submission._last_error_line(outcome))
+    tail = submission._last_error_line(submission._job_output(outcome))
+    reason = submission._died_reason(outcome, tail)
     assert reason.startswith("no space left on ") and f"{tmp_path}/steps.jsonl" in reason
 
 
@@ -191,7 +192,8 @@ def test_a_full_disk_the_job_reported_on_stdout_is_the_reason(tmp_path):
                       f"on device: '{tmp_path}/artifacts/table.csv'\n")
     stderr.write_text("srun: error: task 0: Exited with exit code 1\n")
     outcome = launch.JobOutcome(job_id=None, state="FAILED", stdout=stdout, stderr=stderr)
-    reason = submission._died_reason(outcome, submission._last_error_line(outcome))
+    tail = submission._last_error_line(submission._job_output(outcome))
+    reason = submission._died_reason(outcome, tail)
     assert reason.startswith("no space left on ") and "table.csv" in reason, reason
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hopperlab.assets.registry import apply_substitutes, load_assets
-from hopperlab.config.site import load_site, site_repeats, site_resources
+from hopperlab.config.site import load_site, site_scale
 from hopperlab.config.spec import (
     DEFAULT_RESOURCES,
     Matrix,
@@ -129,8 +129,8 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                         f"(the file name)")
     info = family_info(family)
     scale = config["scale"]
-    base_resources = {**DEFAULT_RESOURCES, **site_resources(root, site, scale)}
-    site_repeat = site_repeats(root, site, scale)  # the site's, for every run of the family
+    resources_here, site_repeat = site_scale(site, scale)  # the site's, for every run
+    base_resources = {**DEFAULT_RESOURCES, **resources_here}
     substitutes = config.get("asset_substitutes") or {}
     runs = []
     for exp_name, exp in data["experiments"].items():

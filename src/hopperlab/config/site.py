@@ -4,7 +4,6 @@ machine (the container runtime is found on the submitting side)."""
 
 from __future__ import annotations
 
-
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -116,15 +115,13 @@ def _env(env: Any, source: str) -> dict[str, str]:
     return {k: str(v) for k, v in env.items()}
 
 
-def site_resources(root: Path, site: SiteSpec, scale: str) -> dict[str, Any]:
+def site_scale(site: SiteSpec, scale: str) -> tuple[dict[str, Any], int | None]:
+    """The site's ``resources`` at ``scale`` and its ``repeats`` there (a number for every
+    scale, or one per scale; None: the site says nothing), from one read of its file. They
+    stay out of the SiteSpec, which every spec.json records whole: each run records them
+    resolved, in its own resources and repeats."""
     data = load_yaml(Path(site.source), "site")
-    return dict((data.get("resources") or {}).get(scale) or {})
-
-
-def site_repeats(root: Path, site: SiteSpec, scale: str) -> int | None:
-    """The site's ``repeats`` at ``scale`` (a number for every scale, or one per scale);
-    None: the site says nothing."""
-    value = load_yaml(Path(site.source), "site").get("repeats")
-    if isinstance(value, Mapping):
-        value = value.get(scale)
-    return value
+    repeats = data.get("repeats")
+    if isinstance(repeats, Mapping):
+        repeats = repeats.get(scale)
+    return dict((data.get("resources") or {}).get(scale) or {}), repeats

@@ -48,11 +48,16 @@ def new_run_uid() -> str:
     return uuid.uuid4().hex
 
 
-def utc_now(timespec: str = "seconds") -> str:
-    """Now, as ISO-8601 in UTC. Run records pass ``"milliseconds"``: runs started within one
-    second would otherwise tie, and a history ordered by start time could put them either way
-    round (a change point then vanishes)."""
-    return datetime.now(timezone.utc).isoformat(timespec=timespec)
+def utc_now() -> str:
+    """Now, as ISO-8601 in UTC to the second (history lines, pages' stamps)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def record_time() -> str:
+    """Now, as a run record's ``started_at``/``finished_at``: ISO-8601 in UTC to the
+    millisecond. Runs started within one second would otherwise tie, and a history ordered by
+    start time could put them either way round (a change point then vanishes)."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -123,7 +128,7 @@ class Recorder:
         self.tags: dict[str, str] = {}
         self.hardware: dict[str, Any] = {}
         self.slurm: dict[str, Any] | None = None
-        self.started_at = utc_now("milliseconds")
+        self.started_at = record_time()
         self._t0 = time.monotonic()
         self.job_started = time.time() if job_started is None else job_started
         self._setup_done: float | None = None
@@ -190,7 +195,7 @@ class Recorder:
             "metrics": finite,
             "tags": dict(self.tags),
             "started_at": self.started_at,
-            "finished_at": utc_now("milliseconds"),
+            "finished_at": record_time(),
             "duration_s": round(time.monotonic() - self._t0, 3),
             "hardware": self.hardware,
             "slurm": self.slurm,

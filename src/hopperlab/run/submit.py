@@ -33,6 +33,7 @@ from hopperlab.core.rundir import (
     load_record,
     new_run_uid,
     read_json,
+    record_time,
     utc_now,
     write_json_atomic,
     write_record,
@@ -234,16 +235,11 @@ def _when_space(write: Callable[[], None], path: Path, log=print) -> bool:
             time.sleep(DISK_FULL_RETRY_S)
 
 
-def _last_error_line(outcome: Any, stop_words: tuple[str, ...] = ()) -> str:
-    """The last line of the job's stderr, else stdout, that names an exception (else the last
-    line of stderr); a full disk ("[Errno 28]") wherever it was said comes first."""
-    texts = []
-    for path in (outcome.stderr, outcome.stdout):
-        if path is not None and Path(path).exists():
-            texts.append([ln.strip() for ln in Path(path).read_text(errors="replace").splitlines()
-                          if ln.strip()])
-        else:
-            texts.append([])
+def _last_error_line(output: tuple[str, str], stop_words: tuple[str, ...] = ()) -> str:
+    """The last line of the job's stderr, else stdout (``output``), that names an exception
+    or holds one of the scheduler's ``stop_words`` (else the last line of stderr); a full disk
+    ("[Errno 28]") wherever it was said comes first."""
+    texts = [[ln.strip() for ln in text.splitlines() if ln.strip()] for text in output]
     lines = texts[0] + texts[1]
     full = [ln for ln in lines if "[Errno 28]" in ln or "[Errno 122]" in ln]
     if full:
@@ -274,16 +270,18 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
         rec = ranks.merged_record(run_dir, attempt, spec.resources.world_size) or rec
         if rec is not None and rec.get("attempt") == attempt:
             ranks.write_run_files(run_dir, rec)  # the failing rank's traceback, rank 0's steps
+    launcher = backends.launcher(spec.site.executor)
+    output = _job_output(outcome)
     if rec is None or rec.get("attempt") != attempt:
         status = "timeout" if outcome.timed_out else "failed"
-        tail = _last_error_line(outcome, backends.launcher(spec.site.executor).stop_words)
-        container = _container_failure(spec, outcome)
+        tail = _last_error_line(output, launcher.stop_words)
+        container = _container_failure(spec, "\n".join(output))
         hardware_file = run_dir / record.HARDWARE_FILE
         rec = {
             "key": spec.key, "family": spec.family, "experiment": spec.experiment,
             "variant": spec.variant, "attempt": attempt, "status": status,
             "reason": container or _died_reason(outcome, tail),
-            "metrics": {}, "tags": {}, "started_at": None, "finished_at": utc_now(),
+            "metrics": {}, "tags": {}, "started_at": None, "finished_at": record_time(),
             "duration_s": None,
             "hardware": read_json(hardware_file) if hardware_file.exists() else {},
             "slurm": None,
@@ -294,8 +292,7 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
             and outcome.reason not in str(rec.get("reason")):
         # we stopped the job ourselves (a hung rank, an interrupt): say so before its words
         rec = {**rec, "reason": f"{outcome.reason}; {rec.get('reason')}"}
-    launcher = backends.launcher(spec.site.executor)
-    killed_for_memory = launcher.memory_kill(str(outcome.state or ""), _job_output(outcome))
+    killed_for_memory = launcher.memory_kill(str(outcome.state or ""), "\n".join(output))
     if killed_for_memory and rec.get("status") in FAILING_STATUSES:
         # the scheduler killed it for its memory: a result (oom), as a MemoryError would be
         rec = {**rec, "status": "oom",
@@ -320,12 +317,13 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
     return rec
 
 
-def _container_failure(spec: RunSpec, outcome: Any) -> str | None:
-    """One line naming the site file and key, when the job's container could not start."""
+def _container_failure(spec: RunSpec, output: str) -> str | None:
+    """One line naming the site file and key, when the job's container could not start (its
+    runtime's words in the job's ``output``)."""
     c = spec.site.container
     if not c.image:
         return None
-    line = start_failure(_job_output(outcome))
+    line = start_failure(output)
     if line is None:
         return None
     key = SITE_EXISTING_KEY if c.existing else SITE_IMAGE_KEY
@@ -335,13 +333,13 @@ def _container_failure(spec: RunSpec, outcome: Any) -> str | None:
             f"({c.runtime}, {c.image_file}): {line[:500]}")
 
 
-def _job_output(outcome: Any) -> str:
-    """The job's stderr, then its stdout ("" for what it did not leave)."""
-    text = ""
-    for path in (outcome.stderr, outcome.stdout):
-        if path is not None and Path(path).exists():
-            text += Path(path).read_text(errors="replace") + "\n"
-    return text
+def _job_output(outcome: Any) -> tuple[str, str]:
+    """The job's stderr and stdout, read once for every question asked of them ("" for what
+    it did not leave)."""
+    stderr, stdout = (Path(path).read_text(errors="replace")
+                      if path is not None and Path(path).exists() else ""
+                      for path in (outcome.stderr, outcome.stdout))
+    return stderr, stdout
 
 
 def spec_uid_differs(rec: dict[str, Any], uid: str | None) -> bool:
@@ -530,7 +528,7 @@ def _not_submitted(spec: RunSpec, run_dir: Path, attempt: int, archive: Path | N
     rec = {"key": spec.key, "family": spec.family, "experiment": spec.experiment,
            "variant": spec.variant, "attempt": attempt, "status": "failed",
            "reason": f"not submitted: {reason}", "metrics": {}, "tags": {},
-           "started_at": None, "finished_at": utc_now(), "duration_s": None, "hardware": {},
+           "started_at": None, "finished_at": record_time(), "duration_s": None, "hardware": {},
            "slurm": None}
     uid = (attempts.read_object(run_dir / record.SPEC_FILE) or {}).get(RUN_UID)
     if uid:

@@ -101,7 +101,8 @@ def to_ms(value: Any) -> int | None:
 
 
 def end_ms(record: Mapping[str, Any]) -> int | None:
-    """End time: start + duration_s when both are known (records before 2026-11-26 have whole-second ISO times)."""
+    """End time: start + duration_s when both are known (records before 2026-11-26 have
+    whole-second ISO times)."""
     start, duration = to_ms(record.get("started_at")), record.get("duration_s")
     if start is not None and isinstance(duration, (int, float)) and duration >= 0:
         return start + int(duration * 1000)
