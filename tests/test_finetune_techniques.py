@@ -123,3 +123,32 @@ def test_cut_model_has_the_asked_layers(model_dir):
     assert len(decoder_layers(model)) == 2 and tags["model.layers"] == "2"
     with pytest.raises(ValueError, match="num_layers"):
         model_mod.load_base_model(model_dir, replace(PARAMS, num_layers=9), "cpu")
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_fp8_on_a_cpu_emulates_the_fp8_product(model_dir, batch, method):
+    """Issue 37, item 8: a CPU (smoke) run of the fp8 variant converts the same linears and casts
+    the same FP8 operands, but takes their product in float32 (torchao's ``emulate``), because
+    ``torch._scaled_mm`` on a CPU is a reference path (0.4 s a product on an Intel Xeon with
+    AVX512-FP16). The emulated loss agrees with ``_scaled_mm``'s on the same operands."""
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from hopperlab.memory.fp8 import convert_to_fp8
+
+    p = replace(PARAMS, method=method)
+    tech = Techniques(Knobs(precision="fp8"), p, torch.device("cpu"), cuda=False)
+    model = model_mod.make_trainable(model_mod.load_base_model(model_dir, p, "cpu")[0], p)
+    tech.prepare_model(model, decoder_layers(model))
+    fp8_linears = [m for m in model.modules() if isinstance(m, Float8Linear)]
+    assert fp8_linears and all(m.config.emulate for m in fp8_linears)
+    assert all(cfg.emulate for m in fp8_linears for cfg in m.linear_mm_config)
+    assert "float32" in tech.tags["finetune.fp8_matmul"]
+
+    reference = model_mod.make_trainable(model_mod.load_base_model(model_dir, p, "cpu")[0], p)
+    assert len(convert_to_fp8(reference, lora=method == "lora")) == len(fp8_linears)
+    assert not any(m.config.emulate for m in reference.modules() if isinstance(m, Float8Linear))
+    with torch.no_grad():
+        got = model(**to_device(batch, "cpu")).loss
+        want = reference(**to_device(batch, "cpu")).loss
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -89,18 +89,22 @@ def fp8_candidates(model: nn.Module, *, lora: bool) -> list[str]:
 
 
 def convert_to_fp8(model: nn.Module, *, lora: bool, config: Any = None,
-                   frozen_kernel: bool | None = None) -> list[str]:
+                   frozen_kernel: bool | None = None, emulate: bool = False) -> list[str]:
     """Swap the selected linears for torchao ``Float8Linear`` (tensorwise dynamic scaling, the
     default ``Float8LinearConfig``); returns the names converted. Call after peft wraps the model
     and before ``compile_layers``. ``frozen_kernel`` (default: ``lora``): frozen-weight linears
-    become ``FrozenFloat8Linear`` (no weight gradient, no saved input)."""
+    become ``FrozenFloat8Linear`` (no weight gradient, no saved input). ``emulate`` (a CPU run):
+    torchao's ``emulate`` config, the same casts, scales and autograd with the product of the
+    FP8 operands taken in float32, because ``torch._scaled_mm`` on a CPU is a functional
+    reference that took 0.4 s for a 1024x64x128 product on an Intel Xeon with AVX512-FP16/AMX
+    (docs/benchmarks/platform.md, "FP8 on an Intel CPU")."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     from torchao.float8.float8_linear_utils import swap_linear_layers
 
     names = fp8_candidates(model, lora=lora)
     if not names:
         raise ValueError("no linear layer qualifies for FP8 (decoder-layer linears with dims % 16 == 0)")
-    config = config or Float8LinearConfig()
+    config = config or Float8LinearConfig(emulate=emulate)
     frozen_kernel = lora if frozen_kernel is None else frozen_kernel
     modules = dict(model.named_modules())
     frozen = {n for n in names if frozen_kernel and not modules[n].weight.requires_grad}

@@ -49,8 +49,9 @@ def _allocator_settings(settings: str) -> None:
 #: what a CPU (smoke) run of a compiled or FP8 variant does not do, said in its record
 CPU_COMPILE_NOTE = ("inductor code generation: torch.compile's eager backend on a CPU (dynamo "
                     "traces and guards each layer; no kernels are generated)")
-CPU_FP8_NOTE = ("FP8 tensor cores: torch._scaled_mm emulated on the CPU (the conversion, scaling "
-                "and autograd path run; FP8's speed is not measured)")
+CPU_FP8_NOTE = ("FP8 tensor cores: the FP8 products emulated on the CPU in float32 (torchao's "
+                "emulate: the conversion, scaling and autograd path run, torch._scaled_mm does "
+                "not; FP8's speed is not measured)")
 
 @dataclass
 class Techniques:
@@ -162,7 +163,7 @@ class Techniques:
         if self.knobs.precision == "fp8":
             if self.cuda:
                 fp8.require_fp8(self.device)  # Fp8Unavailable: the workload skips the run
-            converted = fp8.convert_to_fp8(model, lora=p.method == "lora")
+            converted = fp8.convert_to_fp8(model, lora=p.method == "lora", emulate=not self.cuda)
             self.tags["finetune.fp8_linears"] = str(len(converted))
             if not self.cuda:   # the record says what a CPU run of this variant leaves out
                 self.tags["finetune.fp8_matmul"] = CPU_FP8_NOTE
