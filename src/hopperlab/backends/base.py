@@ -210,6 +210,12 @@ class Launcher:
         this host that runs out of memory raises MemoryError itself)."""
         return None
 
+    def kernel_memory_kill(self, job: Any, before: Any) -> str | None:
+        """The kernel's word that it killed a process of ``job`` for memory since ``before``
+        (``node.oom_kills.read_counts()`` at submission), where the job runs on this host;
+        None otherwise (the default: the scheduler says it, ``memory_kill``)."""
+        return None
+
     def node_failure(self, state: str) -> str | None:
         """The scheduler's word that a node of the job failed (its ranks only saw a peer go),
         or None."""

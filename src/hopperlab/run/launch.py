@@ -25,7 +25,7 @@ from hopperlab import backends
 from hopperlab.backends.base import CANCEL_WAIT_S, JobRequest, JobResources
 from hopperlab.config.spec import RunSpec
 from hopperlab.core.errors import NodeError, SpecError
-from hopperlab.node import charliecloud, pyxis
+from hopperlab.node import charliecloud, oom_kills, pyxis
 from hopperlab.node.containers import (
     CHARLIECLOUD,
     PYXIS,
@@ -64,6 +64,8 @@ class JobOutcome:
     task_logs: list[tuple[Path, Path]] = field(default_factory=list)
     #: the signal that stopped the submitting process while it waited (the job was cancelled)
     interrupted: BaseException | None = None
+    #: the kernel's word that it killed the job's process for memory (a job of this host)
+    kernel_oom: str | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -199,7 +201,9 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     backend = spec.site.backend
+    launcher = backends.launcher(spec.site.executor)
     executor = make_executor(spec, run_dir, log)
+    oom_before = oom_kills.read_counts()
     if spec.site.container.image and spec.site.container.runtime == CHARLIECLOUD:
         os.environ.update(charliecloud.user_env())  # ch-run will not start without $USER
     try:
@@ -226,6 +230,7 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
             outcome.state, outcome.reason = stop
             outcome.error = outcome.reason
             return outcome
+        outcome.kernel_oom = launcher.kernel_memory_kill(job, oom_before)
     try:
         # a job of several tasks answers one result per task: the run's is rank 0's
         outcome.result = job.results()[0] if spec.resources.distributed else job.result()

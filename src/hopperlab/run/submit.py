@@ -298,6 +298,10 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
         rec = {**rec, "status": "oom",
                "reason": f"{killed_for_memory} (memory asked: {spec.resources.mem_gb:g} GB per "
                          f"task; raise resources.mem_gb)"}
+    kernel_oom = getattr(outcome, "kernel_oom", None)
+    if kernel_oom and not killed_for_memory and rec.get("status") in FAILING_STATUSES \
+            and not rec.get("started_at"):  # the job left no record of its own: it was killed
+        rec = {**rec, "status": "oom", "reason": _kernel_oom_reason(outcome, kernel_oom)}
     node_failed = launcher.node_failure(str(outcome.state or ""))
     if node_failed and rec.get("status") == "failed" and node_failed not in str(rec.get("reason")):
         # the scheduler's word first: a node of the job died (the ranks only saw a peer go)
@@ -356,6 +360,17 @@ def _died_reason(outcome: Any, tail: str) -> str:
         return outcome.reason + (f"; the job was stopped in: {tail}" if tail else "")
     return (f"job ended in scheduler state {outcome.state} before writing its record"
             + (f": {tail}" if tail else ""))
+
+
+def _kernel_oom_reason(outcome: Any, counted: str) -> str:
+    """The kernel killed a job of this host for memory: its own words, and the way out."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+        host = f"this host has {total:.0f} GiB"
+    except (OSError, ValueError):
+        host = "this host's memory is too small for it"
+    return (f"killed by the kernel's out-of-memory killer ({counted}); {host}: run a smaller "
+            f"scale or on a machine with more memory")
 
 
 def _timeout_reason(outcome: Any, job_reason: str | None) -> str:

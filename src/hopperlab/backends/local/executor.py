@@ -12,6 +12,7 @@ import socket
 from typing import Any, Callable
 
 from hopperlab.backends.base import MASTER_PORT_ENV, JobRequest, Launcher
+from hopperlab.node import oom_kills
 
 #: the local controller's own limit lies this far past ours (minutes)
 BACKSTOP_MIN = 1
@@ -25,6 +26,9 @@ def free_port() -> int:
 
 
 class LocalLauncher(Launcher):
+    def __init__(self) -> None:
+        self._task_pids: dict[str, set[int]] = {}
+
     def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Any:
         import submitit
 
@@ -35,6 +39,28 @@ class LocalLauncher(Launcher):
         ex.update_parameters(timeout_min=res.time_min + BACKSTOP_MIN, gpus_per_node=res.gpus,
                              tasks_per_node=res.tasks_on_node, nodes=1, signal_delay_s=0)
         return ex
+
+    def watch(self, job: Any, key: str, poll_interval_s: float, log: Callable[[str], None]
+              ) -> Callable[[], None] | None:
+        """Note the job's task processes at each poll (the children of submitit's controller,
+        whose pid is the job id): the kernel names the one it kills by its pid."""
+        pids = self._task_pids.setdefault(str(job.job_id), set())
+
+        def note() -> None:
+            pids.update(oom_kills.children(int(job.job_id)))
+
+        note()
+        return note
+
+    def kernel_memory_kill(self, job: Any, before: Any) -> str | None:
+        """The kernel log's "Killed process <pid>" line for a task of the job (SIGKILL by the
+        out-of-memory killer), with the rise of its ``oom_kill`` counters."""
+        pids = self._task_pids.pop(str(job.job_id), set())
+        lines = oom_kills.kernel_kill_lines(pids)
+        if not lines:
+            return None
+        counted = oom_kills.kernel_oom_kill(before, oom_kills.read_counts())
+        return f"SIGKILL; the kernel: {lines[-1][:300]}" + (f"; {counted}" if counted else "")
 
 
 LAUNCHER = LocalLauncher()

@@ -13,7 +13,8 @@ from typing import Literal, get_args
 from hopperlab.core.schema import bounded, settle_fields
 from hopperlab.workloads.base import FamilyInfo
 
-Action = Literal["ok", "raise", "oom", "sleep", "skip", "read-table", "collective"]
+Action = Literal["ok", "raise", "oom", "sleep", "skip", "read-table", "collective",
+                 "exhaust-memory"]
 ACTIONS = get_args(Action)
 
 
@@ -22,9 +23,12 @@ class SelftestParams:
     #: ok: log steps and finish; raise: a bug (RuntimeError); oom: MemoryError;
     #: sleep: sleep ``sleep_s`` (for time limits and cancels); skip: SkipRun;
     #: read-table: count the rows of the run's ``table`` asset (the asset wiring, end to end);
+    #: exhaust-memory: print a warning, then fill ``exhaust_gib`` GiB of host memory page by
+    #: page (under a memory cap the kernel kills the job: a host OOM kill, for real);
     action: Action = "ok"
     steps: int = bounded(3, at_least=0)
     sleep_s: float = bounded(0.0, at_least=0)
+    exhaust_gib: float = bounded(1.0, at_least=0)
     #: collective: all-reduce once per step over the run's ranks, each after ``sleep_s``;
     #: ``fail_rank`` raises at ``fail_step`` (-1: none), for the distributed fault path
     fail_rank: int = -1

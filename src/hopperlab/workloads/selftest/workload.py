@@ -25,6 +25,8 @@ def run(spec: RunView, recorder: Recording) -> None:
         raise RuntimeError(f"selftest: deliberate failure in {spec.experiment}/{spec.variant}")
     if p.action == "oom":
         raise MemoryError("selftest: deliberate out-of-memory")
+    if p.action == "exhaust-memory":
+        _exhaust_memory(p.exhaust_gib)
     if p.action == "skip":
         raise SkipRun("selftest: deliberately skipped")
     if p.action == "read-table":
@@ -33,6 +35,18 @@ def run(spec: RunView, recorder: Recording) -> None:
     slow = 0.9 if p.slow_while and os.path.exists(flag) else 1.0
     recorder.log_metric("value", float(p.steps) * _jitter(p, recorder) * slow)
     recorder.log_metric("steps", float(p.steps))
+
+
+def _exhaust_memory(gib: float) -> None:
+    """Warn (the last stderr line a killed job leaves), then write 64 MiB chunks until ``gib``."""
+    import sys
+    import warnings
+
+    warnings.warn("selftest: about to fill host memory", stacklevel=1)
+    sys.stderr.flush()
+    chunk = 64 << 20
+    held = [b"\x01" * chunk for _ in range(int(gib * (1 << 30)) // chunk)]
+    del held
 
 
 def _jitter(p: Any, recorder: Recording) -> float:
