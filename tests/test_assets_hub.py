@@ -356,3 +356,13 @@ def test_weights_random_downloads_nothing_and_says_so(hub, specs, tmp_path):
     materialize("llama-2-7b", ROOT, tmp_path / "assets", specs=specs)
     assert read_info(final)["weights"] == "pretrained"
     assert (final / "model-00001-of-00002.safetensors").exists()
+
+
+def test_the_no_network_message_is_one_short_line_naming_asset_substitutes(hub, specs):
+    """Issue 37 (minor): the Hub error was ~900 characters in lines joined into `.;` artefacts,
+    and did not name asset_substitutes, the quickest way on without the Hub."""
+    for name in ("llama-2-7b", "dolly-15k"):
+        text = no_network_message(specs[name], _offline_error())
+        assert "\n" not in text and ".;" not in text and ":;" not in text, text
+        assert f"asset_substitutes={name}:" in text, text
+        assert len(text) <= 700, len(text)

@@ -16,10 +16,13 @@ rule report:
 # spec that Snakemake reruns after an interrupt, rather than redoing them).
 onstart:
     from hopperlab.core.errors import HopperlabError
-    from hopperlab.cli.workflow import check_scheduler, export_forced_runs, hold_results
+    from hopperlab.cli.workflow import (export_forced_runs, hold_results, jobs_to_run,
+                                        preflight_or_exit)
 
+    # one preflight for the whole workflow: scheduler and partition, nsys, the Hub; a problem
+    # is one line and exit status 2, before any job (a refused job's output would be deleted)
+    preflight_or_exit(MATRIX, *jobs_to_run(workflow.dag), ASSET_SPECS)
     try:
-        check_scheduler(MATRIX)  # Slurm down: one line, before any job moves anything
         hold_results(MATRIX)
     except HopperlabError as exc:
         raise WorkflowError(f"hopperlab: {exc}") from None

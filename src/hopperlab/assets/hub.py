@@ -163,39 +163,56 @@ def _unavailable_status(exc: BaseException) -> int | None:
 
 
 def no_network_message(spec: HubSpec, exc: BaseException | None = None) -> str:
-    """What to say when the Hub cannot be reached: the reason and the two ways out."""
-    why = f" ({_first_line(exc)})" if exc is not None else ""
+    """What to say when the Hub cannot be reached: one line, the reason and the ways out."""
+    why = f" ({_first_line(exc)[:160]})" if exc is not None else ""
     status = _unavailable_status(exc) if exc is not None else None
     if status is None:
-        head = f"cannot reach the Hugging Face Hub to fetch {spec.repo}"
-        cause = "This machine has no network access to the Hub (or HF_HUB_OFFLINE is set)."
+        head = (f"cannot reach the Hugging Face Hub to fetch {spec.repo} at revision "
+                f"{spec.revision}{why}: no network access to the Hub (or HF_HUB_OFFLINE is set)")
     else:
-        head = f"the Hugging Face Hub answered {status} when asked for {spec.repo}"
-        cause = ("The Hub is down or refusing requests for now: try again later, or go on "
-                 "without it.")
-    return scrub("\n".join([f"asset {spec.name!r}: {head} at revision {spec.revision}{why}.",
-                            f"{cause} Ways out:", *_ways_out(spec)]))
+        head = (f"the Hugging Face Hub answered {status} when asked for {spec.repo} at revision "
+                f"{spec.revision}{why}: try again later, or go on without it")
+    return scrub(f"asset {spec.name!r}: {head}; ways out: {'; '.join(ways_out(spec))}")
 
 
-def _ways_out(spec: HubSpec) -> list[str]:
-    """How to build the asset without the Hub: a local copy, or (models) random weights."""
+def ways_out(spec: HubSpec) -> list[str]:
+    """How to go on without the Hub: a stand-in asset, a local copy, or (models) random
+    weights."""
     where = f"assets.{spec.name} in {spec.source}"
     dataset = " --repo-type dataset" if spec.repo_type == "dataset" else ""
-    lines = [
-        f"  1. a local copy: set `local_path: /path/to/folder` under {where}: a folder that "
-        f"holds the files of that revision ({', '.join(spec.files)}), downloaded on a machine "
-        f"with network (e.g. `hf download {spec.repo}{dataset} --revision {spec.revision} "
-        f"--local-dir DIR` there), or a Hugging Face cache snapshot folder;",
-    ]
+    lines = [f"a stand-in: `--config asset_substitutes={spec.name}:<another asset>`",
+             f"a copy: `local_path: /path/to/folder` under {where} (made where the Hub answers: "
+             f"`hf download {spec.repo}{dataset} --revision <revision> --local-dir DIR`)"]
     if isinstance(spec, HubModelSpec):
         arch = spec.architecture or "a config.json of the model's architecture kept in the repo"
-        lines.append(
-            f"  2. random weights: set `weights: random` under {where} (or fetch with "
-            f"`--weights random`): the model is built from {arch} alone, no download, for "
-            f"performance studies; runs record weights=random.")
-    else:
-        lines.append("  (at smoke scale the synthetic assets need no network at all)")
+        lines.append(f"random weights: `weights: random` under assets.{spec.name} (built from "
+                     f"{arch} alone)")
     return lines
+
+
+def needs_hub(spec: AssetSpec) -> bool:
+    """Whether building ``spec`` downloads from the Hub (no local copy, no random weights)."""
+    if not isinstance(spec, HubSpec) or spec.local_path:
+        return False
+    return not (isinstance(spec, HubModelSpec) and spec.weights == "random")
+
+
+def hub_unreachable(timeout_s: float = 5.0) -> str | None:
+    """Why the Hub cannot be reached from here now (HF_HUB_OFFLINE, no answer), or None."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    import urllib.error
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"),
+                               timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (OSError, ValueError) as exc:
+        return f"{endpoint} did not answer ({type(exc).__name__})"
+    return None
 
 
 def translate_error(exc: BaseException, spec: HubSpec, what: str) -> AssetError:

@@ -179,6 +179,10 @@ class Launcher:
     def check_reachable(self, source: str) -> None:
         """Raise (naming ``source``) when the scheduler cannot take a job from here."""
 
+    def check_partition(self, settings: Any, source: str) -> None:
+        """Raise (naming ``source``) when the site's settings name a partition (queue) the
+        scheduler does not have; nothing to check by default."""
+
     def watch(self, job: Any, key: str, poll_interval_s: float, log: Callable[[str], None]
               ) -> Callable[[], None] | None:
         """A check run at each poll while the job of run ``key`` waits (None: nothing to

@@ -11,12 +11,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hopperlab import backends
+from hopperlab.assets import hub
 from hopperlab.assets.registry import asset_fingerprint, asset_inputs
 from hopperlab.config.matrix import load_matrix
 from hopperlab.config.spec import Matrix, spec_data_fingerprint, unknown_target_message
 from hopperlab.core import locks
-from hopperlab.core.errors import HopperlabError, ResultsError, SpecError, one_line, shown
-from hopperlab.core.rundir import METRICS_FILE, RECORD_FILE
+from hopperlab.core.errors import (HopperlabError, NoNetworkError, ResultsError, SpecError,
+                                   one_line, shown)
+from hopperlab.core.rundir import FAILING_STATUSES, METRICS_FILE, RECORD_FILE, load_record
+from hopperlab.profiling import check_profiler
+from hopperlab.run import attempts
 from hopperlab.node.containers import PYXIS, resolve_site_runtime
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
@@ -208,6 +212,7 @@ def finish_workflow(matrix: Matrix) -> None:
     """onsuccess/onerror: upload the runs (a site with ``tracking.upload: at-end``), refresh the
     report if a run is newer, then give the folder back."""
     try:
+        keep_finished_outputs(matrix)
         refresh_report_if_stale(matrix)
         if matrix.site.tracking_upload == "at-end":
             upload_at_end(matrix)
@@ -241,11 +246,72 @@ def container_inputs(matrix: Matrix) -> list[str]:
     return [str(path)]
 
 
-def check_scheduler(matrix: Matrix) -> None:
-    """Refuse, before any job, a site whose scheduler cannot be reached from here (Slurm: its
-    controller): one line naming the site file, and nothing in the results folder moved
-    (onstart)."""
-    backends.launcher(matrix.site.executor).check_reachable(matrix.site.source)
+def jobs_to_run(dag: Any) -> tuple[list[str], list[str]]:
+    """(run keys, asset names) of the jobs Snakemake's DAG will run (onstart)."""
+    runs, assets = [], []
+    for job in dag.needrun_jobs():
+        wc = job.wildcards
+        if job.rule.name == "run":
+            runs.append(f"{wc.family}/{wc.experiment}/{wc.variant}")
+        elif job.rule.name == "asset":
+            assets.append(str(wc.asset))
+    return runs, assets
+
+
+def preflight(matrix: Matrix, runs: list[str] | None = None, assets: list[str] = (),
+              asset_specs: Mapping[str, Any] | None = None) -> None:
+    """One check per workflow, before any job (onstart): the site's scheduler reachable and
+    its partition present, nsys for every run that profiles with it, the Hub for every asset
+    to fetch from it. Raises the first problem as one line with the way out; each job would
+    otherwise meet it again, and a refused job's output is deleted by Snakemake."""
+    site = matrix.site
+    launcher = backends.launcher(site.executor)
+    launcher.check_reachable(site.source)
+    launcher.check_partition(site.own_settings, site.source)
+    for key in matrix.runs if runs is None else runs:
+        if key in matrix.runs:
+            check_profiler(matrix.runs[key])
+    fetched = [name for name in assets if asset_specs and name in asset_specs
+               and hub.needs_hub(asset_specs[name])]
+    if fetched:
+        why = hub.hub_unreachable()
+        if why:
+            first = asset_specs[fetched[0]]
+            raise NoNetworkError(
+                f"{len(fetched)} asset(s) to fetch from the Hugging Face Hub "
+                f"({', '.join(fetched)}), but {why}; ways out for {first.name}: "
+                f"{'; '.join(hub.ways_out(first))}")
+
+
+def preflight_or_exit(matrix: Matrix, runs: list[str] | None = None, assets: list[str] = (),
+                      asset_specs: Mapping[str, Any] | None = None) -> None:
+    """``preflight``, a problem printed as one line and exit status 2 (as a config error)."""
+    try:
+        preflight(matrix, runs, assets, asset_specs)
+    except HopperlabError as exc:
+        exit_on_config_error(exc)
+
+
+def keep_finished_outputs(matrix: Matrix) -> list[str]:
+    """Put back ``metrics.json`` of each run whose last submission was refused (the earlier
+    attempt, a result, was kept; Snakemake deleted its output as the failed job's): onerror.
+    Returns the keys put back."""
+    kept = []
+    for key, spec in matrix.runs.items():
+        run_dir = matrix.root / spec.run_dir
+        if (run_dir / METRICS_FILE).exists() or not (run_dir / RECORD_FILE).exists():
+            continue
+        events = attempts.history(run_dir)
+        if not events or events[-1].get("event") != "not-submitted":
+            continue
+        try:
+            rec = load_record(run_dir)
+        except (OSError, ValueError):
+            continue
+        if rec and rec.get("status") not in FAILING_STATUSES:
+            (run_dir / METRICS_FILE).write_text((run_dir / RECORD_FILE).read_text())
+            kept.append(key)
+    return kept
 
 
 def check_container_runtime(matrix: Matrix) -> None:

@@ -46,6 +46,31 @@ def check_scheduler(site_file: str) -> None:
                             f"another site (--config site=...); nothing was moved or submitted")
 
 
+def partitions() -> list[str] | None:
+    """The cluster's partitions (``sinfo``; None when it cannot be asked)."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True,
+                             timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return sorted({ln.strip() for ln in out.stdout.splitlines() if ln.strip()})
+
+
+def check_partition(site_file: str, partition: str | None) -> None:
+    """Refuse, in one line naming ``site_file``, a ``slurm.partition`` the cluster does not
+    have (sbatch would refuse every job of the workflow, one by one)."""
+    if not partition:
+        return
+    known = partitions()
+    if known is None or partition in known:
+        return
+    raise SchedulerDown(f"{site_file}: slurm.partition: {partition} is not a partition of this "
+                        f"cluster (sinfo lists {', '.join(known) or 'none'}); set it to one of "
+                        f"them, or remove it for the cluster's default; nothing was submitted")
+
+
 def job_state(job_id: str) -> str | None:
     """The controller's state of ``job_id`` ("" when it no longer knows the job; None when
     squeue cannot be asked)."""

@@ -193,6 +193,9 @@ class SlurmLauncher(Launcher):
     def check_reachable(self, source: str) -> None:
         control.check_scheduler(source)
 
+    def check_partition(self, settings: Any, source: str) -> None:
+        control.check_partition(source, getattr(settings, "partition", None))
+
     def watch(self, job: Any, key: str, poll_interval_s: float, log: Callable[[str], None]
               ) -> Callable[[], None] | None:
         return QueueWatch(key, str(job.job_id), poll_interval_s, log).check
