@@ -153,7 +153,7 @@ def test_energy_not_measured_anywhere_is_one_line(tmp_path):
 def test_machines_page_words_and_marks(tmp_path):
     assert compare._better(0.999, 1.0, "higher") == "same"
     assert compare._better(0.95, 1.0, "higher") == "worse"
-    assert compare._cheaper_text(0.87) == "1.15x dearer per unit"
+    assert compare._cheaper_text(0.87) == "costs 1.15x more per unit"
     assert compare._cheaper_text(1.25) == "1.25x cheaper per unit"
     cell = compare.Cell("b", "ok", 3.4, ratio=1.03, better="worse", floor=50.99,
                         over_floor=0.07, stand_in="no GPU", example_price=True, one_sample=True,
@@ -181,3 +181,106 @@ def test_machines_chart_starts_at_one(tmp_path):
                            compare.Cell("b", "ok", 1.05, ratio=1.05)])]
     png = compare._chart(lines, ["a", "b"], "a")
     assert imread(io.BytesIO(base64.b64decode(png))).shape[0] > 100
+
+
+# -- issue 37, item 7: pages that say what they are --------------------------------------------
+def _scope(page: str) -> str:
+    start = page.index('<p class="scope">')
+    return page[start:page.index("</p>", start)]
+
+
+def test_report_says_at_its_top_what_it_holds_and_ranks_no_stand_in(tmp_path):
+    res = tmp_path / "results"
+    _run(res, "pageable", {"gbps": 10.0, "cost_run": 7.7e-05}, tags=CPU)
+    _run(res, "pinned", {"gbps": 2650.0, "cost_run": 7.7e-05}, tags=CPU)  # 265x: a stand-in's
+    _, html = build_report(res)
+    page = html.read_text()
+    top = _scope(page)
+    assert page.index('<p class="scope">') < page.index("<h2>")        # before any section
+    for said in ("scale smoke", f"2 of 2 ok run(s) are {marks.STAND_IN}s",
+                 f"{marks.EXAMPLE_PRICE}s", "samples per run: 1"):
+        assert said in top, (said, top)
+    verdicts = page[page.index("<h2>Verdicts</h2>"):page.index('<ul class="toc">')]
+    assert "265" not in verdicts and "faster" not in verdicts and "best" not in verdicts
+    assert "not ranked" in verdicts
+    assert "$0.000077" in page and "7.7e-05" not in page
+
+
+def test_a_gpu_report_says_it_measured_gpus(tmp_path):
+    res = tmp_path / "results"
+    gpu = {"cost.currency": "USD"}
+    _run(res, "pageable", {"gbps": 10.0}, tags=gpu)
+    _run(res, "pinned", {"gbps": 25.0}, tags=gpu)
+    page = build_report(res)[1].read_text()
+    assert "every ok run measured a GPU" in _scope(page)
+    assert marks.STAND_IN not in _scope(page)
+
+
+def test_dearer_is_costs_more_and_dollars_are_plain():
+    from hopperlab.core.stats import money
+    from hopperlab.results.machines.cost import cheaper_words
+
+    assert cheaper_words(1 / 1.06) == "costs 1.06x more"
+    assert cheaper_words(1.25) == "1.25x cheaper"
+    assert money(7.7e-05, "USD") == "$0.000077" and money(2.49, "USD") == "$2.49"
+    assert money(0.0123, "CHF") == "0.012 CHF"
+
+
+def test_machine_verdicts_never_rank_stand_ins_nor_say_cheaper_for_dearer():
+    from hopperlab.results.machines.verdicts import machine_verdicts
+
+    def line(stand_in: str | None) -> SimpleNamespace:
+        ref = SimpleNamespace(machine="a", ratio=None, better="", cheaper=None, stand_in=None)
+        other = SimpleNamespace(machine="b", ratio=0.8, better="worse", cheaper=1 / 1.06,
+                                stand_in=stand_in)
+        return SimpleNamespace(family="f", experiment="e", variant="v", direction="higher",
+                               cells=[ref, other])
+
+    real = machine_verdicts([line(None)], "a")["f"][0]
+    assert "costs 1.06x more" in real and "cheaper" not in real
+    stand = machine_verdicts([line("no GPU was measured")], "a")["f"]
+    assert stand == [f"b: 1 run(s) with a {marks.STAND_IN} on either side (no GPU measured): "
+                     "not ranked"]
+
+
+def test_ratio_axes_start_at_zero():
+    assert compare.ratio_axis([0.94, 1.04])[0] == 0.0
+    assert compare.ratio_axis([0.94, 1.04])[1] > 1.04
+
+
+def test_every_shipped_site_with_a_price_says_it_is_an_example():
+    import yaml
+
+    sites = Path(__file__).resolve().parents[1] / "configs/sites"
+    priced = {p.name: yaml.safe_load(p.read_text()).get("cost") for p in sites.glob("*.yaml")}
+    priced = {name: cost for name, cost in priced.items() if cost}
+    assert {"gpu-node.yaml", "local.yaml"} <= set(priced)
+    assert all(cost.get("example") is True for cost in priced.values()), priced
+
+
+def test_compare_page_fills_b_over_a_on_inconclusive_rows_and_says_what_it_holds(tmp_path):
+    from hopperlab.results.machines import ab, ab_page
+
+    rows = [ab.Change("f/e/v", "gbps", ab.INCONCLUSIVE, 10.0, 10.49, 1, 1,
+                      detail="x1.049; one sample")]
+    _, page = ab_page.write(rows, tmp_path, "A", "B", 0.05, ["A (a): 1 run(s), 1 ok"])
+    text = page.read_text()
+    assert "x1.049 (no interval)" in text
+    assert '<p class="scope"><b>What this page holds:</b> A (a): 1 run(s), 1 ok.</p>' in text
+
+
+def test_history_headline_agrees_with_the_series_it_shows(tmp_path):
+    from hopperlab.results.machines import history
+
+    short = history.Series("m", "f/e/v", "value", "higher",
+                           [history.Point(1.0, 10.0, "c1", "r1"),
+                            history.Point(2.0, 14.9, "c2", "r2", stand_in=True)])
+    assert history.headline([short]) == (
+        "0 of 0 series with 6 or more runs changed beyond run-to-run noise; 1 series with "
+        "fewer runs not tested (their moves are shown, not judged)")
+    assert "(first to last +49 %)" in history.text_lines([short])[0]
+    assert "not tested" in history.text_lines([short])[0]
+    _, page = history.write([short], tmp_path)
+    text = page.read_text()
+    assert "0 of 1 series changed" not in text and "1 series with fewer runs not tested" in text
+    assert f"1 of 2 runs are {marks.STAND_IN}s" in _scope(text)

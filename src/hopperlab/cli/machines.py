@@ -30,6 +30,7 @@ from hopperlab.results.machines import (
     runs,
 )
 from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.report import scope
 
 EXIT_REGRESSION = 1
 #: ``check --strict`` when no run had a reference (CI that must have checked something)
@@ -160,7 +161,9 @@ def cmd_ab(args: argparse.Namespace) -> int:
     for line in ab.text_lines(changes, a_name, b_name):
         print(line)
     out = Path(args.out) if args.out else _root(args) / "results" / "compare"
-    csv_path, html_path = ab_page.write(changes, out, a_name, b_name, min_effect)
+    facts = [f"{side} ({name}): " + ", ".join(scope.run_facts(list(rows.values())))
+             for side, name, rows in (("A", a_name, a_rows), ("B", b_name, b_rows))]
+    csv_path, html_path = ab_page.write(changes, out, a_name, b_name, min_effect, facts)
     print(f"[hopperlab] {ab_page.headline(changes)[0]} Wrote {csv_path} and {html_path}")
     failing = ab.worse(changes) or (args.strict and [c for c in changes if c.verdict in (
         ab.INCONCLUSIVE, ab.CHANGED)])

@@ -184,3 +184,21 @@ def plus_minus(value: float, half: float | None, digits: int = 4) -> str:
     if half is None:
         return f"{value:.{digits}g}"
     return f"{value:.{digits}g} ± {half:.2g}"
+
+
+#: currency codes written as their sign before the amount
+CURRENCY_SIGNS = {"USD": "$", "EUR": "\u20ac", "GBP": "\u00a3"}
+
+
+def money(value: float, currency: str | None) -> str:
+    """An amount as people write it: two significant digits at least, never an exponent
+    (``$0.000077``, ``$1.23``, ``12.50 CHF``)."""
+    if not math.isfinite(value):
+        return f"{value} {currency or ''}".strip()
+    size = abs(value)
+    decimals = 2 if size >= 1 or size == 0 else max(2, 1 - math.floor(math.log10(size)))
+    text = f"{value:,.{decimals}f}"
+    sign = CURRENCY_SIGNS.get((currency or "").upper())
+    if sign:
+        return f"-{sign}{text[1:]}" if text.startswith("-") else f"{sign}{text}"
+    return f"{text} {currency}" if currency else text

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hopperlab.core.rundir import write_text_atomic
+from hopperlab.results.report import scope
 from hopperlab.results.machines.ab import (
     BETTER_WORD,
     CHANGED,
@@ -36,7 +37,7 @@ font-weight:600}.inconclusive{color:#8a6d00}.bar{position:relative;width:14em;he
 background:#fafafa}.bar span{position:absolute;top:0;height:100%;background:#9ab}
 .bar i{position:absolute;top:-2px;bottom:-2px;width:1px;background:#333;left:50%}
 details{margin-top:1.5em}summary{cursor:pointer;font-weight:600}.note{color:#666}
-"""
+""" + scope.CSS
 
 
 def _e(value: object) -> str:
@@ -60,11 +61,19 @@ def _bar(c: Change) -> str:
             f'<span style="left:{lo:.1f}%;width:{max(hi - lo, 0.5):.1f}%"></span><i></i></div>')
 
 
+def _plain_ratio(c: Change) -> str:
+    """B/A of a row the noise test could not judge (too few samples): the ratio of the medians,
+    said to have no interval, rather than an empty cell."""
+    if c.a is None or c.b is None or not c.a or not math.isfinite(c.b / c.a):
+        return ""
+    return f"x{c.b / c.a:.3f} (no interval)"
+
+
 def _rows(changes: Sequence[Change]) -> str:
     out = []
     for c in changes:
         ratio = (f"x{c.effect.ratio:.3f} [{c.effect.ratio_low:.3f}, {c.effect.ratio_high:.3f}]"
-                 if c.effect else "")
+                 if c.effect else _plain_ratio(c))
         cls = c.verdict.split()[0]
         out.append(f"<tr><td class='{_e(cls)}'>{_e(c.verdict)}</td><td>{_e(c.key)}</td>"
                    f"<td>{_e(c.metric)}</td><td class=num>{_num(c.a)}</td>"
@@ -94,8 +103,9 @@ def headline(changes: Sequence[Change]) -> tuple[str, str]:
 
 
 def write(changes: Sequence[Change], out: Path, a_name: str, b_name: str,
-          min_effect: float) -> tuple[Path, Path]:
-    """Write ``out/compare.csv`` and ``out/compare.html``; return both paths."""
+          min_effect: float, facts: Sequence[str] = ()) -> tuple[Path, Path]:
+    """Write ``out/compare.csv`` and ``out/compare.html``; return both paths. ``facts``: what
+    the page holds (``scope.run_facts`` of A and of B), said at its top."""
     out = Path(out)
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -111,7 +121,7 @@ def write(changes: Sequence[Change], out: Path, a_name: str, b_name: str,
     line, cls = headline(changes)
     changed = [c for c in changes if c.changed]
     same = [c for c in changes if c.verdict == SAME]
-    body = [f"<h1>{_e(a_name)} (A) &rarr; {_e(b_name)} (B)</h1>",
+    body = [f"<h1>{_e(a_name)} (A) &rarr; {_e(b_name)} (B)</h1>", scope.scope_html(facts),
             f"<div class='verdict {cls}'>{_e(line)}</div>",
             f"<p class=note>Per run and headline metric: the ratio of the medians B/A with its "
             f"95 % interval (the test of docs/benchmarks/noise.md); a change counts when the "

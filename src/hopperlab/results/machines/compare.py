@@ -25,7 +25,7 @@ from typing import Sequence
 from hopperlab.core import effects
 from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import read_samples, utc_now, write_text_atomic
-from hopperlab.core.stats import half_width
+from hopperlab.core.stats import half_width, money
 from hopperlab.results.machines import ab
 from hopperlab.results.machines import cost as costs
 from hopperlab.results.machines import energy as energies
@@ -34,7 +34,7 @@ from hopperlab.results.machines.predict import Prediction, predict
 from hopperlab.results.machines.references import direction
 from hopperlab.results.machines.runs import MachineRuns
 from hopperlab.results.machines.verdicts import machine_verdicts
-from hopperlab.results.report import marks
+from hopperlab.results.report import marks, scope
 from hopperlab.results.report.collect import RunRow
 from hopperlab.workloads import family_info
 
@@ -267,9 +267,7 @@ def _chart(experiment_lines: Sequence[Line], machines: Sequence[str], reference:
         ax.bar_label(bars, labels=[f"{t:.3g}x" for t in tops], fontsize=7, padding=1)
         lows.extend(tops)
         highs.extend(tops)
-    lo, hi = min(lows), max(highs)
-    pad = max(0.05, (hi - lo) * 0.25)
-    ax.set_ylim(max(0.0, lo - pad), hi + pad)
+    ax.set_ylim(*ratio_axis(lows + highs))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([f"{ln.variant}\n{ln.metric}" for ln in rows], fontsize=7,
@@ -284,6 +282,13 @@ def _chart(experiment_lines: Sequence[Line], machines: Sequence[str], reference:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def ratio_axis(ratios: Sequence[float]) -> tuple[float, float]:
+    """The ratio chart's y range: from zero, never cut (an axis from 0.94 to 1.04 makes 0.94x
+    look like a collapse), with room above the tallest bar for its label."""
+    hi = max([1.0, *ratios])
+    return 0.0, hi + max(0.05, hi * 0.12)
+
+
 _CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:collapse;
 margin:.5em 0 1em}td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;vertical-align:top}
 th{background:#f0f0f0}.num{text-align:right}.better{color:#2e7d32;font-weight:bold}
@@ -291,7 +296,7 @@ th{background:#f0f0f0}.num{text-align:right}.better{color:#2e7d32;font-weight:bo
 .pred{background:#fff8e1}.regression{color:#c62828;font-weight:bold}.improvement{color:#2e7d32}
 code{font-size:12px}.mark{display:inline-block;margin-left:.3em;padding:0 .35em;
 border-radius:3px;background:#fff3e0;color:#8d4a00;font-size:11px;font-weight:600}
-.src{font-size:12px;color:#455a64}"""
+.src{font-size:12px;color:#455a64}""" + scope.CSS
 
 
 def _cell_html(c: Cell, reference: str) -> str:
@@ -320,12 +325,12 @@ def _cell_html(c: Cell, reference: str) -> str:
     example = (f' <span class="mark">{marks.EXAMPLE_PRICE}</span>'
                if c.example_price else "")
     if c.unit is not None:
-        txt = f"{c.unit.value:.4g} {_e(c.unit.currency)} {_e(c.unit.label)}"
+        txt = f"{_e(money(c.unit.value, c.unit.currency))} {_e(c.unit.label)}"
         if c.cheaper is not None and c.machine != reference:
             txt += "; " + _cheaper_text(c.cheaper)
         parts.append(txt + example)
     elif c.cost_run is not None:
-        parts.append(f"run {c.cost_run:.4g} {_e(c.currency)}" + example)
+        parts.append(f"run {_e(money(c.cost_run, c.currency))}" + example)
     if c.energy is not None:
         txt = f"{c.energy.joules:.4g} J {_e(c.energy.label)}"
         if c.energy.node_joules is not None:
@@ -343,11 +348,8 @@ def _cell_html(c: Cell, reference: str) -> str:
 
 
 def _cheaper_text(times: float) -> str:
-    """``1.15x cheaper per unit`` or ``1.15x dearer per unit``, never "0.87x cheaper"."""
-    if abs(times - 1.0) < SAME_WITHIN:
-        return "the same cost per unit"
-    return (f"{times:.2f}x cheaper per unit" if times > 1
-            else f"{1 / times:.2f}x dearer per unit")
+    """``1.15x cheaper per unit`` or ``costs 1.15x more per unit``, never "0.87x cheaper"."""
+    return costs.cheaper_words(times, SAME_WITHIN) + " per unit"
 
 
 def _energy_cell(p: Prediction, sources: "_Sources") -> str:
@@ -437,6 +439,8 @@ def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[L
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>hopperlab machines</title><style>{_CSS}</style></head><body>",
            "<h1>Machines side by side</h1>",
+           scope.scope_html([f"{g.machine}: " + ", ".join(scope.run_facts(list(g.runs.values())))
+                             for g in groups]),
            f'<p class="meta">made {_e(utc_now())}; reference machine <b>{_e(reference)}</b>; '
            "ratios are value / reference; better/worse by the metric's declared direction, "
            f"\"same\" within {SAME_WITHIN:.0%}; "

@@ -45,3 +45,10 @@ def cheaper(reference: UnitCost | None, this: UnitCost | None) -> float | None:
     if reference.currency != this.currency:
         return None
     return reference.value / this.value
+
+
+def cheaper_words(times: float, same_within: float = 0.0) -> str:
+    """``1.15x cheaper`` or ``costs 1.15x more`` (``times`` < 1), never "0.87x cheaper"."""
+    if abs(times - 1.0) < same_within or times == 1.0:
+        return "the same cost"
+    return f"{times:.2f}x cheaper" if times > 1 else f"costs {1 / times:.2f}x more"

@@ -17,6 +17,7 @@ import html
 import io
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
@@ -28,6 +29,7 @@ from hopperlab.core.stats import half_width
 from hopperlab.results import tracking
 from hopperlab.results.machines.mlflow_source import unflatten
 from hopperlab.results.machines.references import direction
+from hopperlab.results.report import marks, scope
 
 MIN_SEGMENT = 3
 
@@ -39,6 +41,9 @@ class Point:
     commit: str
     run_id: str
     half: float | None = None
+    #: the run measured no GPU (``marks.stand_in`` of its tags)
+    stand_in: bool = False
+    example_price: bool = False
 
 
 @dataclass
@@ -121,9 +126,11 @@ def load(tracking_uri: str, machine: str | None = None, key: str | None = None,
                     continue
                 s = series.setdefault((tags.get("machine", "?"), run_key, name), Series(
                     tags.get("machine", "?"), run_key, name, direction(family, name)))
+                seen = SimpleNamespace(status="ok", tags=tags)
                 s.points.append(Point(run.info.start_time / 1e3, float(metrics[name]),
                                       tags.get("git_commit", ""), run.info.run_id,
-                                      half_width(metrics, name)))
+                                      half_width(metrics, name),
+                                      bool(marks.stand_in(seen)), marks.example_price(seen)))
     if not series:
         wanted = ", ".join(f for f in (machine, key, metric) if f)
         raise SpecError(f"{tracking.redact_uri(tracking_uri)}: no ok run"
@@ -143,11 +150,54 @@ def _when(p: Point) -> str:
     return datetime.fromtimestamp(p.when, timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
+def testable(s: Series) -> bool:
+    """Enough runs for a change point (``MIN_SEGMENT`` on each side)."""
+    return len(s.points) >= 2 * MIN_SEGMENT
+
+
+def _moved(s: Series) -> str:
+    first, last = s.points[0].value, s.points[-1].value
+    return f"first to last {(last / first - 1) * 100:+.0f} %" if first > 0 and len(s.points) > 1 \
+        else ""
+
+
+def headline(series: Sequence[Series]) -> str:
+    """How many series changed, of those that could be tested; the others said apart, so
+    that "0 of 1 changed" never stands beside a +49 % it could not judge."""
+    tested = [s for s in series if testable(s)]
+    changed = [s for s in tested if s.changes]
+    text = (f"{len(changed)} of {len(tested)} series with {2 * MIN_SEGMENT} or more runs "
+            "changed beyond run-to-run noise")
+    short = len(series) - len(tested)
+    if short:
+        text += (f"; {short} series with fewer runs not tested (their moves are shown, not "
+                 "judged)")
+    return text
+
+
+def facts(series: Sequence[Series]) -> list[str]:
+    """What history.html holds (``scope``)."""
+    points = [p for s in series for p in s.points]
+    out = [f"{len(series)} series, {len(points)} ok runs from MLflow"]
+    stand = sum(p.stand_in for p in points)
+    if stand:
+        out.append(f"{stand} of {len(points)} runs are {marks.STAND_IN}s (no GPU was measured): "
+                   "their moves are the CPU's, not findings")
+    if any(p.example_price for p in points):
+        out.append(f"prices are {marks.EXAMPLE_PRICE}s")
+    out.append("samples per run: " + ("1 (no interval)" if all(p.half is None for p in points)
+                                      else "repeats (± their 95 % interval)"))
+    return out
+
+
 def text_lines(series: Sequence[Series]) -> list[str]:
     out = []
     for s in series:
-        out.append(f"{s.machine} {s.key} {s.metric}: {len(s.points)} runs, "
-                   f"{len(s.changes)} change point(s)")
+        moved = _moved(s)
+        out.append(f"{s.machine} {s.key} {s.metric}: {len(s.points)} runs"
+                   + (f" ({moved})" if moved else "") + ", "
+                   + (f"{len(s.changes)} change point(s)" if testable(s) else
+                      f"not tested for change points (fewer than {2 * MIN_SEGMENT} runs)"))
         for c in s.changes:
             p = s.points[c.index]
             word = {effects.WORSE: "worse", effects.BETTER: "better"}.get(c.effect.verdict, "")
@@ -192,17 +242,17 @@ def write(series: Sequence[Series], out: Path) -> tuple[Path, Path]:
     csv_path, html_path = out / "history.csv", out / "history.html"
     write_text_atomic(csv_path, buf.getvalue())
     e = html.escape
-    body = ["<h1>History</h1>"]
-    changed = [s for s in series if s.changes]
-    body.append(f"<p><b>{len(changed)} of {len(series)} series changed</b> (a change point: "
-                "the runs after it differ from those before beyond their run-to-run noise, by "
-                "at least 5 %; docs/benchmarks/noise.md).</p>")
+    body = ["<h1>History</h1>", scope.scope_html(facts(series))]
+    body.append(f"<p><b>{e(headline(series))}</b> (a change point: the runs after it differ "
+                "from those before beyond their run-to-run noise, by at least 5 %; "
+                "docs/benchmarks/noise.md).</p>")
     for s in sorted(series, key=lambda s: not s.changes):
         body.append(f"<h2>{e(s.machine)} {e(s.key)} {e(s.metric)}</h2>")
         body.extend(f"<p>{e(line.strip())}</p>" for line in text_lines([s])[1:])
         body.append(f'<img alt="{e(s.metric)} over time" src="data:image/png;base64,'
                     f'{_chart(s)}">')
     write_text_atomic(html_path, "<!doctype html><html><head><meta charset=utf-8><title>"
-                      "hopperlab history</title></head><body style='font:14px system-ui'>"
+                      f"hopperlab history</title><style>{scope.CSS}</style></head>"
+                      "<body style='font:14px system-ui'>"
                       + "".join(body) + "</body></html>\n")
     return csv_path, html_path

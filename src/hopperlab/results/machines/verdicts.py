@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from hopperlab.core.stats import percentile
+from hopperlab.results.machines.cost import cheaper_words
+from hopperlab.results.report.marks import STAND_IN
 
 
 def machine_verdicts(lines: Sequence, reference: str) -> dict[str, list[str]]:
@@ -22,14 +24,22 @@ def machine_verdicts(lines: Sequence, reference: str) -> dict[str, list[str]]:
         fam_lines = [ln for k, ln in firsts.items() if k[0] == family]
         machines = [c.machine for c in fam_lines[0].cells if c.machine != reference]
         for machine in machines:
-            times, cheaper, words = [], [], []
+            times, cheaper, words, stand_ins = [], [], [], 0
             for ln in fam_lines:
                 cell = next(c for c in ln.cells if c.machine == machine)
+                ref = next((c for c in ln.cells if c.machine == reference), None)
+                if cell.stand_in or (ref is not None and ref.stand_in):
+                    stand_ins += 1  # a CPU stand-in's ratio is no finding: never ranked
+                    continue
                 if cell.ratio and ln.direction:
                     times.append(cell.ratio if ln.direction == "higher" else 1 / cell.ratio)
                     words.append(cell.better)
                 if cell.cheaper:
                     cheaper.append(cell.cheaper)
+            if stand_ins:
+                out.setdefault(family, []).append(
+                    f"{machine}: {stand_ins} run(s) with a {STAND_IN} on either side (no GPU "
+                    "measured): not ranked")
             if not times:
                 continue
             n = len(times)
@@ -38,7 +48,7 @@ def machine_verdicts(lines: Sequence, reference: str) -> dict[str, list[str]]:
                     f"(median {percentile(times, 50):.2f}x the speed of {reference}, "
                     f"from {min(times):.2f}x to {max(times):.2f}x)")
             if cheaper:
-                text += (f"; per unit of work {percentile(cheaper, 50):.2f}x cheaper "
+                text += (f"; per unit of work {cheaper_words(percentile(cheaper, 50))} "
                          f"(median of {len(cheaper)} runs)")
             out.setdefault(family, []).append(text)
     return out

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from hopperlab.core import rundir as rec
 from hopperlab.core.progress import track
-from hopperlab.core.stats import half_width
+from hopperlab.core.stats import half_width, money
 from hopperlab.results.report.charts import (
     DASH,
     STATUS_COLOURS,
@@ -25,7 +25,7 @@ from hopperlab.results.report.charts import (
 )
 from hopperlab.results.report.verdicts import family_verdicts
 from hopperlab.results.report.energy import energy_section
-from hopperlab.results.report import marks
+from hopperlab.results.report import marks, scope
 from hopperlab.results.report.collect import (
     RunRow,
     baseline_name,
@@ -52,7 +52,7 @@ _HARDWARE_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 #: the page's style sheet, inlined: report.html stays one self-contained file
-_CSS = (Path(__file__).with_name("report.css")).read_text()
+_CSS = (Path(__file__).with_name("report.css")).read_text() + scope.CSS
 
 
 def _e(value: Any) -> str:
@@ -181,7 +181,7 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
             cells.append(f"<td>{_e(r.reference_check or DASH)}</td>")
         if show_cost:
             cost = r.metrics.get("cost_run")
-            cells.append(f'<td class="num">{_e(cost)} {_e(r.tags.get("cost.currency", ""))}'
+            cells.append(f'<td class="num">{_e(money(cost, r.tags.get("cost.currency")))}'
                          + (_mark("example", marks.EXAMPLE_PRICE) if marks.example_price(r)
                             else "") + "</td>" if cost is not None else f"<td>{DASH}</td>")
         for m in metrics:
@@ -340,6 +340,7 @@ def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
+        scope.scope_html(scope.run_facts(runs)),
         f'<p class="meta">made {_e(made)}'
         + (f" from <code>{_e(source)}</code>" if source else "") + "</p>",
     ]

@@ -11,6 +11,7 @@ from typing import Sequence
 from hopperlab.core import effects
 from hopperlab.core.rundir import read_samples
 from hopperlab.results.machines.references import direction
+from hopperlab.results.report import marks
 from hopperlab.results.report.collect import RunRow, group_by_experiment, reference_run
 
 
@@ -87,6 +88,10 @@ def _say(v: VariantEffect) -> str:
 
 def experiment_line(runs: Sequence[RunRow]) -> str | None:
     """``experiment: best ..., worst ..., n within noise`` (None: nothing to compare)."""
+    stand = [r for r in runs if marks.stand_in(r)]
+    if stand:  # a CPU running a GPU study's code: its ratios are no finding, never ranked
+        return (f"{runs[0].experiment}: {len(stand)} run(s) are {marks.STAND_IN}s (no GPU was "
+                "measured): not ranked, a check that the code path runs")
     metric, found = variant_effects(runs)
     if not found:
         return None
