@@ -103,3 +103,50 @@ def test_check_without_references_says_so_and_fails_when_strict(project, tmp_pat
 
 def test_readme_names_the_check_flag():
     assert "--strict" in (REPO / "README.md").read_text()
+
+
+# -- issue 37, minor items ---------------------------------------------------------------------
+def test_list_piped_cuts_no_name(capsys):
+    from hopperlab.config.matrix import load_matrix
+
+    assert main(["--root", str(REPO), "list"]) == 0
+    out = capsys.readouterr().out
+    assert "\u2026" not in out
+    for spec in load_matrix(REPO, {}).runs.values():
+        assert f" {spec.variant} " in out, spec.variant
+
+
+def test_containers_runtime_sees_charliecloud(tmp_path, monkeypatch, capsys):
+    (tmp_path / "ch-run").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "ch-run").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["containers", "runtime"]) == 0
+    assert capsys.readouterr().out.strip() == "charliecloud"
+    (tmp_path / "ch-run").unlink()
+    assert main(["containers", "runtime"]) == 1
+    err = capsys.readouterr().err
+    assert "charliecloud" in err and "mmdebstrap" in err
+
+
+def test_predict_from_cpu_results_says_what_it_needs(tmp_path, capsys):
+    from hopperlab.core import rundir as record
+
+    run_dir = tmp_path / "results/selftest/trivial/ok"
+    rec = record.Recorder(run_dir, identity={"key": "selftest/trivial/ok", "family": "selftest",
+                                             "experiment": "trivial", "variant": "ok"})
+    rec.hardware = {"hostname": "vm", "cpu_arch": "x86_64"}
+    rec.log_metrics({"value": 3.0})
+    rec.set_tag("machine", "cpu-x86_64")
+    rec.finish("ok", None)
+    assert main(["--root", str(REPO), "predict", str(tmp_path / "results"), "--machine",
+                 "gh200-96gb"]) == 2
+    err = capsys.readouterr().err
+    assert "measured on cpu-x86_64" in err and "CPU smoke runs are not" in err, err
+    assert "h100-80g-pcie5-x86_64" in err and "configs/machines/README.md" in err, err
+
+
+def test_membench_doc_shows_the_commands_that_exist():
+    text = (REPO / "docs/benchmarks/membench.md").read_text()
+    assert "hopperlab.workloads.membench.sweep" not in text
+    assert "python -m hopperlab.results.report" not in text
+    assert (REPO / "benchmarks/membench_sweep.py").exists()

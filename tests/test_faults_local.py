@@ -353,3 +353,24 @@ def test_an_in_process_run_puts_the_environment_back(tmp_path, monkeypatch):
     assert rec["status"] == "ok", rec
     assert rec["hardware"]["threads"]["intra_op"] == 1  # the job did see the site's env
     assert dict(os.environ) == before
+
+
+def test_a_job_that_died_inside_a_damaged_image_names_the_image(tmp_path):
+    """Issue 37 (minor): a corrupted container image gave a reason naming nothing (the last
+    line its python said); it names the image and says: check the digest, rebuild."""
+    project = copy_project(tmp_path / "project")
+    spec = load_matrix(project, {"families": "selftest", "site": "local-charliecloud"}).get(
+        "selftest/faults/ok")
+    assert spec.site.container.image
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (tmp_path / "job.err").write_text(
+        "python: error while loading shared libraries: libpython3.11.so.1.0: invalid ELF header\n")
+    (tmp_path / "job.out").write_text("")
+    outcome = launch.JobOutcome(job_id=None, state="FINISHED", stderr=tmp_path / "job.err",
+                                stdout=tmp_path / "job.out")
+    rec = submission._settle_record(run_dir, spec, 1, outcome)
+    reason = rec["reason"]
+    assert rec["status"] == "failed" and "invalid ELF header" in reason, reason
+    assert str(spec.site.container.image_file) in reason, reason
+    assert "check its digest" in reason and "rebuild it" in reason, reason

@@ -176,6 +176,10 @@ class Launcher:
         """What the scheduler said when it refused a job, in one line."""
         return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
+    def submit(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
+        """Hand ``func(*args)`` to the submitit ``executor``; returns its job."""
+        return executor.submit(func, *args)
+
     def check_reachable(self, source: str) -> None:
         """Raise (naming ``source``) when the scheduler cannot take a job from here."""
 

@@ -108,10 +108,13 @@ def _charliecloud(args: argparse.Namespace, definition: Path, output: Path) -> i
 def run(args: argparse.Namespace) -> int:
     """One ``hopperlab containers`` action; a failed build raises ContainerError (exit 2)."""
     if args.action == "runtime":
-        found = find_runtime(args.runtime)
+        # auto: apptainer, singularity (what a site's auto uses), then Charliecloud
+        candidates = (*RUNTIMES, CHARLIECLOUD) if args.runtime == "auto" else (args.runtime,)
+        found = next(filter(None, map(find_runtime, candidates)), None)
         if found is None:
-            print(f"hopperlab: no container runtime: `{_wanted(args.runtime)}` is not on PATH",
-                  file=sys.stderr)
+            print(f"hopperlab: no container runtime: `{' or '.join(candidates)}` is not on PATH"
+                  " (Debian 12: apt-get install charliecloud-runtime mmdebstrap; containers/"
+                  "README.md)", file=sys.stderr)
             return 1
         print(found)
         return 0

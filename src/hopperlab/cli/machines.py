@@ -204,9 +204,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     out: list[predict.Prediction] = []
     for g in groups:
         if g.machine not in descs:
-            raise SpecError(f"{args.results_dir}: its machine {g.machine} has no description "
-                            f"{folder / (g.machine + '.yaml')}: predictions need the figures of "
-                            f"the machine the runs were measured on")
+            raise SpecError(f"{args.results_dir}: its runs were measured on {g.machine}, which "
+                            f"has no description ({folder / (g.machine + '.yaml')}); a "
+                            f"prediction scales figures measured on a described machine: give "
+                            f"results measured on one of {', '.join(sorted(descs))} (CPU smoke "
+                            f"runs are not), or describe {g.machine} in that file "
+                            f"(configs/machines/README.md)")
         out.extend(predict.predict(g, descs[g.machine], target, measured))
     if args.json:
         print(json.dumps([_pred_dict(p) for p in out], indent=2))

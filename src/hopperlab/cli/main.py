@@ -66,8 +66,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     table = Table(title=f"hopperlab matrix: {len(rows)} runs, scale {matrix.config['scale']}, "
                         f"site {matrix.site.name} ({matrix.site.executor})")
-    for col in ("family", "experiment", "variant", "knobs", "gpus", "cpus", "mem GB", "time min",
-                "nodes x tasks"):
+    for col in ("family", "experiment", "variant", "knobs"):  # names are never cut
+        table.add_column(col, no_wrap=True, overflow="fold",
+                         min_width=max([len(col)] + [len(_cell(row, col)) for row in rows]))
+    for col in ("gpus", "cpus", "mem GB", "time min", "nodes x tasks"):
         table.add_column(col)
     for row in rows:
         res = row["resources"]
@@ -75,8 +77,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         table.add_row(row["family"], row["experiment"], row["variant"], knobs, str(res["gpus"]),
                       str(res["cpus"]), f"{res['mem_gb']:g}", str(res["time_min"]),
                       f"{res['nodes']} x {res['tasks_per_node']}")
-    Console(width=max(120, Console().width)).print(table)
+    # piped or redirected: as wide as the table needs (a terminal's width would cut names)
+    width = max(120, Console().width) if sys.stdout.isatty() else 100_000
+    Console(width=width).print(table)
     return 0
+
+
+def _cell(row: dict, col: str) -> str:
+    if col == "knobs":
+        return " ".join(f"{k}={v}" for k, v in row["knobs"].items()) or "-"
+    return str(row[col])
 
 
 def _uploader(args: argparse.Namespace):

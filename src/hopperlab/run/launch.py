@@ -208,7 +208,7 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
         os.environ.update(charliecloud.user_env())  # ch-run will not start without $USER
     try:
         with jobenv.job_environment(spec.site.env):  # the site's env: in, secrets: out
-            job = executor.submit(func, *args)
+            job = launcher.submit(executor, func, *args)
     except Exception as exc:  # noqa: BLE001 - sbatch refused: nothing runs, nothing to settle
         raise NotSubmitted(_submit_error(spec, exc)) from exc
     job_id = str(job.job_id)

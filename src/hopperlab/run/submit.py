@@ -280,7 +280,7 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
         rec = {
             "key": spec.key, "family": spec.family, "experiment": spec.experiment,
             "variant": spec.variant, "attempt": attempt, "status": status,
-            "reason": container or _died_reason(outcome, tail),
+            "reason": container or _in_image(spec, _died_reason(outcome, tail)),
             "metrics": {}, "tags": {}, "started_at": None, "finished_at": record_time(),
             "duration_s": None,
             "hardware": read_json(hardware_file) if hardware_file.exists() else {},
@@ -335,6 +335,23 @@ def _container_failure(spec: RunSpec, output: str) -> str | None:
         key = SITE_BINDS_KEY  # one of the site's own binds is what failed
     return (f"{spec.site.source}: {key}: the job could not start its container "
             f"({c.runtime}, {c.image_file}): {line[:500]}")
+
+
+def _in_image(spec: RunSpec, reason: str) -> str:
+    """A job of a container site that died before its record, its runtime silent: the image is
+    the first suspect (a damaged copy fails inside it, in words that name nothing)."""
+    c = spec.site.container
+    if not c.image or outcome_was_stopped(reason):
+        return reason
+    return (f"{reason}; it ran in the image {c.image_file} ({spec.site.source}: "
+            f"{SITE_EXISTING_KEY if c.existing else SITE_IMAGE_KEY}): if the image is damaged "
+            f"(a partial copy, a disk error), check its digest against the build's and rebuild it"
+            + ("" if c.existing else f" (snakemake {c.image_file} --forcerun)"))
+
+
+def outcome_was_stopped(reason: str) -> bool:
+    """We stopped the job ourselves (a time limit, an interrupt): the image is no suspect."""
+    return "time limit" in reason or "the submitting process got" in reason
 
 
 def _job_output(outcome: Any) -> tuple[str, str]:

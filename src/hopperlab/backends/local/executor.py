@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from hopperlab.backends.base import MASTER_PORT_ENV, JobRequest, Launcher
@@ -16,6 +18,8 @@ from hopperlab.node import oom_kills
 
 #: the local controller's own limit lies this far past ours (minutes)
 BACKSTOP_MIN = 1
+#: where submitit's local controller writes its own stderr (in the job's submitit folder)
+CONTROLLER_ERR = "controller.err"
 
 
 def free_port() -> int:
@@ -39,6 +43,24 @@ class LocalLauncher(Launcher):
         ex.update_parameters(timeout_min=res.time_min + BACKSTOP_MIN, gpus_per_node=res.gpus,
                              tasks_per_node=res.tasks_on_node, nodes=1, signal_delay_s=0)
         return ex
+
+    def submit(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
+        """Start the job with submitit's controller writing its own stderr into the job's
+        submitit folder (``controller.err``): stopped (Ctrl-C, a time limit), it dies of
+        KeyboardInterrupt with a traceback that is no news to the user, who is told why the
+        run stopped. The tasks' output goes to their own log files as before."""
+        folder = Path(executor.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        sys.stderr.flush()
+        saved = os.dup(2)
+        target = os.open(folder / CONTROLLER_ERR, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.dup2(target, 2)  # the controller inherits this fd 2 at its start
+            return executor.submit(func, *args)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(target)
 
     def watch(self, job: Any, key: str, poll_interval_s: float, log: Callable[[str], None]
               ) -> Callable[[], None] | None:
