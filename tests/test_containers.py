@@ -325,7 +325,7 @@ def test_cli_command_and_runtime(fake_bin, capsys, tmp_path, monkeypatch):
     assert capsys.readouterr().out.split() == [
         "singularity", "build", "--fakeroot", "containers/nemo.sif", "containers/nemo.def"]
     assert hopperlab(["containers", "runtime"]) == 1  # an answer: none found
-    assert "`apptainer or singularity` is not on PATH" in capsys.readouterr().err
+    assert "`apptainer or singularity or charliecloud` is not on PATH" in capsys.readouterr().err
     assert hopperlab(["containers", "build", "nemo", "--runtime", "apptainer",
                       "--output", str(tmp_path / "n.sif")]) == 2  # an expected error
     assert "`apptainer` is not on PATH" in capsys.readouterr().err
