@@ -167,14 +167,15 @@ def shard(model: Llama, mode: str, cuda: bool) -> None:
 
 
 def make_optimizer(model: nn.Module, mode: str, lr: float, weight_decay: float,
-                   device: Any = "cpu") -> Any:
+                   device: Any = "cpu", threads: int | None = None) -> Any:
     """AdamW, fused on both sides: torchao fuses its CPU AdamW by default, so FSDP2's CPU step
     (parameters in host memory under CPUOffloadPolicy) must be fused too for a fair pair; the
     unfused (foreach) step also makes whole-model temporaries a 125 GiB host cannot spare.
     FSDP2 offload: one fused AdamW per FSDP unit (``cpu_adamw``), which may step during
-    backward."""
+    backward (on ``threads``: None, torch's pool)."""
     if mode == "fsdp2-cpu-offload":
-        return cpu_adamw.LayerwiseAdamW(cpu_adamw.fsdp_units(model), lr, weight_decay, device)
+        return cpu_adamw.LayerwiseAdamW(cpu_adamw.fsdp_units(model), lr, weight_decay, device,
+                                        threads=threads)
     if mode == "torchao-cpu-offload":
         from torchao.optim import CPUOffloadOptimizer
 
@@ -461,8 +462,11 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     n_params = sum(p.numel() for p in model.parameters())  # global sizes, sharded or not
     threads = plan.cpus or torch.get_num_threads()
     torch.set_num_threads(threads)  # the job's CPUs, whatever a launcher left in the pool
-    opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay, device)
-    overlap = plan.overlap_optimizer and accum == 1 and isinstance(opt, cpu_adamw.LayerwiseAdamW)
+    overlap = plan.overlap_optimizer and accum == 1 and plan.mode == "fsdp2-cpu-offload"
+    # stepping during backward, the optimizer leaves 2 of the rank's CPUs to the training
+    # thread's kernel launches and NCCL's threads (AdamW is memory bound: it loses little)
+    opt_threads = max(1, threads - 2) if overlap and threads >= 4 else threads
+    opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay, device, opt_threads)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     times, opt_times, exposed_times, losses = [], [], [], []
@@ -495,6 +499,7 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
                "step_s": percentile(times, 50), "optimizer_step_s": percentile(opt_times, 50),
                "optimizer_exposed_s": percentile(exposed_times, 50),
                "optimizer_overlapped": float(overlap), "torch_threads": float(threads),
+               "optimizer_threads": float(opt_threads),
                "loss_first": losses[0], "loss_last": losses[-1], "loss_drop": losses[0] - losses[-1],
                "params_b": n_params / 1e9, "accumulation_steps": float(accum),
                "peak_host_mem_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
