@@ -6,7 +6,7 @@
 #   bash benchmarks/sharded_13b_gpu.sh OUT [RUNS]
 # RUNS: comma-separated variants of finetune/full-llama2-13b-sharded (default: the two 2-GPU
 # rows; `1gpu` for the two one-GPU rows, `all` for the four). GPUS defaults to the node's count;
-# SNAKEMAKE_TIMEOUT_S (default 480) stops the runs early enough that the table is still made
+# SNAKEMAKE_TIMEOUT_S (default 450) stops the runs early enough that the table is still made
 # inside a 9-minute call. OUT gets few files (a lent machine returns at most 8): node.txt,
 # snakemake.log, sharded-13b.txt (the table), sharded-13b.json (every run's metrics, tags and
 # thread plan), runs.tgz (each run's small files), workflow.txt (the workflow's own tables).
@@ -24,7 +24,7 @@ case "${2:-2gpu}" in
 esac
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')} CORES=${CORES:-1}
-export PROFILER=${PROFILER:-none} RESULTS=${RESULTS:-results-13b} SNAKEMAKE_TIMEOUT_S=${SNAKEMAKE_TIMEOUT_S:-480}
+export PROFILER=${PROFILER:-none} RESULTS=${RESULTS:-results-13b} SNAKEMAKE_TIMEOUT_S=${SNAKEMAKE_TIMEOUT_S:-450}
 mkdir -p "$OUT"
 WF=$(mktemp -d)  # the workflow's many files; the few that matter are copied to OUT
 { date -u; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; free -g; nproc

@@ -103,7 +103,7 @@ def test_a_fixed_sample_gets_the_reference_update_in_float32_with_units_landing_
     ref = [torch.nn.Parameter(t.clone()) for t in start]
     ours = [torch.nn.Parameter(t.clone()) for t in start]
     ref_opt = torch.optim.AdamW(ref, lr=LR, weight_decay=WD, foreach=False, fused=False)
-    opt = cpu_adamw.LayerwiseAdamW([ours[:2], ours[2:]], LR, WD, "cpu")
+    opt = cpu_adamw.LayerwiseAdamW([ours[:2], ours[2:]], LR, WD, "cpu", threads=2)
     for _ in range(STEPS):
         for p, grad in zip(ref, grads):
             p.grad = grad.clone()
@@ -175,3 +175,17 @@ def test_a_job_given_two_cpus_measures_on_two_threads_whatever_its_launcher_said
     assert rec["hardware"]["threads"]["inherited_dropped"]["OMP_NUM_THREADS"] == "1"
     assert m["optimizer_floor_s"] == pytest.approx(
         m["optimizer_host_gb_per_step"] * m["host_triad_ranks"] / m["host_triad_gbps"])
+
+
+def test_pinning_says_what_it_got_when_the_allocator_refuses(monkeypatch):
+    """The pinned allocator's settings are a speed-up, never a failure: a torch without them
+    leaves cudaHostAlloc, and the record says so."""
+    def refuse(_settings: str) -> None:
+        raise RuntimeError("Unrecognized key")
+
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", refuse)
+    assert sharded.fast_pinning().startswith("cudaHostAlloc (the settings were refused")
+    seen = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", seen.append)
+    assert "cudaHostRegister" in sharded.fast_pinning()
+    assert seen == [sharded.PINNED_ALLOC_SETTINGS]

@@ -139,6 +139,23 @@ def build_sharded(shape: Shape, dtype: Any, mode: str, seed: int, device: Any, c
     return model, bases
 
 
+#: PyTorch's pinned host allocator (FSDP2's offloaded gradients, torchao's copies): plain
+#: memory whose pages 8 threads touch, then ``cudaHostRegister``; by default ``cudaHostAlloc``
+#: faults and clears every page on one thread (about 0.5 GB/s: most of the 51-81 s first steps
+#: of the 2026-11-28 offload runs, issue 35)
+PINNED_ALLOC_SETTINGS = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
+
+
+def fast_pinning() -> str:
+    """Switch the pinned host allocator to ``PINNED_ALLOC_SETTINGS`` (read at each new block);
+    returns what the run's blocks are made with, for its record."""
+    try:
+        torch.cuda.memory._set_allocator_settings(PINNED_ALLOC_SETTINGS)
+    except (RuntimeError, AttributeError, ValueError) as exc:
+        return f"cudaHostAlloc (the settings were refused: {type(exc).__name__}: {exc})"[:250]
+    return "malloc, pages touched by 8 threads, cudaHostRegister"
+
+
 def batch(step: int, micro: int, rank: int, world: int, seq_len: int, vocab: int, seed: int,
           device: Any) -> torch.Tensor:
     """Rank ``rank``'s micro batch ``micro`` of ``step``: rows of the global batch by rank."""

@@ -339,6 +339,7 @@ def run_sharded(spec: RunView, params: FinetuneParams, recorder: Recording) -> N
     world = dist.get_world_size() if dist.is_initialized() else 1
     pinned = None
     if cuda and params.sharding != "fsdp2":
+        recorder.set_tag("finetune.pinned_alloc", sharded.fast_pinning())
         dev = torch.device("cuda", torch.cuda.current_device())
         pinned = (pinned_copy_gbps(dev, "h2d"), pinned_copy_gbps(dev, "d2h"))
         recorder.log_metrics(pinned_h2d_gbps=pinned[0], pinned_d2h_gbps=pinned[1])
