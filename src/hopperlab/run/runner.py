@@ -55,9 +55,12 @@ def _size_threads(spec: RunSpec, rec: Recorder) -> None:
     here = distributed.task_from_env()  # the CPUs the scheduler gave, if it says
     given = (here.cpus, here.cpus_source) if here.cpus is not None else None
     plan = threads.job_threads(overrides, requested=spec.resources.cpus, given=given)
+    dropped = threads.drop_inherited(spec.site.env)  # a launcher's OMP_NUM_THREADS=1 (Snakemake)
     threads.apply(plan)
     rec.hardware["cpus_given"] = plan.cpus
     rec.hardware["threads"] = plan.as_record()
+    if dropped:
+        rec.hardware["threads"]["inherited_dropped"] = dropped
 
 
 def _still_current(spec_path: Path, uid: str | None) -> bool:

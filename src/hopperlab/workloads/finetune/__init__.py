@@ -148,6 +148,10 @@ class FinetuneParams:
     #: Llama ``model_shape`` (SHAPES; ``num_layers`` overrides its layers) and random tokens;
     #: ``global_batch`` rows per optimizer step (0: micro_batch x world size)
     sharding: Sharding = "fsdp2"
+    #: backend sharded, fsdp2-cpu-offload: step each FSDP unit's CPU AdamW during backward as
+    #: its gradients land in host memory (the same update, hidden behind the GPU's backward;
+    #: cpu_adamw.py); false: one step after backward
+    overlap_optimizer: bool = False
     model_shape: ModelShape = "tiny"
     global_batch: int = bounded(0, at_least=0)
     nemo_recipe: str = "llama2_7b"
