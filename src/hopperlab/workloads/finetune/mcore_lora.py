@@ -168,6 +168,7 @@ def train(cfg: dict[str, Any]) -> None:
 
     print(f"versions: megatron-core {megatron.core.__version__}, torch {torch.__version__}, "
           f"python {sys.version.split()[0]}", flush=True)
+    print("device: " + (f"cuda:0 {torch.cuda.get_device_name(0)}" if cuda else "cpu"), flush=True)
     model = build_model(cfg, cuda)
     lora = cfg["lora"]
     wrapped = add_lora(model, lora["targets"], lora["rank"], lora["alpha"])

@@ -99,6 +99,9 @@ def mcore_settings(params: FinetuneParams, knobs: Any, *, num_layers: int,
     megatron-core cannot do here, the reason)."""
     if params.method != "lora":
         raise ValueError("backend nemo: only method: lora is built")
+    if params.weights != "random":
+        raise ValueError("backend nemo: weights: random only (loading Hugging Face weights into "
+                         "megatron-core is Megatron-Bridge's conversion, not importable here)")
     if knobs.memory == "managed":
         raise ValueError("backend nemo: memory: managed has no megatron-core setting")
     if knobs.precision == "fp8":
@@ -237,8 +240,11 @@ def run_nemo(spec: RunView, params: FinetuneParams, recorder: Recording) -> None
         raise RuntimeError(f"megatron-core runner exited with status {proc.returncode}; "
                            f"log tail:\n{tail}")
     for line in lines:
-        if line.startswith("versions:"):
-            recorder.set_tag("nemo.versions", line.split(":", 1)[1].strip())
+        for key in ("versions", "device", "model"):
+            if line.startswith(f"{key}: "):
+                recorder.set_tag(f"nemo.{key}", line.split(": ", 1)[1].strip())
+        if line.startswith("device: "):
+            recorder.set_tag("finetune.gpu_measured", str(line.startswith("device: cuda")).lower())
     steps = parse_log(lines)
     tokens_per_step = params.seq_len * params.micro_batch
     for s in steps:
