@@ -186,3 +186,21 @@ def test_the_runner_trains_adapters_of_a_tiny_megatron_gpt(tmp_path):
     steps = parse_log(lines)
     assert [s.step for s in steps] == list(range(5))
     assert steps[-1].loss < steps[0].loss
+
+
+def test_the_runners_markers_open_the_measured_window_here(tmp_path):
+    from hopperlab.core.window import MEASURED, listening
+
+    heard: list[tuple[str, str]] = []
+    script = (f"print('warm-up'); print({nemo.WINDOW_START!r}); print('step');"
+              f"print({nemo.WINDOW_END!r}); print('after')")
+    with listening(lambda event, name: heard.append((event, name))):
+        rc = nemo.run_logged([sys.executable, "-c", script], tmp_path / "log")
+    assert rc == 0
+    assert heard == [("start", MEASURED), ("end", MEASURED)]
+    assert (tmp_path / "log").read_text().splitlines()[0] == "warm-up"
+    heard.clear()
+    with listening(lambda event, name: heard.append((event, name))):  # a crash inside: closed
+        rc = nemo.run_logged([sys.executable, "-c", f"print({nemo.WINDOW_START!r}); exit(3)"],
+                             tmp_path / "log")
+    assert rc == 3 and heard == [("start", MEASURED), ("end", MEASURED)]

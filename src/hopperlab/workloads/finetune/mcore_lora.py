@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable
 
 from hopperlab.cuda.nvtx import BACKWARD, STEP, measured_region, nvtx_range
+from hopperlab.workloads.finetune.nemo import WINDOW_END, WINDOW_START
 
 MIB = float(1 << 20)
 
@@ -216,8 +217,10 @@ def train(cfg: dict[str, Any]) -> None:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with measured_region():
+        print(WINDOW_START, flush=True)
         for i in range(cfg["warmup_steps"], total):
             one(i)
+    print(WINDOW_END, flush=True)
     if cuda:
         print(memory_line(total), flush=True)
 

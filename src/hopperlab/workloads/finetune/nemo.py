@@ -10,7 +10,9 @@ weights, and a LoRA on NeMo's targets for the torch backend's (q/k/v -> ``linear
 (``mcore_lora.py``, a child process: megatron's global parallel state stays out of the job)
 prints Megatron-LM's training-log lines (``iteration N/M | ... elapsed time per iteration (ms)``
 and ``memory (MB) | ... max allocated``), and ``parse_log`` reads them back into the torch
-backend's metrics. The knobs become megatron-core's settings (``mcore_settings``): checkpointing
+backend's metrics; its markers around the measured steps open the measured window here, where
+the energy meter listens (``run_logged``); under ``profiler: nsys`` the child is traced too and
+opens the capture (``measured_region``) as the torch backend does. The knobs become megatron-core's settings (``mcore_settings``): checkpointing
 is its full uniform recompute; bf16 its ``bf16``/``params_dtype``; its CPU offloading of
 activations (``cpu_offloading`` and ``fine_grained_activation_offloading`` alike) and FP8 need
 TransformerEngine and are skipped, with that reason, where it is missing. Cheap to import (no
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hopperlab.core.rundir import SkipRun
+from hopperlab.core.window import MEASURED, announce
 from hopperlab.core.stats import percentile
 from hopperlab.workloads.base import Recording, RunView
 from hopperlab.workloads.finetune import FinetuneParams
@@ -40,6 +43,9 @@ RUNNER = "hopperlab.workloads.finetune.mcore_lora"
 #: megatron-core's submodules that offload activations import TransformerEngine's cpu_offload
 TE_MODULE = "transformer_engine"
 MIB_PER_GIB = 1024.0
+#: the runner's lines around its measured steps (after the device is synchronised)
+WINDOW_START = "window: measured start"
+WINDOW_END = "window: measured end"
 
 # Megatron-LM's training log: " [time] iteration    3/   13 | consumed samples: ... |
 # elapsed time per iteration (ms): 702.3 | ... | lm loss: 2.1E+00 | ..."
@@ -198,6 +204,12 @@ def missing_stack() -> str | None:
     return None
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _child_env() -> dict[str, str]:
     """The job's environment with hopperlab's source folder first on PYTHONPATH."""
     src = str(Path(__file__).resolve().parents[3])
@@ -224,6 +236,9 @@ def run_nemo(spec: RunView, params: FinetuneParams, recorder: Recording) -> None
                                te_available=te)
     except ValueError as exc:
         raise SkipRun(str(exc)) from None
+    if "recompute_granularity" in config["settings"] and not _cuda():
+        raise SkipRun("backend nemo: megatron-core's recompute saves and restores CUDA RNG "
+                      "states (tensor_parallel.checkpoint): it needs CUDA")
     source = write_tokens(spec, params, shape["vocab_size"], Path(config["tokens"]))
     recorder.set_tag("data.source", source)
     (work / "config.json").write_text(json.dumps(config, indent=1))
@@ -231,13 +246,11 @@ def run_nemo(spec: RunView, params: FinetuneParams, recorder: Recording) -> None
     recorder.set_tag("nemo.command", " ".join(cmd))
     recorder.set_tag("nemo.stack", "megatron-core GPTModel, local (non-TE) layer spec")
     log_path = recorder.artifact_path("nemo.log")
-    with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
-                              env=_child_env())
+    returncode = run_logged(cmd, log_path)
     lines = log_path.read_text().splitlines()
-    if proc.returncode != 0:
+    if returncode != 0:
         tail = "\n".join(lines[-20:])
-        raise RuntimeError(f"megatron-core runner exited with status {proc.returncode}; "
+        raise RuntimeError(f"megatron-core runner exited with status {returncode}; "
                            f"log tail:\n{tail}")
     for line in lines:
         for key in ("versions", "device", "model"):
@@ -256,6 +269,29 @@ def run_nemo(spec: RunView, params: FinetuneParams, recorder: Recording) -> None
                           tokens_per_step=tokens_per_step)
     final.update(parse_peak_gib(lines))
     recorder.log_metrics(final)
+
+
+def run_logged(cmd: list[str], log_path: Path) -> int:
+    """Run the runner with its output copied to ``log_path``; its window markers (``WINDOW_START``
+    / ``WINDOW_END``, printed around the measured steps) open and close the measured window in
+    this process, where the runner's energy meter listens. Returns the exit status."""
+    opened = False
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=_child_env())
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith(WINDOW_START) and not opened:
+                announce("start", MEASURED)
+                opened = True
+            elif line.startswith(WINDOW_END) and opened:
+                announce("end", MEASURED)
+                opened = False
+        returncode = proc.wait()
+    if opened:
+        announce("end", MEASURED)
+    return returncode
 
 
 def write_tokens(spec: RunView, params: FinetuneParams, vocab_size: int, path: Path) -> str:
