@@ -111,8 +111,10 @@ def mcore_settings(params: FinetuneParams, knobs: Any, *, num_layers: int,
     if knobs.memory == "managed":
         raise ValueError("backend nemo: memory: managed has no megatron-core setting")
     if knobs.precision == "fp8":
-        raise ValueError("backend nemo: fp8 needs TransformerEngine's layer spec "
-                         "(TransformerEngine is not in the image; its wheel is 264 MiB)")
+        raise ValueError("backend nemo: fp8 needs TransformerEngine's layer spec, and this "
+                         "backend builds megatron-core's local one" + (
+                             "" if te_available else " (TransformerEngine is not installed: "
+                             "its CUDA 13 wheel is 264 MiB, over the device's carry)"))
     bf16 = params.dtype == "bfloat16"
     out: dict[str, Any] = {"bf16": bf16, "params_dtype": params.dtype,
                            "hidden_dropout": 0.0, "attention_dropout": 0.0}
@@ -121,9 +123,9 @@ def mcore_settings(params: FinetuneParams, knobs: Any, *, num_layers: int,
                    recompute_num_layers=1)
     if knobs.offload != "none":
         if not te_available:
-            raise ValueError("backend nemo: megatron-core's CPU offloading (cpu_offloading and "
-                             "fine_grained_activation_offloading) needs TransformerEngine's "
-                             "cpu_offload, not in the image")
+            raise ValueError("backend nemo: megatron-core's CPU offloading of activations "
+                             "(cpu_offloading and fine_grained_activation_offloading alike) "
+                             "needs TransformerEngine's cpu_offload, which is not installed")
         if params.checkpointing:
             raise ValueError("backend nemo: megatron-core refuses CPU offloading with "
                              "activation recomputation")
