@@ -58,7 +58,7 @@ if compgen -G "$NEMO_WHEELS/megatron_bridge-*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --target /tmp/site-bridge "$NEMO_WHEELS"/megatron_core-*.whl "$NEMO_WHEELS"/megatron_bridge-*.whl
     echo "\$ PYTHONPATH=/tmp/site-bridge python3 -c 'import megatron.bridge.peft.lora'"
-    PYTHONPATH=/tmp/site-bridge timeout 120 python3 -c "import megatron.bridge.peft.lora" \
+    PYTHONPATH=/tmp/site-bridge timeout 60 python3 -c "import megatron.bridge.peft.lora" \
       && echo "bridge: import ok"; } >"$OUT/bridge-probe.txt" 2>&1
   echo "[nemo_gpu] megatron-bridge probe: $(tail -1 "$OUT/bridge-probe.txt")"
 fi
