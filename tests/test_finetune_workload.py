@@ -197,12 +197,13 @@ def test_missing_data_becomes_synthetic_only_when_allowed(assets, tmp_path):
     assert rec.tags["data.source"] == "synthetic (asset nope,nope not built)"
 
 
-def test_nemo_backend_without_image_is_skipped(assets, tmp_path, monkeypatch):
-    monkeypatch.delenv("HOPPERLAB_IMAGE", raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path))
+def test_nemo_backend_without_megatron_core_is_skipped(assets, tmp_path, monkeypatch):
+    from hopperlab.workloads.finetune import nemo
+
+    monkeypatch.setattr(nemo.importlib.util, "find_spec", lambda name: None)
     s = spec(assets, replace(SMOKE, backend="nemo"), tmp_path)
     s.site = FakeSite(assets_dir=str(assets))
-    with pytest.raises(SkipRun):
+    with pytest.raises(SkipRun, match="megatron-core is not importable"):
         run(s, Recorder(tmp_path / "n"))
 
 

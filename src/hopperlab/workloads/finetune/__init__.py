@@ -3,8 +3,8 @@
 The study of the source talk (LoRA of Llama-2-7B on Dolly-15k: data-loader workers, activation
 offload, unified memory, FP8) and the slides' single-GPU 70B LoRA, as one training loop whose
 knobs dispatch to ``hopperlab.memory`` (``techniques.py``). Two backends: ``torch``
-(transformers + peft, this package) and ``nemo`` (NeMo in the site's ``nemo`` container,
-``nemo.py``). The family declares its knobs' values here (``FAMILY.supported_knobs``; the
+(transformers + peft, this package) and ``nemo`` (NVIDIA's megatron-core, in a child
+process: ``nemo.py``). The family declares its knobs' values here (``FAMILY.supported_knobs``; the
 ``offload`` knob with what each value offloads, ``OFFLOADS``). What each knob does:
 docs/benchmarks/finetune.md ("The family in one page").
 
@@ -53,7 +53,7 @@ HEADLINE_METRICS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class FinetuneParams:
-    #: "torch" (transformers + peft in this process) or "nemo" (the NeMo container)
+    #: "torch" (transformers + peft in this process) or "nemo" (megatron-core, nemo.py)
     backend: Backend = "torch"
     #: "lora" (frozen base, peft adapters) or "full" (every weight trained)
     method: Method = "lora"
@@ -143,7 +143,6 @@ class FinetuneParams:
     #: backend torch: the saved-tensor census (memory.saved_tensor_census) of one extra,
     #: unmeasured step after warm-up: census_* metrics, artifacts/census.json and census.csv
     census: bool = False
-    #: nemo backend: the NeMo recipe (a Llama-2-7B LoRA fine-tuning on Dolly by default)
     #: backend sharded: fsdp2 | fsdp2-cpu-offload | torchao-cpu-offload, over a random-weights
     #: Llama ``model_shape`` (SHAPES; ``num_layers`` overrides its layers) and random tokens;
     #: ``global_batch`` rows per optimizer step (0: micro_batch x world size)
@@ -154,8 +153,9 @@ class FinetuneParams:
     overlap_optimizer: bool = False
     model_shape: ModelShape = "tiny"
     global_batch: int = bounded(0, at_least=0)
+    #: unused since backend nemo runs megatron-core (nemo.py), not the NeMo CLI: kept so that
+    #: the spec.json files of earlier runs (which carry them) still load
     nemo_recipe: str = "llama2_7b"
-    #: nemo backend: extra arguments appended to the command (key=value overrides)
     nemo_extra: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 """finetune's entry: ``run(spec, recorder)``.
 
-``backend: nemo`` runs the NeMo command in the site's ``nemo`` container (``nemo.py``);
+``backend: nemo`` runs megatron-core's GPT with LoRA in a child process (``nemo.py``);
 ``backend: torch`` trains here: on ``cuda:0`` where torch sees CUDA and the run asks for a GPU
 (tag ``finetune.gpu_measured=true``), otherwise on the CPU with every technique's bookkeeping
 (the smoke test's figures, not a measurement of any technique's speed).
