@@ -40,5 +40,5 @@ done
 # workflow_gpu.sh sets PYTHONPATH for its own children only (the wheels and src/)
 export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 python3 benchmarks/sharded_table.py "$RESULTS" --json "$OUT/sharded-13b.json" | tee "$OUT/sharded-13b.txt"
-cp "$WF/runs.tgz" "$OUT/" 2>/dev/null
+cp "$WF/runs.tgz" "$WF/energy.tgz" "$OUT/" 2>/dev/null  # energy.tgz: power traces and windows (issue 36)
 cat "$WF/table.txt" "$WF/check.txt" "$WF/energy.txt" >"$OUT/workflow.txt" 2>/dev/null
