@@ -135,6 +135,11 @@ class FamilyInfo:
     #: metrics (shell globs) a host's CPU drives, judged only against references of the same
     #: host CPU (``hopperlab.node.hardware.host_cpu``)
     host_cpu_metrics: tuple[str, ...] = ()
+    #: the metrics (shell globs) a reference judges: the family's headline figures, each with a
+    #: direction (throughput, step time, request latency, link GB/s, query time). Every other
+    #: metric is a diagnostic: recorded and charted, never judged (issue 36: a diagnostic
+    #: fraction of 0.005 or a loss figure judged at 5 % made healthy checks fail)
+    judged: tuple[str, ...] = ()
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)

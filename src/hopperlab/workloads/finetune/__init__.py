@@ -225,6 +225,7 @@ FAMILY = FamilyInfo(
     charts="hopperlab.workloads.finetune.charts:charts",
     tables="hopperlab.workloads.finetune.tables:tables",
     directions=METRIC_DIRECTIONS,
+    judged=("tokens_per_s", "step_time_p50_s"),
     work_units=WORK_UNITS,
     floors=FLOORS,
     check_assets=check_assets,
