@@ -1,0 +1,80 @@
+"""Issue 36: the resampling study on the real H200 samples of the check subset (seeded, about
+two seconds), and diagnostics that are never judged."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from pathlib import Path
+
+import pytest
+
+from hopperlab.results.machines import references as R
+from hopperlab.results.machines.resampling import study
+
+FIXTURES = Path(__file__).parent / "fixtures" / "noise-h200"
+
+
+def _samples() -> dict[str, list[dict[str, float]]]:
+    return {"/".join(f.relative_to(FIXTURES).parts[:3]):
+            [json.loads(line)["metrics"] for line in f.open()]
+            for f in sorted(FIXTURES.glob("*/*/*/samples.jsonl"))}
+
+
+@pytest.fixture(scope="module")
+def result():
+    return study(_samples(), draws=1000, n_ref=15, shift=0.10, seed=36)
+
+
+def test_false_alarms_at_most_5_percent_per_run_and_subset(result):
+    assert len(result.runs) == 6
+    for key, r in result.runs.items():
+        assert result.rate(r.false_alarms) <= 0.05, key
+    assert result.rate(result.false_alarms) <= 0.05
+
+
+def test_a_10_percent_shift_detected_in_95_percent_per_sensitive_run_and_subset(result):
+    sensitive = {k for k, r in result.runs.items() if r.sensitive(result.draws)}
+    # the GPU-bound figures (step time, throughput, link GB/s) must be sensitive
+    assert {k for k in result.runs if not k.startswith("recommender/")} <= sensitive
+    for key in sensitive:
+        assert result.rate(result.runs[key].detections) >= 0.95, key
+    assert result.rate(result.detections) >= 0.95
+
+
+def test_the_host_cpu_latencies_are_reported_insensitive(result):
+    # their noise (regimes of +-40 % within one run) sets a minimum effect above 10 %: the
+    # study names them instead of counting a detection no check could make
+    for key in ("recommender/latency/cpu-only", "recommender/latency/gpu"):
+        assert not result.runs[key].sensitive(result.draws)
+    assert any("insensitive" in line for line in result.lines())
+
+
+def test_a_shift_below_the_minimum_effect_is_not_detected():
+    small = study(_samples(), draws=200, n_ref=15, shift=0.02, seed=1)
+    assert small.rate(small.detections) < 0.05
+
+
+def test_diagnostics_are_never_judged(tmp_path):
+    ref = {"value": 1.0, "spread": 0.01, "n": 10, "min_effect": 0.05}
+    refs = tmp_path / "m.yaml"
+    refs.write_text(json.dumps({"machine": "m", "references": {"finetune/lora/x": {
+        "tokens_per_s": ref, "data_wait_fraction": ref, "loss_drop": ref}}}))
+    loaded = R.load_references(refs)
+    # the diagnostics are twice as bad as their reference; the throughput is as before
+    j = R.judge_run("finetune", "finetune/lora/x", "ok",
+                    {"tokens_per_s": 1.0, "data_wait_fraction": 2.0, "loss_drop": 0.5}, loaded)
+    assert [f.metric for f in j.findings] == ["tokens_per_s"] and j.verdict == R.PASS
+    assert not R.judged("finetune", "data_wait_fraction") and R.judged("finetune",
+                                                                       "tokens_per_s")
+
+
+def test_every_judged_metric_has_a_direction():
+    from hopperlab.workloads import family_info
+
+    for name in ("selftest", "database", "membench", "finetune", "inference", "recommender"):
+        info = family_info(name)
+        assert info.judged, name
+        for pattern in info.judged:
+            named = [m for m in info.directions if fnmatch.fnmatchcase(m, pattern)]
+            assert named, f"{name}: {pattern} matches no metric with a direction"
