@@ -31,8 +31,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import math
+import shlex
 import shutil
 import subprocess
 import sys

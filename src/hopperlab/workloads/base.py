@@ -80,6 +80,11 @@ class WorkUnit:
     work_label: str = ""     # e.g. "training tokens per joule"
     work_scale: float = 1.0
     window: str = ""
+    #: metrics whose product (times ``scale_param``) is the units of work completed inside the
+    #: measured window(s), e.g. finetune's ``measured_tokens``: what the window's joules are
+    #: divided by (issue 36: a stall inside the window is paid for). Empty: energy per unit
+    #: divides the window's mean power by the rate (tag ``energy.basis`` says which)
+    done: tuple[str, ...] = ()
 
     @property
     def energy_name(self) -> str:
