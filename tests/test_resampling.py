@@ -78,3 +78,38 @@ def test_every_judged_metric_has_a_direction():
         for pattern in info.judged:
             named = [m for m in info.directions if fnmatch.fnmatchcase(m, pattern)]
             assert named, f"{name}: {pattern} matches no metric with a direction"
+
+
+def test_check_judges_the_shipped_2xh200_references(tmp_path):
+    """``hopperlab check`` on the 2 x H200 runs: every run judged (none no-reference), all pass;
+    the same runs 10 % slower on their judged metrics regress where the noise allows."""
+    import shutil
+
+    from hopperlab.results.report.collect import collect_runs
+
+    refs = Path(__file__).parents[1] / "configs" / "references"
+    rows = collect_runs(FIXTURES)
+    judged = R.judge_rows(rows, refs)
+    assert {r.machine for r in rows} == {"2xh200-141g-pcie5-x86_64"}
+    assert sorted(r.reference_check for r in rows) == [R.PASS] * 6
+
+    slow = tmp_path / "slow"
+    shutil.copytree(FIXTURES, slow)
+    for f in slow.glob("*/*/*/samples.jsonl"):
+        key = "/".join(f.relative_to(slow).parts[:3])
+        family = key.split("/")[0]
+        lines = []
+        for line in f.read_text().splitlines():
+            row = json.loads(line)
+            row["metrics"] = {m: (v * 1.1 if R.direction(family, m) == "lower" else v / 1.1)
+                              for m, v in row["metrics"].items()}
+            lines.append(json.dumps(row))
+        f.write_text("\n".join(lines) + "\n")
+    rows = collect_runs(slow)
+    judged = R.judge_rows(rows, refs)
+    verdicts = {r.key: r.reference_check for r in rows}
+    assert all(v == R.REGRESSION for k, v in verdicts.items()
+               if not k.startswith("recommender/")), verdicts
+    # the recommender's latencies: below their minimum effect, never a regression
+    assert all(verdicts[k] == R.PASS for k in verdicts if k.startswith("recommender/"))
+    assert len(R.regressions(judged)) == 6  # 2 fine-tunes x 2 metrics, 2 copies

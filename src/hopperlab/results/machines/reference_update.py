@@ -46,7 +46,7 @@ def _metrics_for(row: RunRow, existing: Mapping[str, Any]) -> list[str]:
         return [str(m) for m in named if refs_mod.judged(row.family, str(m))]
     return [m for m in row.headline_metrics
             if refs_mod.direction(row.family, m) is not None and not m.endswith("_n")
-            and refs_mod.judged(row.family, m)]
+            and refs_mod.judged(row.family, m) and m in row.metrics]
 
 
 def _entry(row: RunRow, metric: str, values: list[float], min_effect: float, results: Path,
