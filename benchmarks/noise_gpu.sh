@@ -14,7 +14,7 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
     --target /tmp/site "$WHEELS"/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD/src
 else
-  export PYTHONPATH=$PWD/src
+  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src
 fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$OUT"
