@@ -113,3 +113,26 @@ def test_check_judges_the_shipped_2xh200_references(tmp_path):
     # the recommender's latencies: below their minimum effect, never a regression
     assert all(verdicts[k] == R.PASS for k in verdicts if k.startswith("recommender/"))
     assert len(R.regressions(judged)) == 6  # 2 fine-tunes x 2 metrics, 2 copies
+
+
+def test_an_inconclusive_finding_fails_only_a_strict_check(tmp_path, capsys):
+    """A change past the minimum effect whose interval still holds no change: ``inconclusive``,
+    printed, exit 0; ``--strict`` exits 1."""
+    import shutil
+
+    from hopperlab.cli.main import main
+
+    run = tmp_path / "results" / "membench" / "copy" / "h2d-pinned"
+    shutil.copytree(FIXTURES / "membench" / "copy" / "h2d-pinned", run)
+    (run / "samples.jsonl").write_text(json.dumps({"repeat": 0, "metrics": {
+        "gbps_at_largest": 50.0}}) + "\n")
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    # a noisy reference of 3 samples: 50 against 55.3 is 10 % (past 5 %) but not significant
+    (refs / "2xh200-141g-pcie5-x86_64.yaml").write_text(
+        "machine: 2xh200-141g-pcie5-x86_64\nreferences:\n  membench/copy/h2d-pinned:\n"
+        "    gbps_at_largest: {value: 55.3, spread: 0.08, n: 3, min_effect: 0.05}\n")
+    args = ["check", str(tmp_path / "results"), "--references", str(refs)]
+    assert main(args) == 0
+    assert "INCONCLUSIVE" in capsys.readouterr().out
+    assert main([*args, "--strict"]) == 1
