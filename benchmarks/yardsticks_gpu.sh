@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Issue 36's one GPU call, on a node of 2 GPUs, from the repository root:
 #   bash benchmarks/yardsticks_gpu.sh OUT
-# GPU $NOISE_GPU (0): the noise measurement (benchmarks/noise_gpu.sh: healthy checks, the
-# co-runner tuned to a 10 % slowdown, detections). GPU $ENERGY_GPU (1), at the same time: the
-# node's matmul probes (bf16, fp8) and docs/benchmarks/energy.md's command, shrunk to the runs
-# issue 36 found implausible ($ENERGY_RUNS), then the energy table against the probes.
+# GPU $NOISE_GPU (1): the noise measurement (benchmarks/noise_gpu.sh: healthy checks, the
+# co-runner tuned to a 10 % slowdown, detections). GPU 0, at the same time: the node's matmul
+# probes (bf16, fp8) and docs/benchmarks/energy.md's command, shrunk to the runs issue 36 found
+# implausible ($ENERGY_RUNS), then the energy table against the probes. The energy part must be
+# on GPU 0: the workflow's local executor (submitit) sets CUDA_VISIBLE_DEVICES=0 for a 1-GPU
+# job whatever the caller's; the noise runs and the co-runner run as plain processes.
 # Wheels missing from the node's image: in $WHEELS (.whl-wf). Eight files come back in OUT:
 #   noise.json noise.log noise-references.yaml noise-runs.tgz
 #   probe-bf16.json probe-fp8.json energy.txt energy-runs.tgz
@@ -13,7 +15,7 @@
 set -uo pipefail
 OUT=${1:?OUT}
 WHEELS=${WHEELS:-.whl-wf}
-NOISE_GPU=${NOISE_GPU:-0}; ENERGY_GPU=${ENERGY_GPU:-1}
+NOISE_GPU=${NOISE_GPU:-1}; ENERGY_GPU=0
 ENERGY_RUNS=${ENERGY_RUNS:-finetune/full-1b/bf16-compile,finetune/full-1b/fp8}
 ENERGY_SUBS=${ENERGY_SUBS-dolly-15k:dolly-synthetic,llama-2-tokenizer:tiny-tokenizer}
 W=${WORK:-/tmp/yardsticks}
