@@ -36,7 +36,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
   # shellcheck disable=SC2086
   bash benchmarks/noise_gpu.sh "$W/nz" ${NOISE_ARGS:-} >"$W/noise-tail.log" 2>&1 ) &
 NOISE=$!
-sleep "${STAGGER_S:-20}"  # the noise run's assets first: no two processes build one asset
+sleep "${STAGGER_S:-5}"  # the noise run first (assets are locked per asset: no clash)
 
 # the energy part on the other GPU
 ( export CUDA_VISIBLE_DEVICES=$ENERGY_GPU
