@@ -1,13 +1,13 @@
-"""Does ``hopperlab check`` cry wolf, and does it catch a real, measured 10 % slowdown? (issues 29, 36)
+"""Does ``hopperlab check`` cry wolf, and does it catch a real, measured 10 % slowdown? (#29, #36)
 
 One process per run of the check subset measures many windows (``repeats``, the family's unit)
 through the platform's own runner. A co-runner (benchmarks/gpu_loader.py) shares the same GPU in
 interleaved phases: off for OFF_WINDOWS windows, on for ON_WINDOWS, again and again, from the
 run's first measured window on. Each window is classified by its time span (from steps.jsonl)
 against the phases: wholly in an off phase = healthy, wholly in an on phase = loaded, else left
-out. The first CALIBRATION on/off cycles tune the co-runner's duty from the run's own step
-figures (on-phase over off-phase median) towards the TARGET slowdown; the later cycles count.
-Then:
+out. The first CALIBRATION (or CALIBRATION_MAX) on/off cycles tune the co-runner's duty from
+the run's own step figures (on-phase over off-phase median) towards the TARGET slowdown; the
+later cycles count. Then:
 
 * the first REF healthy windows of each run become its references (``hopperlab references
   update`` over a copy of the machine's shipped file);
@@ -79,8 +79,9 @@ STEP_FIGURES = {"finetune": ("step_time_s", "lower", None),
                 "database": ("time_ms", "lower", None)}
 #: windows per off phase and per on phase (off is longer: a check wants more healthy windows)
 OFF_WINDOWS, ON_WINDOWS = 6.0, 5.0
-#: on/off cycles that tune the duty before loaded windows count
-CALIBRATION = 2
+#: on/off cycles that tune the duty before loaded windows count: at least CALIBRATION, one
+#: more (CALIBRATION_MAX) unless the last one's slowdown was within CONVERGED of the target
+CALIBRATION, CALIBRATION_MAX, CONVERGED = 2, 3, 0.02
 #: the slowdown the co-runner is tuned to, and how far off a counted run may be
 TARGET, TOLERANCE = 0.10, 0.03
 #: seconds after a phase switch before a window counts (the co-runner's period is 20 ms)
@@ -139,7 +140,8 @@ def prepare(key: str, over: dict[str, Any], args: argparse.Namespace, results: P
 
 
 
-def windows(steps: Sequence[Mapping[str, Any]], per_window: int | None) -> list[tuple[float, float]]:
+def windows(steps: Sequence[Mapping[str, Any]], per_window: int | None
+            ) -> list[tuple[float, float]]:
     """Each sample's time span from the run's step lines: steps carrying ``repeat`` grouped by
     it; else the measured steps (``measured`` 1) in chunks of ``per_window``. A window starts
     when the step before its first one ended (a step's time is its end)."""
@@ -237,8 +239,11 @@ class Controller:
             self.phases[-1]["t1"] = now
         cycle = sum(1 for p in self.phases if p["on"]) if on else \
             sum(1 for p in self.phases if not p["on"])
+        last = self.calibration[-1]["slowdown"] if self.calibration else None
+        settled = last is not None and abs(last - TARGET) <= CONVERGED
         self.phases.append({"on": on, "t0": now, "t1": None, "duty": self.duty,
-                            "counted": on and cycle >= CALIBRATION})
+                            "counted": on and (cycle >= CALIBRATION_MAX
+                                               or (cycle >= CALIBRATION and settled))})
         if on:
             self.flag.with_name(self.flag.name + ".duty").write_text(f"{self.duty:.4f}")
             self.flag.touch()
@@ -361,10 +366,10 @@ def judge(results: Path, out: Path, log: Mapping[str, Mapping[str, Any]], ref: i
                                 for v in slow.values())
         info["counted"] = ok and len(checks_l) > 0
         if not info["counted"]:
-            info["not_counted"] = (f"the co-runner slowed it by "
-                                   f"{', '.join(f'{m} {v:+.1%}' if v is not None else m + ' ?' for m, v in slow.items())}"
-                                   f", not {TARGET:.0%} +- {TOLERANCE:.0%}" if slow else
-                                   "no loaded window")
+            said = ", ".join(f"{m} {v:+.1%}" if v is not None else f"{m} ?"
+                             for m, v in slow.items())
+            info["not_counted"] = (f"the co-runner slowed it by {said}, not {TARGET:.0%} +- "
+                                   f"{TOLERANCE:.0%}" if slow else "no loaded window")
         for i, s in enumerate(checks_h):
             _view(row.run_dir, views / f"healthy-{i:02d}" / key, [s])
         if info["counted"]:
@@ -414,7 +419,7 @@ def main() -> int:
     ap.add_argument("--ref", type=int, default=10)
     ap.add_argument("--healthy", type=int, default=20)
     ap.add_argument("--loaded", type=int, default=20)
-    ap.add_argument("--windows", type=int, default=90,
+    ap.add_argument("--windows", type=int, default=100,
                     help="windows per run (repeats): enough for ref + healthy healthy windows "
                          "and loaded counted ones after the calibration")
     ap.add_argument("--duty", type=float, default=0.25, help="the co-runner's first duty")
@@ -458,9 +463,10 @@ def main() -> int:
     for key, info in summary["runs"].items():
         slow = ", ".join(f"{m} {v:+.1%}" for m, v in info.get("slowdown", {}).items()
                          if v is not None)
+        verdict = "counted" if info.get("counted") else \
+            f"NOT counted: {info.get('not_counted') or info.get('left_out')}"
         print(f"[noise] run {key}: {info['healthy_windows']} healthy / {info['loaded_windows']} "
-              f"loaded windows; slowdown {slow or '-'}; "
-              f"{'counted' if info.get('counted') else 'NOT counted: ' + str(info.get('not_counted') or info.get('left_out'))}")
+              f"loaded windows; slowdown {slow or '-'}; {verdict}")
     print(f"[noise] healthy checks failing: {summary['false_alarms']} of "
           f"{summary['healthy_checks']}; loaded checks failing (detected): "
           f"{summary['detected']} of {summary['loaded_checks']}")

@@ -80,3 +80,36 @@ def test_the_duty_is_tuned_towards_the_target_slowdown():
     assert N.next_duty(0.2, None) == 0.2        # nothing measured: unchanged
     assert N.worse_ratio([1.1, 1.1], [1.0, 1.0], "lower") == 1.1 / 1.0 - 1
     assert abs(N.worse_ratio([90.0], [100.0], "higher") - 0.1111) < 1e-3
+
+
+def test_the_controller_tunes_the_duty_from_the_steps_then_counts(tmp_path):
+    """A fine-tune whose steps are 0.4 x duty slower while the flag exists (0.25 -> 10 %): the
+    controller measures the window, interleaves phases, tunes the duty from the step times
+    (a first duty of 0.5 gives 20 %: halved), then counts on phases at the tuned duty."""
+    import json as _json
+
+    N = _noise_gpu()
+    flag, steps = tmp_path / "loader.on", tmp_path / "steps.jsonl"
+    ctl = N.Controller("finetune", flag, 2, 0.5)
+    now, step = 1000.0, 0
+    with steps.open("w") as fh:
+        fh.write(_json.dumps({"step": 0, "time": now, "metrics": {"measured": 0.0,
+                                                               "step_time_s": 9.0}}) + "\n")
+        while now < 1000.0 + 400 * 0.3:
+            duty = float((tmp_path / "loader.on.duty").read_text()) if flag.exists() else 0.0
+            t = 0.3 * (1 + 0.4 * duty)
+            now += t
+            step += 1
+            fh.write(_json.dumps({"step": step, "time": now, "metrics": {
+                "measured": 1.0, "step_time_s": t}}) + "\n")
+            fh.flush()
+            ctl.tick(steps, now)
+    ctl.close(now)
+    assert abs(ctl.window_s - 0.6) < 1e-9
+    assert ctl.calibration[0]["duty"] == 0.5 and abs(ctl.calibration[0]["slowdown"] - 0.2) < 1e-6
+    assert abs(ctl.duty - 0.25) < 1e-6 and abs(ctl.calibration[1]["slowdown"] - 0.1) < 1e-6
+    counted = [p for p in ctl.phases if p["counted"]]
+    assert len(ctl.calibration) == 2 and counted and all(p["duty"] == ctl.duty for p in counted)
+    spans = N.windows([_json.loads(line) for line in steps.read_text().splitlines()], 2)
+    kinds = [N.classify(w, ctl.phases) for w in spans]
+    assert kinds.count("loaded") >= 20 and kinds.count("healthy") >= 30
