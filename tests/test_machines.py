@@ -206,13 +206,16 @@ def test_check_exit_codes_and_the_named_metric(tmp_path, fixtures, capsys):
     out = capsys.readouterr().out
     assert "REGRESSION h200-141g-pcie5-x86_64 membench/copy/h2d-pinned gbps_at_largest" in out
     # a referenced metric the run did not record is a regression naming the file
-    _drop_metric(fixtures["h100"], "finetune/lora-llama2-7b/fp8", "mfu")
+    # (a judged metric: ``mfu`` is a diagnostic, never judged, issue 36)
+    _drop_metric(fixtures["h100"], "finetune/lora-llama2-7b/fp8", "tokens_per_s")
     moved100 = _refs(tmp_path, H100, {"references": {"finetune/lora-llama2-7b/fp8": {
+        "tokens_per_s": {"value": 20000.0, "lower": -0.1, "upper": 0.1, "source": "x"},
         "mfu": {"value": 0.45, "lower": -0.1, "upper": 0.1, "source": "x"}}}})
     assert main(["--root", str(REPO), "check", str(fixtures["h100"]),
                  "--references", str(moved100)]) == 1
     out = capsys.readouterr().out
-    assert "mfu missing in" in out and "fp8/metrics.json" in out
+    assert "tokens_per_s missing in" in out and "fp8/metrics.json" in out
+    assert "mfu" not in out
 
 
 def test_report_shows_machine_and_check(fixtures):

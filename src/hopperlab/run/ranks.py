@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hopperlab.core import energy_names as N
 from hopperlab.core.rundir import (
     HARDWARE_FILE,
     RECORD_FILE,
@@ -76,7 +77,7 @@ def _figures(recs: dict[int, dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-_GPU_ENERGY = re.compile(r"(^|_)energy_gpu_j$")
+_GPU_ENERGY = re.compile(rf"(^|_){N.ENERGY_GPU_J}$")
 _HOST_ENERGY = re.compile(r"(^|_)energy_(host|module)_j$")
 
 
@@ -95,18 +96,49 @@ def _energy(recs: dict[int, dict[str, Any]], metrics: dict[str, float],
             else:
                 metrics.pop(name, None)
                 lacking = [r for r, rec in recs.items() if name not in rec.get("metrics", {})]
-                prefix = name[: -len("energy_gpu_j")]
-                tags[f"{prefix}energy.gpu"] = (f"not measured: ranks {lacking} have no GPU "
+                prefix = name[: -len(N.ENERGY_GPU_J)]
+                tags[prefix + N.TAG_GPU] = (f"not measured: ranks {lacking} have no GPU "
                                                "energy (" + "; ".join(
                                                    str(recs[r].get("tags", {}).get(
-                                                       f"{prefix}energy.gpu")) for r in lacking)
+                                                       prefix + N.TAG_GPU)) for r in lacking)
                                                + ")")[:500]
         elif _HOST_ENERGY.search(name):
             metrics[name] = sum(have)
-        elif name.endswith("power_gpu_peak_w"):
+        elif name.endswith(N.POWER_GPU_PEAK_W):
             metrics[name] = max(have)
-        elif name.endswith("power_gpu_mean_w") and len(have) == len(values):
+        elif name.endswith(N.POWER_GPU_MEAN_W) and len(have) == len(values):
             metrics[name] = sum(have) / len(have)
+    _trace_and_label(recs, metrics, tags)
+
+
+def _trace_and_label(recs: dict[int, dict[str, Any]], metrics: dict[str, float],
+                     tags: dict[str, str]) -> None:
+    """The run's trace/counter agreement over every rank's GPU (each rank's ratio weighted by
+    its joules: the sum of the traces over the sum of the counters), the reason where a rank's
+    trace disagrees, and how many GPUs the joules sum (not rank 0's "1 of 2 visible")."""
+    if N.ENERGY_GPU_J not in metrics:
+        return
+    per = {r: rec.get("metrics", {}) for r, rec in recs.items()}
+    pairs = [(m.get(N.TRACE_RATIO), m.get(N.ENERGY_GPU_J)) for m in per.values()]
+    if all(ratio is not None and j for ratio, j in pairs):
+        metrics[N.TRACE_RATIO] = sum(ratio * j for ratio, j in pairs) / sum(
+            j for _, j in pairs)  # type: ignore[operator,misc]
+        gaps = [m[N.TRACE_MAX_GAP_S] for m in per.values() if N.TRACE_MAX_GAP_S in m]
+        if gaps:
+            metrics[N.TRACE_MAX_GAP_S] = max(gaps)
+    else:
+        metrics.pop(N.TRACE_RATIO, None)
+    why = [f"rank {r}: {rec['tags'][N.TAG_TRACE]}" for r, rec in sorted(recs.items())
+           if N.TAG_TRACE in rec.get("tags", {})]
+    if why:
+        tags[N.TAG_TRACE] = "; ".join(why)[:500]
+    else:
+        tags.pop(N.TAG_TRACE, None)
+    owned = [re.match(r"(\d+) of", str(rec.get("tags", {}).get(N.TAG_GPUS, "")))
+             for rec in recs.values()]
+    gpus = sum(int(m.group(1)) for m in owned if m) if all(owned) else None
+    tags[N.TAG_GPUS] = (f"{gpus if gpus is not None else 'the'} GPUs summed over {len(recs)} "
+                        f"ranks (each rank measured the GPU it used)")
 
 
 def _on_hosts(ranks_: list[int], tasks: dict[int, dict[str, Any]]) -> str:

@@ -80,6 +80,11 @@ class WorkUnit:
     work_label: str = ""     # e.g. "training tokens per joule"
     work_scale: float = 1.0
     window: str = ""
+    #: metrics whose product (times ``scale_param``) is the units of work completed inside the
+    #: measured window(s), e.g. finetune's ``measured_tokens``: what the window's joules are
+    #: divided by (issue 36: a stall inside the window is paid for). Empty: energy per unit
+    #: divides the window's mean power by the rate (tag ``energy.basis`` says which)
+    done: tuple[str, ...] = ()
 
     @property
     def energy_name(self) -> str:
@@ -135,6 +140,11 @@ class FamilyInfo:
     #: metrics (shell globs) a host's CPU drives, judged only against references of the same
     #: host CPU (``hopperlab.node.hardware.host_cpu``)
     host_cpu_metrics: tuple[str, ...] = ()
+    #: the metrics (shell globs) a reference judges: the family's headline figures, each with a
+    #: direction (throughput, step time, request latency, link GB/s, query time). Every other
+    #: metric is a diagnostic: recorded and charted, never judged (issue 36: a diagnostic
+    #: fraction of 0.005 or a loss figure judged at 5 % made healthy checks fail)
+    judged: tuple[str, ...] = ()
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)

@@ -1,10 +1,13 @@
 """``hopperlab references update RESULTS_DIR``: references written from repeated runs, not by
 hand. Each run's samples (``samples.jsonl``) give a metric's median, its relative spread (robust:
-1.4826 MAD over the median), the count and the minimum effect worth reporting; a figure the
-host's CPU drives is written for this host's CPU beside the other CPUs' (``host_cpu``).
+1.4826 MAD over the median), the count and the minimum effect: the one asked for (default 5 %),
+raised to ``core.effects.NOISE_K`` x the samples' noise so that a metric's own noise cannot fail
+a check; a figure the host's CPU drives is written for this host's CPU beside the other CPUs'
+(``host_cpu``).
 
-Which metrics: those the machine's file already references for the run (its selection is kept),
-else the run's headline metrics that have a direction. Runs of the file that the results folder
+Which metrics: those the machine's file already references for the run (its selection is kept)
+that the family judges, else the run's judged headline metrics (``FamilyInfo.judged``);
+diagnostics are never written. Runs of the file that the results folder
 does not hold are kept as they were.
 """
 
@@ -17,7 +20,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Mapping
 
-from hopperlab.core.effects import DEFAULT_MIN_EFFECT
+from hopperlab.core.effects import DEFAULT_MIN_EFFECT, min_effect_for
 from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import read_samples, write_text_atomic
 from hopperlab.core.schema import load_yaml
@@ -40,9 +43,10 @@ class UpdateReport:
 def _metrics_for(row: RunRow, existing: Mapping[str, Any]) -> list[str]:
     named = existing.get(row.key)
     if isinstance(named, Mapping) and named:
-        return [str(m) for m in named]
+        return [str(m) for m in named if refs_mod.judged(row.family, str(m))]
     return [m for m in row.headline_metrics
-            if refs_mod.direction(row.family, m) is not None and not m.endswith("_n")]
+            if refs_mod.direction(row.family, m) is not None and not m.endswith("_n")
+            and refs_mod.judged(row.family, m) and m in row.metrics]
 
 
 def _entry(row: RunRow, metric: str, values: list[float], min_effect: float, results: Path,
@@ -101,7 +105,8 @@ def update(results: Path, refs_dir: Path, machine: str | None = None,
                     continue
                 old_runs = body.setdefault(row.key, {})
                 old = old_runs.get(metric)
-                effect = min_effect if min_effect is not None else _old_effect(old)
+                floor = DEFAULT_MIN_EFFECT if min_effect is None else min_effect
+                effect = min_effect_for(values, floor)
                 new = _entry(row, metric, values, effect, results, today)
                 merged = _merge(old, new)
                 old_runs[metric] = merged[0] if len(merged) == 1 else merged
@@ -116,14 +121,6 @@ def update(results: Path, refs_dir: Path, machine: str | None = None,
         refs_mod.load_references(path)  # what it wrote must load (strict)
         report.written[name] = path
     return report
-
-
-def _old_effect(old: Any) -> float:
-    items = old if isinstance(old, list) else [old] if isinstance(old, Mapping) else []
-    for i in items:
-        if isinstance(i, Mapping) and i.get("min_effect") is not None:
-            return float(i["min_effect"])
-    return DEFAULT_MIN_EFFECT
 
 
 def _header(path: Path) -> str:

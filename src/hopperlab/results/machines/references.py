@@ -198,6 +198,16 @@ def direction(family: str, metric: str) -> str | None:
         return None
 
 
+def judged(family: str, metric: str) -> bool:
+    """Whether the family's references judge ``metric`` (``FamilyInfo.judged``); a family that
+    declares none judges every metric its references name. Other metrics are diagnostics."""
+    try:
+        patterns = family_info(family).judged
+    except (KeyError, ImportError, AttributeError):
+        return True
+    return not patterns or any(fnmatch.fnmatchcase(metric, p) for p in patterns)
+
+
 def judge_value(value: float, ref: Reference, way: str | None) -> str:
     """A value against a reference's tolerance band (a reference without measured spread)."""
     low, high = ref.bounds
@@ -286,6 +296,8 @@ def judge_run(family: str, key: str, status: str, metrics: Mapping[str, float],
     assert refs is not None
     findings = []
     for metric, options in wanted.items():
+        if not judged(family, metric):
+            continue  # a diagnostic: recorded and charted, never judged
         ref = pick(options, cpu, cpu_driven(family, metric))
         if ref is None:
             known = ", ".join(sorted(str(r.host_cpu) for r in options))

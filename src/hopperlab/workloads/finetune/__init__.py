@@ -210,7 +210,8 @@ METRIC_DIRECTIONS = {"tokens_per_s": HIGHER, "step_time_p50_s": LOWER, "peak_gpu
               "link_floor_s": LOWER, "step_over_link_floor": LOWER}
 WORK_UNITS = (WorkUnit("cost_per_1m_train_tokens", "per 1M training tokens", 1e6, "per_s",
                        "tokens_per_s", work_per_j="train_tokens_per_j",
-                       work_label="training tokens per joule"),)
+                       work_label="training tokens per joule",
+                       done=("measured_tokens",)),)
 FLOORS = {"step_time_p50_s": "link_floor_s"}
 
 FAMILY = FamilyInfo(
@@ -229,6 +230,7 @@ FAMILY = FamilyInfo(
     charts="hopperlab.workloads.finetune.charts:charts",
     tables="hopperlab.workloads.finetune.tables:tables",
     directions=METRIC_DIRECTIONS,
+    judged=("tokens_per_s", "step_time_p50_s"),
     work_units=WORK_UNITS,
     floors=FLOORS,
     check_assets=check_assets,

@@ -194,6 +194,7 @@ def train(run: TorchRun, *, optimizer: Any = None,
                 window, flops_token=flops_token, peak=metrics.peak_flops(gpu_name)),
                 **_per_step_extras(window)})
     final.update(_per_step_extras(records))
+    final.update(metrics.window_work(records))
     final.update(_memory_figures(run))
     final.update(_host_traffic(run, final))
     if tech.offloads_parameters or params.num_layers is not None:
