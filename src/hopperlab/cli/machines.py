@@ -146,7 +146,8 @@ def add_ab_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    """``hopperlab compare A B``: exit 1 when B is worse than A beyond the noise."""
+    """``hopperlab compare A B``: exit 1 when B is worse than A beyond the noise, or a run
+    of B failed, or B lacks a run or metric of A (a CI gate); 0 only when nothing is."""
     if len(args.targets) != 2:
         raise SpecError("hopperlab compare --mlflow URI: give two filter strings A B")
     a_name, b_name = args.targets
@@ -162,7 +163,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _root(args) / "results" / "compare"
     csv_path, html_path = ab_page.write(changes, out, a_name, b_name, min_effect)
     print(f"[hopperlab] {ab_page.headline(changes)[0]} Wrote {csv_path} and {html_path}")
-    failing = ab.worse(changes) or (args.strict and [c for c in changes if c.verdict in (
+    failing = ab.failing(changes) or (args.strict and [c for c in changes if c.verdict in (
         ab.INCONCLUSIVE, ab.CHANGED)])
     return EXIT_REGRESSION if failing else 0
 

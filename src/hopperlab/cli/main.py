@@ -170,9 +170,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if (family, experiment) not in matrix.experiments():
         known = ", ".join(f"{f}/{e}" for f, e in matrix.experiments())
         raise SpecError(f"{args.experiment}: no such experiment in the matrix; it has: {known}")
-    print(tracking.experiment_compare_url(matrix.site.tracking_uri, family, experiment,
-                                          ui_uri=args.ui,
+    uri = matrix.site.tracking_uri
+    print(tracking.experiment_compare_url(uri, family, experiment, ui_uri=args.ui,
                                           run_uids=_folder_run_uids(matrix, family, experiment)))
+    if not args.ui and not uri.startswith(("http://", "https://")):
+        # the address is that of `mlflow ui` on this store, which nothing has started yet
+        print(f"[hopperlab] open it while the MLflow UI runs on this store: mlflow ui "
+              f"--backend-store-uri {uri}", file=sys.stderr)
     return 0
 
 
@@ -221,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("sync", cmd_sync, "upload every run directory MLflow does not have yet")
     add("report", cmd_report, "write results/summary.csv and results/report.html")
     p = add("compare", cmd_compare, "compare two results folders A B (verdicts per run and "
-            "metric, compare.html; exit 1 when B is worse), or print the MLflow UI address "
+            "metric, compare.html; exit 1 when B is worse, failed or lacks a run), or print the MLflow UI address "
             "comparing an experiment's variants (family/experiment)")
     p.add_argument("targets", nargs="+", metavar="TARGET",
                    help="family/experiment (e.g. membench/copy), or two results folders A B, "

@@ -28,6 +28,8 @@ from hopperlab.core.stats import half_width
 from hopperlab.results import tracking
 from hopperlab.results.machines.mlflow_source import unflatten
 from hopperlab.results.machines.references import direction
+from hopperlab.results.tracking.client import reading, retry
+from hopperlab.results.tracking.layout import quote_filter_value
 
 MIN_SEGMENT = 3
 
@@ -94,36 +96,35 @@ def load(tracking_uri: str, machine: str | None = None, key: str | None = None,
          metric: str | None = None) -> list[Series]:
     """The series on the server: per machine, run key and metric (default: each run's first
     headline metric with a direction), oldest first."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    filters = [f"tags.machine = '{machine}'"] if machine else []
+    filters = [f"tags.machine = {quote_filter_value(machine)}"] if machine else []
     if key:
         if key.count("/") != 2:
             raise SpecError(f"--run {key!r}: a run is named family/experiment/variant")
         for tag, part in zip((tracking.TAG_FAMILY, tracking.TAG_EXPERIMENT,
                               tracking.TAG_VARIANT), key.split("/")):
-            filters.append(f"tags.`{tag}` = '{part}'")
+            filters.append(f"tags.`{tag}` = {quote_filter_value(part)}")
     series: dict[tuple[str, str, str], Series] = {}
-    for exp in client.search_experiments():
-        for run in client.search_runs([exp.experiment_id], " and ".join(filters),
-                                      max_results=50000):
-            tags = run.data.tags
-            if tags.get(tracking.TAG_ROLE) == "parent" or tracking.TAG_VARIANT not in tags \
-                    or tags.get(tracking.TAG_STATUS) != "ok":
+    with reading(tracking_uri) as client:
+        runs = [run for exp in retry(client.search_experiments)
+                for run in retry(client.search_runs, [exp.experiment_id],
+                                 " and ".join(filters), max_results=50000)]
+    for run in runs:
+        tags = run.data.tags
+        if tags.get(tracking.TAG_ROLE) == "parent" or tracking.TAG_VARIANT not in tags \
+                or tags.get(tracking.TAG_STATUS) != "ok":
+            continue
+        family = tags[tracking.TAG_FAMILY]
+        run_key = f"{family}/{tags[tracking.TAG_EXPERIMENT]}/{tags[tracking.TAG_VARIANT]}"
+        metrics = run.data.metrics
+        names = [metric] if metric else _first_directed(unflatten(run.data.params), family)
+        for name in names:
+            if name not in metrics:
                 continue
-            family = tags[tracking.TAG_FAMILY]
-            run_key = f"{family}/{tags[tracking.TAG_EXPERIMENT]}/{tags[tracking.TAG_VARIANT]}"
-            metrics = run.data.metrics
-            names = [metric] if metric else _first_directed(unflatten(run.data.params), family)
-            for name in names:
-                if name not in metrics:
-                    continue
-                s = series.setdefault((tags.get("machine", "?"), run_key, name), Series(
-                    tags.get("machine", "?"), run_key, name, direction(family, name)))
-                s.points.append(Point(run.info.start_time / 1e3, float(metrics[name]),
-                                      tags.get("git_commit", ""), run.info.run_id,
-                                      half_width(metrics, name)))
+            s = series.setdefault((tags.get("machine", "?"), run_key, name), Series(
+                tags.get("machine", "?"), run_key, name, direction(family, name)))
+            s.points.append(Point(run.info.start_time / 1e3, float(metrics[name]),
+                                  tags.get("git_commit", ""), run.info.run_id,
+                                  half_width(metrics, name)))
     if not series:
         wanted = ", ".join(f for f in (machine, key, metric) if f)
         raise SpecError(f"{tracking.redact_uri(tracking_uri)}: no ok run"
