@@ -126,9 +126,10 @@ def cmd_references(args: argparse.Namespace) -> int:
         n = sum(1 for u in report.updated if u.startswith(name + " "))
         print(f"[hopperlab] references of {name}: {n} metric(s) written to {path}")
     if not report.written:
-        raise SpecError(f"{args.results_dir}: no reference written (every run had too few "
-                        f"samples: measure with --config repeats=N, N >= "
-                        f"{reference_update.MIN_SAMPLES})")
+        raise SpecError(f"{args.results_dir}: no reference written (the runs skipped above: "
+                        f"too few samples, measure with --config repeats=N, N >= "
+                        f"{reference_update.MIN_SAMPLES}; a machine that is not a name, "
+                        f"give --machine)")
     return 0
 
 
