@@ -60,11 +60,21 @@ def cmd_machines(args: argparse.Namespace) -> int:
     targets = [descriptions.find_description(root / descriptions.MACHINES_DIR, t).name
                for t in args.predict]
     out = Path(args.out) if args.out else root / "results" / "machines"
-    csv_path, html_path = compare.compare(groups, out, reference=args.reference,
+    csv_path, html_path = compare.compare(groups, out, reference=_reference_machine(
+                                              args.reference, groups, descs),
                                           descriptions=descs, targets=targets)
     print(f"[hopperlab] machines {', '.join(g.machine for g in groups)}: wrote {csv_path} "
           f"and {html_path}")
     return 0
+
+
+def _reference_machine(name: str | None, groups: list[runs.MachineRuns],
+                       descs: dict[str, descriptions.MachineDescription]) -> str | None:
+    """``--reference`` as given, or the compared machine it is an alias of (``h200``)."""
+    names = {g.machine for g in groups}
+    if name is None or name in names:
+        return name
+    return next((m for m in names if m in descs and name in descs[m].aliases), name)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -141,7 +151,8 @@ def add_ab_options(p: argparse.ArgumentParser) -> None:
                    help="the smallest change worth reporting, a fraction (default 0.05)")
     p.add_argument("--mlflow", metavar="URI", help="A and B are MLflow filter strings on this "
                    "tracking server, e.g. \"tags.git_commit = 'abc123'\" (two commits, dates: "
-                   "attributes.start_time, machines: tags.machine)")
+                   "attributes.start_time, machines: tags.machine), or commit hashes (a "
+                   "prefix is enough)")
     p.add_argument("--strict", action="store_true",
                    help="an inconclusive metric fails the comparison too (exit 1)")
 
