@@ -12,7 +12,7 @@ import pytest
 
 from hopperlab.cli.main import main
 
-from .helpers import copy_project, edit_yaml, hopperlab
+from .helpers import hopperlab, project_with_noisy_run
 
 NOISY = "selftest/noise/noisy"
 
@@ -26,11 +26,8 @@ def _run(project: Path, key: str, results: str) -> None:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     """A results folder A of real runs: the noisy run with 5 repeats and the trivial one."""
-    proj = copy_project(tmp_path_factory.mktemp("gate") / "proj")
-    edit_yaml(proj / "experiments/selftest.yaml",
-              lambda d: d["experiments"]["noise"].update(repeats=5))
-    for key in (NOISY, "selftest/trivial/ok"):
-        _run(proj, key, "results-a")
+    proj = project_with_noisy_run(tmp_path_factory.mktemp("gate") / "proj")[0]
+    _run(proj, "selftest/trivial/ok", "results-a")
     return proj
 
 

@@ -17,7 +17,7 @@ import yaml
 from hopperlab.cli.main import main
 from hopperlab.results.machines import references as R
 
-from .helpers import copy_project, edit_yaml, hopperlab
+from .helpers import project_with_noisy_run
 
 NOISY = "selftest/noise/noisy"
 MACHINE = "cpu-x86_64"
@@ -26,13 +26,7 @@ MACHINE = "cpu-x86_64"
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     """A real run measured with 5 repeats in results-a."""
-    proj = copy_project(tmp_path_factory.mktemp("refs") / "proj")
-    edit_yaml(proj / "experiments/selftest.yaml",
-              lambda d: d["experiments"]["noise"].update(repeats=5))
-    out = hopperlab(["run", NOISY, "--no-upload", "--config", "families=selftest",
-                     "results_dir=results-a"], proj)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return proj
+    return project_with_noisy_run(tmp_path_factory.mktemp("refs") / "proj")[0]
 
 
 def _copy(project: Path, name: str, variant: str = "noisy", **record) -> Path:

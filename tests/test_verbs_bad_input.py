@@ -20,7 +20,7 @@ from hopperlab.config.cost import CostSpec
 from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import references as R
 
-from .helpers import REPO, copy_project, edit_yaml, hopperlab
+from .helpers import REPO, copy_project, hopperlab, project_with_noisy_run
 
 NOISY = "selftest/noise/noisy"
 FIX = REPO / "tests/fixtures/machines"
@@ -29,12 +29,7 @@ FIX = REPO / "tests/fixtures/machines"
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> tuple[Path, str]:
     """A project with a real run measured with 5 repeats, and what `hopperlab run` printed."""
-    proj = copy_project(tmp_path_factory.mktemp("bad") / "proj")
-    edit_yaml(proj / "experiments/selftest.yaml",
-              lambda d: d["experiments"]["noise"].update(repeats=5))
-    out = hopperlab(["run", NOISY, "--no-upload", "--config", "families=selftest",
-                     "results_dir=results-a"], proj)
-    assert out.returncode == 0, out.stderr[-2000:]
+    proj, out = project_with_noisy_run(tmp_path_factory.mktemp("bad") / "proj")
     return proj, out.stdout
 
 
