@@ -50,16 +50,15 @@ def _update(project: Path, results: Path, refs: Path, *extra: str) -> int:
                  "--references", str(refs), *extra])
 
 
-@pytest.mark.parametrize("machine", ["../x", "../../x", "/abs/x", "a/b", ".."])
+@pytest.mark.parametrize("machine", ["../x", "../../x", "{tmp}/abs/x", "a/b", ".."])
 def test_a_machine_option_that_is_a_path_is_refused(project, tmp_path, capsys, machine):
-    top = tmp_path / "top"
-    refs = top / "a" / "refs"
+    machine = machine.replace("{tmp}", str(tmp_path))   # an absolute path, inside the test's
+    refs = tmp_path / "top" / "a" / "refs"
     before = _yaml_files(project) | _yaml_files(tmp_path)
     assert _update(project, project / "results-a", refs, "--machine", machine) == 2
     err = capsys.readouterr().err
     assert f"--machine {machine!r}: not a machine name" in err
     assert _yaml_files(project) | _yaml_files(tmp_path) == before
-    assert not Path("/abs/x.yaml").exists()
 
 
 def test_a_record_whose_machine_is_a_path_is_skipped(project, tmp_path, capsys):
