@@ -105,26 +105,26 @@ def load(tracking_uri: str, machine: str | None = None, key: str | None = None,
             filters.append(f"tags.`{tag}` = {quote_filter_value(part)}")
     series: dict[tuple[str, str, str], Series] = {}
     with reading(tracking_uri) as client:
-        runs = [run for exp in retry(client.search_experiments)
-                for run in retry(client.search_runs, [exp.experiment_id],
-                                 " and ".join(filters), max_results=50000)]
-    for run in runs:
-        tags = run.data.tags
-        if tags.get(tracking.TAG_ROLE) == "parent" or tracking.TAG_VARIANT not in tags \
-                or tags.get(tracking.TAG_STATUS) != "ok":
-            continue
-        family = tags[tracking.TAG_FAMILY]
-        run_key = f"{family}/{tags[tracking.TAG_EXPERIMENT]}/{tags[tracking.TAG_VARIANT]}"
-        metrics = run.data.metrics
-        names = [metric] if metric else _first_directed(unflatten(run.data.params), family)
-        for name in names:
-            if name not in metrics:
+        found = [retry(client.search_runs, [exp.experiment_id], " and ".join(filters),
+                       max_results=50000) for exp in retry(client.search_experiments)]
+    for runs in found:
+        for run in runs:
+            tags = run.data.tags
+            if tags.get(tracking.TAG_ROLE) == "parent" or tracking.TAG_VARIANT not in tags \
+                    or tags.get(tracking.TAG_STATUS) != "ok":
                 continue
-            s = series.setdefault((tags.get("machine", "?"), run_key, name), Series(
-                tags.get("machine", "?"), run_key, name, direction(family, name)))
-            s.points.append(Point(run.info.start_time / 1e3, float(metrics[name]),
-                                  tags.get("git_commit", ""), run.info.run_id,
-                                  half_width(metrics, name)))
+            family = tags[tracking.TAG_FAMILY]
+            run_key = f"{family}/{tags[tracking.TAG_EXPERIMENT]}/{tags[tracking.TAG_VARIANT]}"
+            metrics = run.data.metrics
+            names = [metric] if metric else _first_directed(unflatten(run.data.params), family)
+            for name in names:
+                if name not in metrics:
+                    continue
+                s = series.setdefault((tags.get("machine", "?"), run_key, name), Series(
+                    tags.get("machine", "?"), run_key, name, direction(family, name)))
+                s.points.append(Point(run.info.start_time / 1e3, float(metrics[name]),
+                                      tags.get("git_commit", ""), run.info.run_id,
+                                      half_width(metrics, name)))
     if not series:
         wanted = ", ".join(f for f in (machine, key, metric) if f)
         raise SpecError(f"{tracking.redact_uri(tracking_uri)}: no ok run"
