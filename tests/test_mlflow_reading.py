@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from hopperlab.results.machines.mlflow_source import commit_prefix
-
 from .helpers import REPO, copy_project, edit_yaml, hopperlab
 
 PASSWORD = "S3cretPW"
@@ -66,6 +64,8 @@ def test_compare_family_experiment_with_the_site_server_down(down_uri, tmp_path)
 
 
 def test_a_commit_is_a_hash_or_its_prefix():
+    from hopperlab.results.machines.mlflow_source import commit_prefix
+
     full = "0123456789abcdef0123456789abcdef01234567"
     assert commit_prefix(full) == full
     assert commit_prefix(" 0123ABC ") == "0123abc"

@@ -104,6 +104,21 @@ def test_bad_samples_are_refused_and_the_good_file_kept(project, tmp_path, capsy
     R.load_references(refs / f"{MACHINE}.yaml")
 
 
+def test_a_bad_sample_of_one_machine_leaves_every_file_alone(project, tmp_path, capsys):
+    """Two machines in one folder: the second's bad sample refuses the first's file too."""
+    results = _copy(project, "results-two", variant="v1", machine="m-good")
+    bad = _copy(project, "results-two-b", variant="v2", machine="m-bad")
+    shutil.copytree(bad / "selftest/noise/v2", results / "selftest/noise/v2")
+    samples = results / "selftest/noise/v2/samples.jsonl"
+    lines = [json.loads(line) for line in samples.read_text().splitlines()]
+    lines[0]["metrics"]["value"] = 0
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    refs = tmp_path / "refs"
+    assert _update(project, results, refs) == 2
+    assert "sample(s) <= 0" in capsys.readouterr().err
+    assert not list(refs.glob("*.yaml"))
+
+
 def test_a_file_that_would_not_load_is_never_written(project, tmp_path, capsys):
     """Whatever the update makes is loaded before it replaces the old file: here the old file
     holds a reference that a merge keeps but that does not load beside the new one."""

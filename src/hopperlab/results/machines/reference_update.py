@@ -99,8 +99,15 @@ def update(results: Path, refs_dir: Path, machine: str | None = None,
                                   f"name (letters, digits and . _ + -, no path): give --machine")
             continue
         by_machine.setdefault(name, []).append(r)
+    values = {row.key: _values(row) for group in by_machine.values() for row in group}
+    for name, group in by_machine.items():  # every sample checked before any file is touched
+        path = refs_dir / f"{name}.yaml"
+        data = load_yaml(path, "references") if path.is_file() else {}
+        body = data.get("references") if isinstance(data, Mapping) else None
+        for row in group:
+            for metric in _metrics_for(row, body if isinstance(body, Mapping) else {}):
+                values[row.key](metric)
     for name, group in by_machine.items():
-        values = {row.key: _values(row, results) for row in group}
         refs_dir.mkdir(parents=True, exist_ok=True)
         path = refs_dir / f"{name}.yaml"
         with folder_held(refs_dir):
@@ -132,7 +139,7 @@ def update(results: Path, refs_dir: Path, machine: str | None = None,
     return report
 
 
-def _values(row: RunRow, results: Path) -> Callable[[str], list[float]]:
+def _values(row: RunRow) -> Callable[[str], list[float]]:
     """A metric's samples of ``row`` (its one value when it has none), each checked: a
     sample that is not a finite positive number refuses the update (a reference of it would
     never load, or would fail every later check)."""
@@ -145,10 +152,9 @@ def _values(row: RunRow, results: Path) -> Callable[[str], list[float]]:
         else:
             one = row.metrics.get(metric)
             got = [] if one is None else [float(one)]
-            where_ = Path(row.run_dir) / "metrics.json"
             if got and not math.isfinite(got[0]):
-                raise SpecError(f"{where_}: {metric} is {one!r}, not a finite number: no "
-                                f"reference written")
+                raise SpecError(f"{Path(row.run_dir) / 'metrics.json'}: {metric} is {one!r}, "
+                                f"not a finite number: no reference written")
         bad = [v for v in got if v <= 0]
         if bad:
             raise SpecError(f"{where}: {metric}: {len(bad)} sample(s) <= 0 (the first "
