@@ -66,3 +66,16 @@ def default_signals() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+
+
+def project_with_noisy_run(dest: Path, results: str = "results-a", repeats: int = 5
+                           ) -> tuple[Path, subprocess.CompletedProcess]:
+    """A project copy with one real run of selftest/noise/noisy measured ``repeats`` times in
+    ``results`` (what `hopperlab run` printed, too): a results folder to break in a test."""
+    project = copy_project(dest)
+    edit_yaml(project / "experiments/selftest.yaml",
+              lambda d: d["experiments"]["noise"].update(repeats=repeats))
+    out = hopperlab(["run", "selftest/noise/noisy", "--no-upload", "--config",
+                     "families=selftest", f"results_dir={results}"], project)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return project, out

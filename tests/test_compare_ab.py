@@ -60,13 +60,18 @@ def test_same_within_noise_then_a_slower_b_fails(project, tmp_path, capsys):
 
 
 def test_recorded_folders_measured_once_are_inconclusive_not_failures(tmp_path, capsys):
-    """The 2026-11-24 H200 and H100 folders (one run each): ratios shown, no noise known."""
+    """The 2026-11-24 H200 and H100 folders (one run each): ratios shown, no noise known;
+    the runs the H100 folder lacks fail the comparison (issue 37: a CI gate lets no missing
+    run through), the inconclusive ones do not."""
     code = main(["--root", str(REPO), "compare", str(FIX / "results-h200"),
                  str(FIX / "results-h100"), "--out", str(tmp_path)])
     out = capsys.readouterr().out
-    assert code == 0
+    assert code == 1
     assert "INCONCLUSIVE" in out and "no spread known" in out
     assert "ONLY IN A      finetune/full-1b" in out  # runs the H100 folder lacks
+    assert "B is worse" not in out and "run(s) or metric(s) of A missing from B" in out
+    assert main(["--root", str(REPO), "compare", str(FIX / "results-h100"),
+                 str(FIX / "results-h200"), "--out", str(tmp_path)]) == 0  # B has more: ok
     assert main(["--root", str(REPO), "compare", str(FIX / "results-h200"),
                  str(FIX / "results-h100"), "--out", str(tmp_path), "--strict"]) == 1
 

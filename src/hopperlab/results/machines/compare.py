@@ -141,6 +141,10 @@ def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
     keys = sorted({k for g in groups for k in g.runs})
     lines = []
     for key in keys:
+        if key.count("/") != 2:  # a damaged or hand-edited record: say which
+            row = next(g.runs[key] for g in groups if key in g.runs)
+            raise SpecError(f"{row.run_dir}: its record names the run {key!r}: a family, "
+                            f"experiment or variant is a name, without '/'")
         family, experiment, variant = key.split("/")
         try:
             floors = family_info(family).floors

@@ -63,6 +63,9 @@ class Reference:
     def __post_init__(self) -> None:
         if not math.isfinite(self.value):
             raise ValueError(f"value is {self.value!r}, not a finite number")
+        if self.value <= 0:  # a band around it would fail every run, forever
+            raise ValueError(f"value is {self.value!r}: a reference is a positive figure (a "
+                             f"time, a rate, a size)")
         for name in ("lower", "upper"):
             bound = getattr(self, name)
             if bound is not None and not math.isfinite(bound):
