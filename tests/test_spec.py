@@ -218,9 +218,9 @@ def test_config_args_forward_profiler_and_substitutes_to_the_job():
     config = {"site": "local", "scale": "full", "results_dir": "r", "families": ["finetune"],
               "only": ["finetune/lora-llama2-7b/baseline"], "profiler": "torch",
               "asset_substitutes": {"dolly-15k": "dolly-synthetic"}}
-    words = config_args(config).split()
+    words = config_args(config, REPO).split()
     assert "profiler=torch" in words and "asset_substitutes=dolly-15k:dolly-synthetic" in words
-    assert "asset_substitutes" not in config_args({**config, "asset_substitutes": {}})
+    assert "asset_substitutes" not in config_args({**config, "asset_substitutes": {}}, REPO)
     again = load_matrix(REPO, parse_overrides(words))
     spec = again.runs["finetune/lora-llama2-7b/baseline"]
     assert spec.knobs.profiler == "torch" and spec.assets["records"] == "dolly-synthetic"
