@@ -38,6 +38,7 @@ def _check(project: Path, cluster, junit: Path):
                      project, env=cluster.env)
 
 
+@pytest.mark.integration
 def test_one_job_per_node_on_that_node(project, slurm_cluster, tmp_path):
     out = _check(project, slurm_cluster, tmp_path / "check.xml")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -50,6 +51,7 @@ def test_one_job_per_node_on_that_node(project, slurm_cluster, tmp_path):
     assert suite.get("tests") == str(len(slurm_cluster.nodes)) and suite.get("failures") == "0"
 
 
+@pytest.mark.integration
 def test_the_slow_node_is_named(project, slurm_cluster, tmp_path):
     slurm_cluster.need_two_nodes()
     slow = slurm_cluster.nodes[-1]

@@ -46,6 +46,7 @@ def test_an_expected_error_is_one_line_with_exit_2(project, capsys):
     assert err.count("\n") == 1 and err.startswith("hopperlab: config error: configs/config.yaml")
 
 
+@pytest.mark.integration
 def test_through_snakemake_too(project):
     out = snakemake(["-n", "--config", "site=nope"], project, timeout=300)
     assert out.returncode == 2, out.stderr[-2000:]

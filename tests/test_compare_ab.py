@@ -38,6 +38,7 @@ def project(tmp_path_factory) -> Path:
     return copy_project(tmp_path_factory.mktemp("ab") / "proj")
 
 
+@pytest.mark.integration
 def test_same_within_noise_then_a_slower_b_fails(project, tmp_path, capsys):
     a = _run(project, "results-a", seed=1)
     b = _run(project, "results-b", seed=2)
@@ -85,6 +86,7 @@ def test_one_target_is_still_an_experiment_of_the_matrix(capsys):
     assert main(["--root", str(REPO), "compare", "a", "b", "c"]) == 2
 
 
+@pytest.mark.integration
 @pytest.mark.mlflow_server
 @pytest.mark.timeout(600)
 def test_two_commits_from_a_real_mlflow_server(project, mlflow_uri, tmp_path, capsys):

@@ -170,6 +170,7 @@ def test_both_experiments_in_the_default_matrix_with_two_tasks():
         assert m.get(key).resources.world_size == 2 and m.get(key).resources.gpus == 0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("key", [SMOKE_RUNS[0], SMOKE_RUNS[3]])
 def test_smoke_runs_through_the_local_launcher(tmp_path, key):
     project = copy_project(tmp_path / "project")
@@ -199,6 +200,7 @@ def test_the_compute_probe_leaves_the_model_as_it_was():
         assert torch.equal(v, before[k]), k
 
 
+@pytest.mark.integration
 def test_one_process_offload_run_reports_its_compute_and_optimizer_parts(tmp_path):
     key = "finetune/full-llama2-13b-sharded/fsdp2-offload-1gpu"
     project = copy_project(tmp_path / "project")

@@ -23,6 +23,7 @@ def _history(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.integration
 def test_local_time_limit_is_recorded_as_timeout(tmp_path):
     project = copy_project(tmp_path / "project")
     out = hopperlab(["submit", "selftest/faults/overtime", "--no-upload", "--config",
@@ -75,6 +76,7 @@ def tiny_disk(tmp_path):
         disk.unmount()
 
 
+@pytest.mark.integration
 def test_full_disk_after_the_job_ends_failed_naming_the_device(tmp_path, tiny_disk,
                                                                 monkeypatch):
     """The disk fills between the job's end and the copy of its logs; space comes back while
@@ -197,6 +199,7 @@ def test_a_full_disk_the_job_reported_on_stdout_is_the_reason(tmp_path):
     assert reason.startswith("no space left on ") and "table.csv" in reason, reason
 
 
+@pytest.mark.integration
 def test_a_full_disk_before_the_workflow_starts_is_one_line(tmp_path, tiny_disk):
     """Issue 28 item 10: a full disk before the workflow started gave a traceback."""
     from tests.helpers import snakemake
@@ -213,6 +216,7 @@ def test_a_full_disk_before_the_workflow_starts_is_one_line(tmp_path, tiny_disk)
     assert said and str(tiny_disk.mountpoint) in said[0], text[-3000:]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("spec_text,record_text", [("[]", "null"), ('"x"', "[1]"),
                                                    ('{"attempt": "two"}', "{torn")])
 def test_submit_goes_on_past_a_wrong_typed_spec_or_record(tmp_path, spec_text, record_text):

@@ -534,6 +534,7 @@ def sharded_run(tmp_path_factory) -> Path:
     return project / "results"
 
 
+@pytest.mark.integration
 def test_a_sharded_run_records_its_cpu_optimizer_floor_from_the_host_rate_it_measured(sharded_run):
     from hopperlab.workloads.finetune.step_floor import ADAMW_TRAFFIC
 
@@ -547,6 +548,7 @@ def test_a_sharded_run_records_its_cpu_optimizer_floor_from_the_host_rate_it_mea
     assert m["optimizer_over_floor"] == pytest.approx(m["optimizer_step_s"] / m["optimizer_floor_s"])
 
 
+@pytest.mark.integration
 def test_a_sharded_step_is_predicted_on_gh200_from_its_floors_parts(sharded_run):
     """Issue 27 item 3: the GH200 prediction of a sharded row has a CPU optimizer term (host
     memory rate measured by the job against Grace's) and the C2C link term."""

@@ -100,6 +100,7 @@ def test_collective_chart_draws_the_sweep_of_each_variant():
     assert charts(runs[2:]) == []
 
 
+@pytest.mark.integration
 def test_collective_smoke_run_through_the_local_launcher(tmp_path):
     from tests.helpers import copy_project, hopperlab
 

@@ -7,6 +7,8 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from hopperlab.cli.main import main
 from hopperlab.results.report import build_report
 
@@ -24,6 +26,7 @@ def _run(project: Path, results: str, seed: int, steps: int = 10) -> Path:
     return project / results
 
 
+@pytest.mark.integration
 def test_pages_show_value_plus_minus_half_width(tmp_path):
     project = copy_project(tmp_path / "proj")
     a = _run(project, "results-a", seed=1)

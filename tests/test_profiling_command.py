@@ -186,6 +186,7 @@ def test_check_accepts_what_can_find_nsys(tmp_path, monkeypatch):
     assert command.nsys_executable(make_spec(tmp_path)) == fake_nsys(tmp_path)
 
 
+@pytest.mark.integration
 def test_check_is_called_before_submission(tmp_path, monkeypatch):
     """hopperlab submit refuses before it writes anything into the run directory."""
     from hopperlab.config.spec import Matrix

@@ -138,6 +138,7 @@ def test_a_stale_record_is_not_amended(tmp_path):
     assert "prof_x" not in load_record(tmp_path)["metrics"]
 
 
+@pytest.mark.integration
 def test_in_process_torch_profile_of_a_membench_run(tmp_path):
     """hopperlab run (debug executor): the launcher finishes a torch profile itself."""
     pytest.importorskip("torch")

@@ -45,6 +45,7 @@ def pyxis_site(tmp_path, slurm_cluster, monkeypatch):
     return project, path, matrix
 
 
+@pytest.mark.integration
 def test_without_the_plugin_here_the_run_is_refused_before_sbatch(pyxis_site):
     project, path, matrix = pyxis_site
     assert not pyxis.has_plugin(launch._srun_help())  # the real srun of this cluster
@@ -55,6 +56,7 @@ def test_without_the_plugin_here_the_run_is_refused_before_sbatch(pyxis_site):
     assert not (project / matrix.get(KEY).run_dir / "submitit").exists()
 
 
+@pytest.mark.integration
 def test_the_job_srun_line_carries_the_container_and_sbatch_takes_it(pyxis_site, slurm_cluster,
                                                                      monkeypatch):
     project, path, matrix = pyxis_site

@@ -125,6 +125,7 @@ def _run(project: Path, results: str, seed: int, steps: int = 10) -> Path:
     return project / results
 
 
+@pytest.mark.integration
 def test_update_then_check_pass_and_a_slower_node_fails_with_junit(tmp_path, capsys):
     project = copy_project(tmp_path / "proj")
     refs = tmp_path / "refs"
@@ -153,6 +154,7 @@ def test_update_then_check_pass_and_a_slower_node_fails_with_junit(tmp_path, cap
     assert suite.find("testcase/failure").get("type") == "regression"
 
 
+@pytest.mark.integration
 def test_update_refuses_runs_measured_once(tmp_path, capsys):
     project = copy_project(tmp_path / "proj")
     edit_yaml(project / "experiments/selftest.yaml",

@@ -118,6 +118,7 @@ def test_only_selects_a_subset_and_refuses_an_empty_selection(project):
     assert "selects no run" in _error(project, only="membench/nothing")
 
 
+@pytest.mark.integration
 def test_snakemake_stops_before_submitting_on_a_typo(project):
     edit_yaml(project / "experiments/membench.yaml",
               lambda d: d["experiments"]["alloc"].update(varaints={}))
@@ -128,12 +129,14 @@ def test_snakemake_stops_before_submitting_on_a_typo(project):
     assert not (project / "results").exists()  # nothing was submitted
 
 
+@pytest.mark.integration
 def test_snakemake_rejects_unknown_target_variant(project):
     out = snakemake(["--cores", "1", "results/membench/copy/h2d-pinnned/metrics.json"], project)
     assert out.returncode != 0
     assert "has no variant 'h2d-pinnned'" in out.stdout + out.stderr
 
 
+@pytest.mark.integration
 def test_container_site_without_a_runtime_is_refused_before_submission(project, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no apptainer or singularity here
     edit_yaml(project / "configs/sites/local.yaml", lambda d: d.update(container="pytorch"))
@@ -263,6 +266,7 @@ def test_yaml_merge_key_bomb_and_self_alias_are_refused():
         {"a": [1, 2], "b": [1, 2], "c": {"d": 3}}
 
 
+@pytest.mark.integration
 def test_snakemake_refuses_an_alias_bomb_in_the_config_file(project):
     """Snakemake's own `configfile:` loader expands aliases: hopperlab reads the file first."""
     path = project / "configs/config.yaml"
@@ -292,6 +296,7 @@ def _add_variant(project: Path, name: str) -> None:
                   {name: {"params": {"direction": "h2d", "host_memory": "pinned"}}}))
 
 
+@pytest.mark.integration
 def test_over_long_variant_name_is_refused_at_spec_time(project):
     """A 300-character variant passed `list` and `-n`, then failed with File name too long."""
     name = "v" * 300
@@ -320,6 +325,7 @@ def test_over_long_asset_name_is_refused(project):
     assert "configs/assets.yaml: assets.aaa" in msg and "250 bytes long" in msg
 
 
+@pytest.mark.integration
 def test_snakemake_names_an_unknown_config_key_in_one_line(project):
     """Snakemake's `validate` printed its whole 68-line schema for one unknown key."""
     out = snakemake(["-n", "--cores", "1", "--config", "sacle=full"], project)

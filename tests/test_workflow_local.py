@@ -95,6 +95,7 @@ def test_every_other_run_of_the_matrix_ends_ok_or_skipped(tmp_path):
     assert "ok" in statuses.values()
 
 
+@pytest.mark.integration
 def test_every_run_of_the_workflow_part_has_a_record(smoke):
     project, _ = smoke
     runs = _workflow_runs(project)
@@ -116,6 +117,7 @@ def test_every_run_of_the_workflow_part_has_a_record(smoke):
     assert host["status"] == "ok" and any(v > 0 for v in host["metrics"].values())
 
 
+@pytest.mark.integration
 def test_summary_and_report_cover_every_run(smoke):
     project, _ = smoke
     rows = list(csv.DictReader(open(project / "results" / "summary.csv")))
@@ -125,6 +127,7 @@ def test_summary_and_report_cover_every_run(smoke):
     assert "h2d-pinned" in html and "data:image/png;base64," in html
 
 
+@pytest.mark.integration
 def test_mlflow_has_one_experiment_per_family_parents_and_children(smoke):
     project, _ = smoke
     client = _client(project)
@@ -152,6 +155,7 @@ def test_mlflow_has_one_experiment_per_family_parents_and_children(smoke):
     assert all(r.info.run_id in out.stdout for r in children)
 
 
+@pytest.mark.integration
 def test_rerun_of_one_target_reruns_exactly_that_run(smoke):
     project, _ = smoke
     target = project / "results/membench/copy/h2d-pageable/metrics.json"
@@ -175,6 +179,7 @@ def test_rerun_of_one_target_reruns_exactly_that_run(smoke):
     assert rows[0]["attempt"] == "2"
 
 
+@pytest.mark.integration
 def test_dry_run_and_list_show_the_matrix(smoke, tmp_path):
     project = copy_project(tmp_path / "fresh")
     out = snakemake(["-n", "--cores", "2"], project)
@@ -190,6 +195,7 @@ def test_dry_run_and_list_show_the_matrix(smoke, tmp_path):
     assert not (project / "results").exists()
 
 
+@pytest.mark.integration
 def test_faults_keep_the_workflow_going_and_leave_records(tmp_path):
     project = copy_project(tmp_path / "faults")
     only = ",".join(f"selftest/faults/{v}" for v in ("ok", "raises", "oom", "skipped"))

@@ -34,6 +34,7 @@ def record(project: Path, results: str, key: str) -> dict:
     return json.loads((project / results / key / "record.json").read_text())
 
 
+@pytest.mark.integration
 def test_changing_the_selection_reruns_no_finished_run(tmp_path):
     project = copy_project(tmp_path / "project")
     out = snakemake(["--cores", "1", "--config", "families=selftest", f"only={TRIVIAL}"], project)
@@ -53,6 +54,7 @@ def test_changing_the_selection_reruns_no_finished_run(tmp_path):
     assert record(project, "results", TRIVIAL)["attempt"] == 1 and done.exists()
 
 
+@pytest.mark.integration
 def test_mlflow_down_at_the_start_only_delays_the_upload(mlflow_uri, tmp_path):
     project = copy_project(tmp_path / "project")
     add_site(project, "down", f"http://127.0.0.1:{free_port()}")  # nothing listens there
@@ -85,6 +87,7 @@ def test_mlflow_down_at_the_start_only_delays_the_upload(mlflow_uri, tmp_path):
         assert run.data.tags["hopperlab.run_uid"] == record(project, results, TRIVIAL)["run_uid"]
 
 
+@pytest.mark.integration
 def test_a_site_that_uploads_at_the_end_syncs_once_after_success_and_failure(mlflow_uri,
                                                                              tmp_path):
     """``tracking.upload: at-end`` (the local site): the jobs upload nothing, the workflow's end
@@ -137,6 +140,7 @@ def test_sync_says_in_one_line_what_is_wrong_with_mlflow(tmp_path):
     assert not (run_dir / "mlflow.json").exists()
 
 
+@pytest.mark.integration
 def test_a_password_in_the_tracking_uri_is_written_nowhere(mlflow_uri, tmp_path, capsys):
     project = copy_project(tmp_path / "project")
     add_site(project, "creds", mlflow_uri.replace("http://", "http://alice:s3cret@"))

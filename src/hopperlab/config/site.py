@@ -46,7 +46,7 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
     return SiteSpec(
         name=path.stem, executor=info.name,
         poll_interval_s=float(data.get("poll_interval_s", info.poll_interval_s)),
-        settings=backend_settings(data, str(path)),
+        settings=backend_settings(data, str(path), info),
         container=ContainerSettings(
             image=image, runtime=runtime, fakeroot=bool(data.get("container_fakeroot", False)),
             binds=tuple(data.get("container_binds", ())),
