@@ -14,6 +14,7 @@ from hopperlab.config.cost import CostSpec, cost_from_mapping
 from hopperlab.core.errors import AssetMissing, SpecError, clip, shown
 from hopperlab.core.schema import typed_from_mapping
 from hopperlab.core.secrets import redact_uri
+from hopperlab.profiling.command import ProfilingSettings
 from hopperlab.workloads import family_info
 from hopperlab.workloads.base import KNOB_DEFAULTS, Contradiction, FamilyInfo, Knobs
 
@@ -100,6 +101,14 @@ class SiteSpec:
     #: the GPU nodes' CPU architecture when it differs from the login node's (x86_64 |
     #: aarch64; None: the same): names the container image <name>.<arch>.sif
     gpu_arch: str | None = None
+    #: the site's ``profiling:`` block (nsys settings); spec.json keeps it only when the site
+    #: has one, so runs of sites without one keep their spec.json
+    profiling: ProfilingSettings = field(default_factory=ProfilingSettings)
+    #: the site's ``resources`` by scale and its ``repeats`` (a number, or one per scale; None:
+    #: the site says nothing), read with the rest of the file: each run records them resolved
+    #: (its own resources and repeats), so spec.json leaves these out (and equality ignores them)
+    scale_resources: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
+    scale_repeats: int | dict[str, int] | None = field(default=None, compare=False)
     #: the settings block of the site's own backend (its site key -> its settings dataclass;
     #: empty when that backend has none). Only its own: spec.json and the fingerprint of a run
     #: never change because some other backend exists or gains a setting
@@ -127,6 +136,10 @@ class SiteSpec:
     def with_settings(self, value: Any) -> "SiteSpec":
         """This site with its own backend's settings replaced by ``value``."""
         return replace(self, settings={**self.settings, str(self.backend.site_key): value})
+
+
+#: SiteSpec fields of the site file that spec.json leaves out (each run records them resolved)
+SITE_FILE_ONLY = ("scale_resources", "scale_repeats")
 
 
 def backend_settings(values: Mapping[str, Any], where: str, own: BackendInfo,
@@ -215,6 +228,10 @@ class RunSpec:
         ``user:password@``, which the submitting side keeps in memory only."""
         data = asdict(self)
         data["site"].update(data["site"].pop("settings"))  # each block under its site key
+        for key in SITE_FILE_ONLY:
+            del data["site"][key]
+        if self.site.profiling == ProfilingSettings():
+            del data["site"]["profiling"]
         data["site"]["tracking_uri"] = redact_uri(self.site.tracking_uri)
         data["key"] = self.key
         if data["compare_to"] is None:  # absent: specs of runs that name none stay as they were
@@ -234,6 +251,8 @@ class RunSpec:
         site["container"] = ContainerSettings(
             **{**site["container"], "binds": tuple(site["container"]["binds"])})
         site["cost"] = cost_from_mapping(site.get("cost"))
+        site["profiling"] = ProfilingSettings.from_mapping(site.get("profiling"),
+                                                           "spec.json: site")
         knobs = Knobs(**data["knobs"])
         params = build_params(info, data["params"], "spec.json", "params")
         check_variant(info, knobs, params, "spec.json", "knobs")  # a hand-edited spec too
