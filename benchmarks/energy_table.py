@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from hopperlab.config.energy import node_name
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 from hopperlab.workloads import family_info
 
 

@@ -49,7 +49,7 @@ from hopperlab.core.rundir import (  # noqa: E402
 )
 from hopperlab.core.stats import percentile  # noqa: E402
 from hopperlab.results.machines import reference_update, references  # noqa: E402
-from hopperlab.results.report.collect import collect_runs  # noqa: E402
+from hopperlab.results.rows import collect_runs  # noqa: E402
 
 #: the check subset of issue 29, cheapest windows first where the figure is the same: (run,
 #: parameter overrides that shorten one sample without changing what the metric means)

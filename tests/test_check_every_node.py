@@ -74,7 +74,7 @@ def test_a_slow_link_among_four_nodes_measured_once_is_named(tmp_path):
     """The 13.6 GB/s node among 55 GB/s ones, one run per node and no reference: the other
     nodes' scatter is the noise."""
     from hopperlab.results.machines.node_check import SLOW, judge_nodes
-    from hopperlab.results.report.collect import RunRow
+    from hopperlab.results.rows import RunRow
 
     def row(node: str, gbps: float) -> RunRow:
         return RunRow("membench", "copy", "h2d-pinned", "ok", None, 1, "full", node, None,

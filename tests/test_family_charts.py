@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results.rows import RunRow
 from hopperlab.results.report.html import render_html
 from hopperlab.workloads.database.charts import charts as database_charts
 from hopperlab.workloads.finetune.charts import charts as finetune_charts

@@ -21,7 +21,7 @@ from hopperlab.core.errors import SpecError
 from hopperlab.node.naming import machine_name
 from hopperlab.results.machines import compare, descriptions, predict, references, runs
 from hopperlab.results.report import build_report
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 from hopperlab.run.annotate import annotate_record
 from hopperlab.workloads import family_info
 from tests.helpers import REPO, copy_project, edit_yaml

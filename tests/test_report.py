@@ -11,7 +11,7 @@ import pytest
 
 from hopperlab.core import rundir as record
 from hopperlab.results.report import build_report
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 
 HOST_A = {
     "hostname": "gh-node01", "cpu_model": "NVIDIA Grace", "cpu_arch": "aarch64",

@@ -34,8 +34,8 @@ from hopperlab.results.machines.predict import Prediction, predict
 from hopperlab.results.machines.references import direction
 from hopperlab.results.machines.runs import MachineRuns
 from hopperlab.results.machines.verdicts import machine_verdicts
-from hopperlab.results.report import marks
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results import marks
+from hopperlab.results.rows import RunRow
 from hopperlab.workloads import family_info
 
 CSV_FILE = "machines.csv"

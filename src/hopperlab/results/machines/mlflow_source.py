@@ -21,7 +21,7 @@ from hopperlab.results.tracking.client import (
     retry,
     translate_errors,
 )
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results.rows import RunRow
 
 
 def unflatten(params: Mapping[str, str]) -> dict[str, Any]:
