@@ -43,7 +43,7 @@ def edit_yaml(path: Path, change) -> None:
 #: set by tests/conftest.py for each test: whether it is marked ``integration`` (None outside a test)
 INTEGRATION_TEST: bool | None = None
 #: `hopperlab` verbs that start a job (a subprocess running a family's workload)
-JOB_VERBS = frozenset({"run", "submit", "check"})
+JOB_VERBS = frozenset({"run", "submit"})
 
 
 def needs_integration(what: str) -> None:
