@@ -136,6 +136,7 @@ def test_the_offline_full_scale_command_plans_no_substituted_asset(tmp_path):
     assert len(full_1b) == 2 and all(f"assets/{derived[0]}/" in b for b in full_1b), full_1b
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_the_rule_builds_a_derived_asset_from_the_substitutes(tmp_path):
     """What the planned asset rule runs: `hopperlab fetch NAME --config ...asset_substitutes`."""
     from tests.helpers import hopperlab

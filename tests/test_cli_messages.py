@@ -82,6 +82,7 @@ def test_only_naming_a_family_outside_families_says_so(project, capsys):
     assert "'nofam' is not a known family" in capsys.readouterr().err
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_sync_counts_the_runs_mlflow_already_has(tmp_path):
     from hopperlab.results import tracking
     from tests.test_tracking import make_run, sqlite_uri

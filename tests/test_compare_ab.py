@@ -72,6 +72,7 @@ def test_recorded_folders_measured_once_are_inconclusive_not_failures(tmp_path, 
                  str(FIX / "results-h100"), "--out", str(tmp_path), "--strict"]) == 1
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_one_target_is_still_the_mlflow_compare_view(project):
     out = hopperlab(["prepare-tracking", "--config", "only=membench/copy"], project)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -175,6 +175,7 @@ def test_a_sites_env_reaches_the_job_without_a_shell_and_secrets_do_not(tmp_path
     check_job_environment(project / "results/selftest/faults/env")
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 @pytest.mark.parametrize("name", ["BAD-NAME", "1ST", "A B", "X=Y", ""])
 def test_an_env_name_that_is_not_a_variable_name_is_refused_naming_the_key(tmp_path, name):
     from tests.helpers import edit_yaml
@@ -263,6 +264,7 @@ def test_a_job_slurm_killed_for_its_memory_is_oom(tmp_path, state, said):
     assert submission._settle_record(run_dir, local, 1, outcome)["status"] == "failed"
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_a_killed_submitters_local_job_is_stopped_before_the_next_attempt(tmp_path):
     """Issue 28 item 4 on the local executor: never start attempt n+1 while attempt n's job
     still runs (its submitter was killed and could not stop it)."""
@@ -306,6 +308,7 @@ def test_a_killed_submitters_local_job_is_stopped_before_the_next_attempt(tmp_pa
     assert spec["attempt"] == rec["attempt"] == 2 and rec["run_uid"] == spec["run_uid"], rec
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_a_job_never_writes_its_record_over_a_later_attempts(tmp_path):
     """Issue 28 item 4: a job that outlived its submitter wrote `record.json`/`metrics.json`
     saying attempt 1 under attempt 2's spec. A job writes only while spec.json is its own."""

@@ -8,6 +8,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 
@@ -85,6 +87,7 @@ def test_results_never_imports_a_memory_technique():
                and "hopperlab.memory" in c["forbidden_modules"] for c in contracts)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_only_cli_parses_arguments():
     """cli/ is the only argument parser (ARCHITECTURE.md): membench's sweep had its own
     argparse inside the family; it is benchmarks/membench_sweep.py now."""

@@ -215,6 +215,7 @@ def test_check_exit_codes_and_the_named_metric(tmp_path, fixtures, capsys):
     assert "mfu missing in" in out and "fp8/metrics.json" in out
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_report_shows_machine_and_check(fixtures):
     csv_path, html_path = build_report(fixtures["h200"], REFS)
     rows = list(csv.DictReader(csv_path.open()))
@@ -269,6 +270,7 @@ def test_bad_folders(tmp_path, fixtures):
 
 
 # --------------------------------------------------------------------------- comparison
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_comparison_csv(tmp_path, fixtures):
     _drop_metric(fixtures["h100"], "recommender/latency/gpu", "qps")
     groups = runs.load_folders([fixtures["h200"], fixtures["h100"]])
@@ -399,6 +401,7 @@ def test_predict_cli(capsys):
                  "no-such-machine"]) == 2
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_machines_from_an_mlflow_server_that_is_down_says_so_in_one_line(tmp_path):
     """Issue 28 item 8: `hopperlab machines --mlflow URI` with the server down blocked for
     minutes, then printed a traceback holding the URI's password."""
@@ -430,6 +433,7 @@ def _a_results_folder_with_odd_records(tmp_path):
     return results
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 @pytest.mark.parametrize("verb", ["report", "check", "machines"])
 def test_a_record_that_is_json_but_not_an_object_is_shown_not_crashed_on(tmp_path, verb):
     """Valid JSON that is not an object crashed `report`, `check` and `machines`; `null` made

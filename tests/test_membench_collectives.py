@@ -43,6 +43,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_latency_over_two_gloo_processes_is_the_same_on_every_rank(tmp_path):
     mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]

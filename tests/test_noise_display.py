@@ -51,6 +51,7 @@ def test_pages_show_value_plus_minus_half_width(tmp_path):
     assert page.index("<h2>Verdicts</h2>") < page.index("<h2>selftest / noise</h2>")
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_report_leads_with_a_verdict_per_experiment(tmp_path):
     """The 2026-11-24 H100 runs: per experiment the best and worst variant against the
     baseline, said to rest on one sample each (no repeats then)."""

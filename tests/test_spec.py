@@ -26,6 +26,7 @@ def _error(project: Path, **overrides) -> str:
     return str(info.value)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_default_matrix_resolves_every_variant_at_both_scales():
     for scale in ("smoke", "full"):
         matrix = load_matrix(REPO, {"scale": scale})
@@ -112,6 +113,7 @@ def test_unknown_target_names_what_exists():
     assert "has no variant 'h2d-pinnned'" in str(info.value) and "h2d-pinned" in str(info.value)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_only_selects_a_subset_and_refuses_an_empty_selection(project):
     matrix = load_matrix(project, {"only": "membench/copy"})
     assert matrix.runs and all(k.startswith("membench/copy/") for k in matrix.runs)
@@ -356,6 +358,7 @@ def test_compare_to_an_unknown_variant_or_itself_is_refused_naming_file_and_key(
     assert "experiments.lora-llama2-7b.variants.fp8.compare_to" in msg
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_a_large_experiments_file_without_aliases_is_no_alias_bomb(tmp_path):
     """Issue 28 item 10: a legitimate 10,000-variant experiments file was refused as an alias
     bomb (its written size passed the expansion limit)."""
