@@ -162,6 +162,7 @@ def check_job_environment(run_dir: Path) -> None:
 SECRETS = {"HF_TOKEN": "hf_secret_token", "MLFLOW_TRACKING_PASSWORD": "pw-secret"}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("how", ["submit", "run"])
 def test_a_sites_env_reaches_the_job_without_a_shell_and_secrets_do_not(tmp_path, how):
     """Issue 28 items 9 and 10: a site's `env:` was recorded as applied but never applied
