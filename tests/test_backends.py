@@ -224,7 +224,8 @@ def test_no_backend_name_is_compared_and_slurm_variables_stay_in_its_folder():
                     str(node.slice.value).startswith("SLURM_"):
                 slurm_vars.append(f"{rel}:{node.lineno}")
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
-                    w in node.value for w in ("OUT_OF_MEMORY", "NODE_FAIL", "DUE TO TIME LIMIT")):
+                    w in node.value for w in ("OUT_OF_MEMORY", "NODE_FAIL", "DUE TO TIME LIMIT",
+                                              "DEADLINE", "--container-image", "neither sacct")):
                 slurm_words.append(f"{rel}:{node.lineno}")
     assert compared == [], "executor compared by name:\n" + "\n".join(compared)
     assert slurm_vars == [], "SLURM_* read outside backends/slurm:\n" + "\n".join(slurm_vars)
