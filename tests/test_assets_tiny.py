@@ -53,6 +53,7 @@ def test_smoke_assets_are_complete(smoke):
     assert len(tok["model"]["vocab"]) == 512
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_tiny_tokenizer_loads_in_transformers(smoke):
     from transformers import AutoTokenizer
 

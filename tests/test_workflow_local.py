@@ -70,6 +70,7 @@ def test_the_workflow_part_covers_every_kind_of_run():
     assert len(part) < len(whole) / 2
 
 
+@pytest.mark.integration
 def test_every_other_run_of_the_matrix_ends_ok_or_skipped(tmp_path):
     """The rest of the default matrix, each run once, in one process: its status and reason."""
     project = copy_project(tmp_path / "rest")
