@@ -41,3 +41,20 @@ def pytest_runtest_setup(item):
     fixtures, a module's included), so that an unmarked test which starts Snakemake or a job
     fails at once instead of slowing the unit run."""
     _helpers.INTEGRATION_TEST = item.get_closest_marker("integration") is not None
+
+
+@_pytest.fixture(autouse=True)
+def _signal_handlers_left_as_found(request):
+    """A test that leaves SIGINT ignored or blocked in pytest makes every later child ignore it
+    (an ignored or blocked signal stays so across exec; Python then installs no Ctrl-C handler):
+    in CI a later test's SIGINT to snakemake did nothing. Put both back, and say which test."""
+    handlers = {s: _signal.getsignal(s) for s in _STOP_SIGNALS}
+    blocked = _signal.pthread_sigmask(_signal.SIG_BLOCK, [])
+    yield
+    now_handlers = {s: _signal.getsignal(s) for s in _STOP_SIGNALS}
+    now_blocked = _signal.pthread_sigmask(_signal.SIG_SETMASK, blocked)
+    for s, handler in handlers.items():
+        _signal.signal(s, handler)
+    if now_handlers != handlers or now_blocked != blocked:
+        _warnings.warn(f"{request.node.nodeid} left SIGINT/SIGTERM changed: handlers "
+                       f"{now_handlers} (were {handlers}), blocked {now_blocked} (was {blocked})")

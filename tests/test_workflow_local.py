@@ -16,17 +16,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from mlflow import MlflowClient
 
 from hopperlab.config.matrix import load_matrix
 from tests.helpers import copy_project, hopperlab, snakemake
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 pytestmark = pytest.mark.timeout(1800)
 
 
 def _client(project: Path) -> MlflowClient:
+    from mlflow import MlflowClient
     return MlflowClient(f"sqlite:///{project / 'results' / 'mlflow.db'}")
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow import MlflowClient
 
 from tests.helpers import copy_project, default_signals, edit_yaml, snakemake
 
@@ -60,6 +59,7 @@ def _history(run_dir: Path) -> list[dict]:
 
 
 def _mlflow_children(results: Path, variant: str) -> list:
+    from mlflow import MlflowClient
     client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
     exp = client.get_experiment_by_name("selftest")
     return [r for r in client.search_runs([exp.experiment_id], max_results=100)

@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from mlflow import MlflowClient
 
 from hopperlab.config.matrix import load_matrix
 from hopperlab.results import tracking
@@ -56,6 +55,7 @@ def test_changing_the_selection_reruns_no_finished_run(tmp_path):
 
 @pytest.mark.integration
 def test_mlflow_down_at_the_start_only_delays_the_upload(mlflow_uri, tmp_path):
+    from mlflow import MlflowClient
     project = copy_project(tmp_path / "project")
     add_site(project, "down", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     blocker = project / "not-a-folder"  # a store folder that cannot be written
@@ -92,6 +92,7 @@ def test_a_site_that_uploads_at_the_end_syncs_once_after_success_and_failure(mlf
                                                                              tmp_path):
     """``tracking.upload: at-end`` (the local site): the jobs upload nothing, the workflow's end
     uploads every run, after a failed run too; MLflow down only delays it, in one line."""
+    from mlflow import MlflowClient
     project = copy_project(tmp_path / "project")
     add_site(project, "end", mlflow_uri, upload="at-end")
     add_site(project, "end-down", f"http://127.0.0.1:{free_port()}", upload="at-end")
@@ -142,6 +143,7 @@ def test_sync_says_in_one_line_what_is_wrong_with_mlflow(tmp_path):
 
 @pytest.mark.integration
 def test_a_password_in_the_tracking_uri_is_written_nowhere(mlflow_uri, tmp_path, capsys):
+    from mlflow import MlflowClient
     project = copy_project(tmp_path / "project")
     add_site(project, "creds", mlflow_uri.replace("http://", "http://alice:s3cret@"))
     matrix = load_matrix(project, {"site": "creds", "families": "selftest", "only": TRIVIAL})
