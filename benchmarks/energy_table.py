@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hopperlab.config.energy import node_name, plausibility
 from hopperlab.core import energy_names as N
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 from hopperlab.workloads import family_info
 
 

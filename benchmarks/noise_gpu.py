@@ -56,7 +56,7 @@ from hopperlab.core.rundir import (  # noqa: E402
 )
 from hopperlab.core.stats import percentile  # noqa: E402
 from hopperlab.results.machines import reference_update, references  # noqa: E402
-from hopperlab.results.report.collect import collect_runs  # noqa: E402
+from hopperlab.results.rows import collect_runs  # noqa: E402
 
 #: the check subset on the GPU, most telling first (a run past the deadline is not started):
 #: (run, parameter overrides that shorten one window without changing what the metric means).

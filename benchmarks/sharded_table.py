@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 
 COLUMNS = (("setup_s", "set-up s"), ("build_s", "build s"), ("s_per_iter", "step s"),
            ("step_floor_s", "floor s"), ("step_over_floor", "step/floor"),

@@ -40,6 +40,20 @@ def edit_yaml(path: Path, change) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+#: set by tests/conftest.py for each test: whether it is marked ``integration`` (None outside a test)
+INTEGRATION_TEST: bool | None = None
+#: `hopperlab` verbs that start a job (a subprocess running a family's workload)
+JOB_VERBS = frozenset({"run", "submit"})
+
+
+def needs_integration(what: str) -> None:
+    """Refuse to start Snakemake or a job in a test not marked ``integration``: plain `pytest`
+    is the quick unit run (pyproject.toml), and a test that starts one belongs to scripts/test.sh."""
+    if INTEGRATION_TEST is False:
+        raise AssertionError(f"this test starts {what}: mark it @pytest.mark.integration "
+                             f"(or its module: pytestmark = pytest.mark.integration)")
+
+
 def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 900
         ) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
@@ -49,11 +63,17 @@ def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 900
 
 def snakemake(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 900
               ) -> subprocess.CompletedProcess:
+    needs_integration("Snakemake")
     return run([sys.executable, "-m", "snakemake", *args], cwd, env, timeout)
 
 
 def hopperlab(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 600
               ) -> subprocess.CompletedProcess:
+    words = list(args)
+    while words[:1] == ["--root"]:  # the one option before the verb
+        words = words[2:]
+    if words and words[0] in JOB_VERBS:
+        needs_integration(f"a job (hopperlab {words[0]})")
     return run([sys.executable, "-m", "hopperlab.cli", *args], cwd, env, timeout)
 
 

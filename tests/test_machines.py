@@ -21,7 +21,7 @@ from hopperlab.core.errors import SpecError
 from hopperlab.node.naming import machine_name
 from hopperlab.results.machines import compare, descriptions, predict, references, runs
 from hopperlab.results.report import build_report
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 from hopperlab.run.annotate import annotate_record
 from hopperlab.workloads import family_info
 from tests.helpers import REPO, copy_project, edit_yaml
@@ -218,6 +218,7 @@ def test_check_exit_codes_and_the_named_metric(tmp_path, fixtures, capsys):
     assert "mfu" not in out
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_report_shows_machine_and_check(fixtures):
     csv_path, html_path = build_report(fixtures["h200"], REFS)
     rows = list(csv.DictReader(csv_path.open()))
@@ -272,6 +273,7 @@ def test_bad_folders(tmp_path, fixtures):
 
 
 # --------------------------------------------------------------------------- comparison
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_comparison_csv(tmp_path, fixtures):
     _drop_metric(fixtures["h100"], "recommender/latency/gpu", "qps")
     groups = runs.load_folders([fixtures["h200"], fixtures["h100"]])
@@ -402,6 +404,7 @@ def test_predict_cli(capsys):
                  "no-such-machine"]) == 2
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_machines_from_an_mlflow_server_that_is_down_says_so_in_one_line(tmp_path):
     """Issue 28 item 8: `hopperlab machines --mlflow URI` with the server down blocked for
     minutes, then printed a traceback holding the URI's password."""
@@ -433,6 +436,7 @@ def _a_results_folder_with_odd_records(tmp_path):
     return results
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 @pytest.mark.parametrize("verb", ["report", "check", "machines"])
 def test_a_record_that_is_json_but_not_an_object_is_shown_not_crashed_on(tmp_path, verb):
     """Valid JSON that is not an object crashed `report`, `check` and `machines`; `null` made
@@ -537,6 +541,7 @@ def sharded_run(tmp_path_factory) -> Path:
     return project / "results"
 
 
+@pytest.mark.integration
 def test_a_sharded_run_records_its_cpu_optimizer_floor_from_the_host_rate_it_measured(sharded_run):
     from hopperlab.workloads.finetune.step_floor import ADAMW_TRAFFIC
 
@@ -550,6 +555,7 @@ def test_a_sharded_run_records_its_cpu_optimizer_floor_from_the_host_rate_it_mea
     assert m["optimizer_over_floor"] == pytest.approx(m["optimizer_step_s"] / m["optimizer_floor_s"])
 
 
+@pytest.mark.integration
 def test_a_sharded_step_is_predicted_on_gh200_from_its_floors_parts(sharded_run):
     """Issue 27 item 3: the GH200 prediction of a sharded row has a CPU optimizer term (host
     memory rate measured by the job against Grace's) and the C2C link term."""

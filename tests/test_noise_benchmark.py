@@ -9,9 +9,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from .helpers import REPO, copy_project, edit_yaml
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_noise_benchmark_counts_false_alarms_and_detections(tmp_path):
     project = copy_project(tmp_path / "proj")
     for name in ("benchmarks",):

@@ -85,7 +85,7 @@ def test_check_judges_the_shipped_2xh200_references(tmp_path):
     the same runs 10 % slower on their judged metrics regress where the noise allows."""
     import shutil
 
-    from hopperlab.results.report.collect import collect_runs
+    from hopperlab.results.rows import collect_runs
 
     refs = Path(__file__).parents[1] / "configs" / "references"
     rows = collect_runs(FIXTURES)

@@ -29,7 +29,7 @@ from hopperlab.results.machines import (
     references,
     runs,
 )
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 
 EXIT_REGRESSION = 1
 #: ``check --strict`` when no run had a reference (CI that must have checked something)

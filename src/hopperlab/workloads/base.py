@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
-from hopperlab.core.errors import AssetMissing
+from hopperlab.core.errors import AssetMissing, SpecError
 from hopperlab.workloads.prediction import PredictModel
 
 P = TypeVar("P")
@@ -38,9 +38,10 @@ class Knobs:
 KNOB_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Knobs)}
 
 
-class Contradiction(ValueError):
+class Contradiction(SpecError):
     """A variant's knob contradicts its params (``FamilyInfo.check``): ``knob`` names the knob,
-    set on the variant, so the matrix can say which key of which file to change."""
+    set on the variant, so the matrix can say which key of which file to change (a SpecError,
+    so that whatever catches the project's config mistakes catches it too)."""
 
     def __init__(self, knob: str, why: str) -> None:
         super().__init__(f"{knob}: {why}")
@@ -118,11 +119,12 @@ class FamilyInfo:
     work_units: tuple[WorkUnit, ...] = ()
     #: figure metric -> the metric of what the host link allows it (same unit): link floors
     floors: Mapping[str, str] = field(default_factory=dict)
-    #: ``check(params, assets, where)``, called when the matrix is loaded for each run with its
-    #: asset specs by role (``hopperlab.assets``): the family checks the files an asset names
-    #: in the repository (e.g. a model config of its own) and raises SpecError at ``where``
-    #: (file and key path of the run). Cheap: it runs on the login node, before submission.
-    check_assets: Callable[[Any, Mapping[str, Any], str], None] | None = None
+    #: ``check(params, knobs, assets, where)``, called when the matrix is loaded for each run
+    #: with its asset specs by role (``hopperlab.assets``): the family checks the files an
+    #: asset names in the repository (e.g. a model config of its own), and the knobs and params
+    #: that model cannot take, and raises SpecError at ``where`` (file and key path of the run).
+    #: Cheap: it runs on the login node, before submission.
+    check_assets: Callable[[Any, Knobs, Mapping[str, Any], str], None] | None = None
     #: ``check(knobs, params)``: raises Contradiction where a knob contradicts the params (e.g.
     #: ``memory: managed`` with a placement in device memory). Called when the matrix loads and
     #: when the job reads its spec.json, so a family's ``run`` never sees such a variant.

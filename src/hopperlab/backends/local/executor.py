@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Callable
+from typing import Callable
 
-from hopperlab.backends.base import MASTER_PORT_ENV, JobRequest, Launcher
+from hopperlab.backends.base import MASTER_PORT_ENV, Executor, JobRequest, Launcher
 
 #: the local controller's own limit lies this far past ours (minutes)
 BACKSTOP_MIN = 1
@@ -25,7 +25,7 @@ def free_port() -> int:
 
 
 class LocalLauncher(Launcher):
-    def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Any:
+    def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Executor:
         import submitit
 
         res = req.resources

@@ -22,7 +22,7 @@ from hopperlab.core import effects
 from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import finite_samples, read_samples
 from hopperlab.results.machines.references import direction
-from hopperlab.results.report.collect import RunRow, collect_runs
+from hopperlab.results.rows import RunRow, collect_runs
 
 SLOWER, FASTER, SAME, INCONCLUSIVE = "slower", "faster", "same within noise", "inconclusive"
 WORSE_WORD, BETTER_WORD = "worse", "better"

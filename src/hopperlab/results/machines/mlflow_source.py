@@ -17,7 +17,7 @@ from hopperlab.core.errors import SpecError
 from hopperlab.results import tracking
 from hopperlab.results.machines.runs import MachineRuns
 from hopperlab.results.tracking.client import reading, retry
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results.rows import RunRow
 
 
 def unflatten(params: Mapping[str, str]) -> dict[str, Any]:

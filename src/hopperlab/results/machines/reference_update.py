@@ -31,7 +31,7 @@ from hopperlab.core.schema import load_yaml
 from hopperlab.core.stats import percentile, robust_spread
 from hopperlab.node.hardware import host_cpu
 from hopperlab.results.machines import references as refs_mod
-from hopperlab.results.report.collect import RunRow, collect_runs
+from hopperlab.results.rows import RunRow, collect_runs
 
 #: samples a reference needs: fewer give a spread that is mostly luck
 MIN_SAMPLES = 3

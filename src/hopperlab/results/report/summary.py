@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from hopperlab.core import energy_names as N
 from hopperlab.core import rundir as rec
 from hopperlab.core.stats import half_width
-from hopperlab.results.report.collect import (
+from hopperlab.results.rows import (
     RunRow,
     group_by_experiment,
     metric_names,

@@ -11,7 +11,7 @@ from typing import Sequence
 from hopperlab.core import effects
 from hopperlab.core.rundir import read_samples
 from hopperlab.results.machines.references import direction
-from hopperlab.results.report.collect import RunRow, group_by_experiment, reference_run
+from hopperlab.results.rows import RunRow, group_by_experiment, reference_run
 
 
 @dataclass(frozen=True)

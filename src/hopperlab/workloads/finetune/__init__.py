@@ -14,12 +14,13 @@ This module is imported by the spec layer: it stays cheap (no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, Mapping, get_args
 
+from hopperlab.core.errors import SpecError
 from hopperlab.core.schema import bounded, settle_fields
 from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
                                       WorkUnit)
-from hopperlab.workloads.finetune.moe_config import check_assets
+from hopperlab.workloads.finetune.moe_config import check_model_asset
 
 # each choice declared once, as the params' type (core.schema checks it); the tuples for readers
 Backend = Literal["torch", "nemo", "sharded"]
@@ -177,6 +178,9 @@ class FinetuneParams:
         if self.recompute_elementwise and self.compile:
             raise ValueError("recompute_elementwise: not with compile (torch.compile's partitioner "
                              "chooses what to recompute in a compiled layer itself)")
+        if self.backend == "nemo" and self.method != "lora":
+            raise ValueError(f"method: {self.method}, but backend nemo builds NeMo's LoRA recipe "
+                             f"only (method: lora)")
         if self.method == "lora" and not self.lora_targets:
             raise ValueError("lora_targets: LoRA needs at least one target module name")
 
@@ -187,6 +191,10 @@ def check(knobs: Knobs, params: FinetuneParams) -> None:
     if params.oversubscribe and knobs.memory != "managed":
         raise Contradiction("memory", f"{knobs.memory!r}, but oversubscribe: needs the knob memory: "
                             f"managed (only managed memory can exceed the GPU's)")
+    if params.backend == "nemo" and knobs.memory == "managed":
+        raise Contradiction("memory", "managed, but backend: nemo has no managed-memory setting "
+                            "(NeMo allocates through its own caching allocator); use memory: "
+                            "device or backend: torch")
     if params.backend != "torch":
         return
     if knobs.memory == "managed":
@@ -202,6 +210,17 @@ def check(knobs: Knobs, params: FinetuneParams) -> None:
     if knobs.precision == "fp8" and params.recompute_elementwise:
         raise Contradiction("precision", "fp8, but recompute_elementwise: not with precision fp8 "
                             "or compile (torch.compile's partitioner chooses what to recompute)")
+
+
+def check_assets(params: FinetuneParams, knobs: Knobs, assets: Mapping[str, Any],
+                 where: str) -> None:
+    """The run against its model asset (``FamilyInfo.check_assets``): what a hopperlab-moe
+    config cannot take (moe_config.py), and parameter offload, which moves transformers'
+    decoder layers (our MoE decoder's layers are not those)."""
+    if check_model_asset(params, assets, where) and "parameters" in OFFLOADS[knobs.offload]:
+        raise SpecError(f"{where}.offload: {knobs.offload}, but parameter offload is not "
+                        f"implemented for the hopperlab-moe decoder (its layers are not "
+                        f"transformers layers); offload activations only")
 
 
 #: which way each figure is better, what a run's cost is divided by, and link floors
