@@ -1,20 +1,26 @@
 """Energy of each run of a results folder, one line each: the table of docs/benchmarks/energy.md.
 
-    python3 benchmarks/energy_table.py RESULTS_DIR
+    python3 benchmarks/energy_table.py RESULTS_DIR [--probe PROBE.json] [--probe-fp8 PROBE.json]
 
 Per run: status, the measured window (s), GPU and host joules, mean and peak GPU power, the
 trace/counter agreement, energy per unit of work and work per joule of the family's first unit
-(GPU energy; "+host" where the host was measured), and how energy was measured or why not.
-Reads the run directories (records), like ``hopperlab report``.
+(GPU energy; "+host" where the host was measured), the run's model TFLOP per joule against the
+node's matmul probe (benchmarks/energy_probe.py: bf16, or ``--probe-fp8`` for fp8 runs; more
+than 10 % above it marks the energy ``implausible``, kept out of the comparisons), and how
+energy was measured or why not (how J per unit was divided, slow steps inside the window, why a
+trace disagrees with its counter). Two closing lines: runs whose counter and trace agree within
+5 %, runs below the probe. Reads the run directories (records), like ``hopperlab report``.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
 from pathlib import Path
 
-from hopperlab.config.energy import node_name
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.config.energy import node_name, plausibility
+from hopperlab.core import energy_names as N
+from hopperlab.results.rows import collect_runs
 from hopperlab.workloads import family_info
 
 
@@ -22,31 +28,70 @@ def _f(value: float | None, digits: int = 4) -> str:
     return "not measured" if value is None else f"{value:.{digits}g}"
 
 
-def lines(results: Path) -> list[str]:
+def _probe(path: Path | None) -> float | None:
+    if path is None or not path.is_file():
+        return None
+    return json.loads(path.read_text()).get(N.TFLOP_PER_J)
+
+
+def lines(results: Path, probe: float | None = None, probe_fp8: float | None = None
+          ) -> list[str]:
     out = ["| run | status | window s | GPU J | host J | GPU W mean / peak | trace/counter | "
-           "J per unit (GPU; +host) | work per J | how |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "J per unit (GPU; +host) | work per J | TFLOP/J (probe) | how |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    agree, disagree, below, above = [], [], [], []
     for r in collect_runs(results):
         m, t = r.metrics, r.tags
         units = [u for u in family_info(r.family).work_units if u.energy_name in m]
+        ceiling = probe_fp8 if "fp8" in r.key and probe_fp8 else probe
+        gate = plausibility(m, ceiling)
         per = work = "not measured"
         if units:
             u = units[0]
             node = m.get(node_name(u))
             per = f"{m[u.energy_name]:.4g} {u.label}" + (f"; {node:.4g} +host" if node else "")
             work = f"{m[u.work_per_j]:.4g} {u.work_label}" if u.work_per_j in m else work
+            if gate:
+                per, work = f"implausible ({per})", f"implausible ({work})"
         duck = [x for x in family_info(r.family).work_units
                 if x.window and node_name(x) in m]
         if duck:
             per += f"; DuckDB {m[node_name(duck[0])]:.4g} {duck[0].label} (+host)"
-        how = "; ".join(f"{k.removeprefix('energy.')}: {v}" for k, v in sorted(t.items())
-                        if k.startswith("energy."))
-        out.append(f"| {r.key} | {r.status} | {_f(m.get('energy_window_s'))} | "
-                   f"{_f(m.get('energy_gpu_j'))} | {_f(m.get('energy_host_j'))} | "
-                   f"{_f(m.get('power_gpu_mean_w'))} / {_f(m.get('power_gpu_peak_w'))} | "
-                   f"{_f(m.get('energy_gpu_trace_ratio'), 3)} | {per} | {work} | {how} |")
+        tflop = (m["flops_per_token"] * m["train_tokens_per_j"] / 1e12
+                 if "flops_per_token" in m and "train_tokens_per_j" in m else None)
+        vs = "-" if tflop is None else f"{tflop:.3g} ({_f(ceiling, 3)})"
+        if tflop is not None and ceiling:
+            (above if gate else below).append(r.key)
+        ratio = m.get(N.TRACE_RATIO)
+        if ratio is not None:
+            (agree if abs(ratio - 1) <= N.TRACE_TOLERANCE else disagree).append(
+                f"{r.key} {ratio:.3f}" + (f" ({t[N.TAG_TRACE]})" if N.TAG_TRACE in t else ""))
+        how = "; ".join(f"{k.removeprefix(N.TAG_PREFIX)}: {v}" for k, v in sorted(t.items())
+                        if k.startswith(N.TAG_PREFIX))
+        if gate:
+            how = f"{gate}; " + how
+        out.append(f"| {r.key} | {r.status} | {_f(m.get(N.ENERGY_WINDOW_S))} | "
+                   f"{_f(m.get(N.ENERGY_GPU_J))} | {_f(m.get(N.ENERGY_HOST_J))} | "
+                   f"{_f(m.get(N.POWER_GPU_MEAN_W))} / {_f(m.get(N.POWER_GPU_PEAK_W))} | "
+                   f"{_f(ratio, 3)} | {per} | {work} | {vs} | {how} |")
+    out.append("")
+    out.append(f"counter vs trace within {N.TRACE_TOLERANCE:.0%}: {len(agree)} of "
+               f"{len(agree) + len(disagree)}" + (f"; outside: {'; '.join(disagree)}"
+                                                  if disagree else ""))
+    out.append(f"work per joule below the probe's: {len(below)} of {len(below) + len(above)}"
+               + (f"; implausible: {', '.join(above)}" if above else "")
+               + ("" if probe else " (no probe given)"))
     return out
 
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--probe", type=Path, help="energy_probe.py's JSON (bf16)")
+    ap.add_argument("--probe-fp8", type=Path, help="energy_probe.py --dtype fp8's JSON")
+    args = ap.parse_args()
+    print("\n".join(lines(args.results, _probe(args.probe), _probe(args.probe_fp8))))
+
+
 if __name__ == "__main__":
-    print("\n".join(lines(Path(sys.argv[1]))))
+    main()

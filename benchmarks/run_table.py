@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hopperlab.results.machines.references import judge_rows
 from hopperlab.results.report import build_report
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 
 
 def main(results_dir: str) -> int:

@@ -18,7 +18,7 @@ WHEELS=${WHEELS:-.whl-wf}
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site "$WHEELS"/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/src
+  export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}  # e.g. nemo_gpu.sh's megatron-core
 fi
 export PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=$PWD/.device-libs:${LD_LIBRARY_PATH:-}
 mkdir -p "$OUT" /tmp/mlflow

@@ -40,6 +40,20 @@ def edit_yaml(path: Path, change) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+#: set by tests/conftest.py for each test: whether it is marked ``integration`` (None outside a test)
+INTEGRATION_TEST: bool | None = None
+#: `hopperlab` verbs that start a job (a subprocess running a family's workload)
+JOB_VERBS = frozenset({"run", "submit"})
+
+
+def needs_integration(what: str) -> None:
+    """Refuse to start Snakemake or a job in a test not marked ``integration``: plain `pytest`
+    is the quick unit run (pyproject.toml), and a test that starts one belongs to scripts/test.sh."""
+    if INTEGRATION_TEST is False:
+        raise AssertionError(f"this test starts {what}: mark it @pytest.mark.integration "
+                             f"(or its module: pytestmark = pytest.mark.integration)")
+
+
 def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 900
         ) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
@@ -49,11 +63,17 @@ def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 900
 
 def snakemake(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 900
               ) -> subprocess.CompletedProcess:
+    needs_integration("Snakemake")
     return run([sys.executable, "-m", "snakemake", *args], cwd, env, timeout)
 
 
 def hopperlab(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 600
               ) -> subprocess.CompletedProcess:
+    words = list(args)
+    while words[:1] == ["--root"]:  # the one option before the verb
+        words = words[2:]
+    if words and words[0] in JOB_VERBS:
+        needs_integration(f"a job (hopperlab {words[0]})")
     return run([sys.executable, "-m", "hopperlab.cli", *args], cwd, env, timeout)
 
 
@@ -66,3 +86,16 @@ def default_signals() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+
+
+def project_with_noisy_run(dest: Path, results: str = "results-a", repeats: int = 5
+                           ) -> tuple[Path, subprocess.CompletedProcess]:
+    """A project copy with one real run of selftest/noise/noisy measured ``repeats`` times in
+    ``results`` (what `hopperlab run` printed, too): a results folder to break in a test."""
+    project = copy_project(dest)
+    edit_yaml(project / "experiments/selftest.yaml",
+              lambda d: d["experiments"]["noise"].update(repeats=repeats))
+    out = hopperlab(["run", "selftest/noise/noisy", "--no-upload", "--config",
+                     "families=selftest", f"results_dir={results}"], project)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return project, out

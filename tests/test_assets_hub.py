@@ -251,6 +251,7 @@ def test_no_network_error_names_the_ways_out(hub, specs, tmp_path):
     assert "--repo-type dataset" in dataset
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_no_network_with_the_real_library(tmp_path):
     """huggingface_hub itself, offline (HF_HUB_OFFLINE): the same message, from the CLI."""
     env = {"HF_HUB_OFFLINE": "1", "HF_TOKEN": SECRET, "PATH": "/usr/bin:/bin",

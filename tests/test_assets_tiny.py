@@ -39,6 +39,7 @@ def test_synthetic_records_are_seeded_and_rule_derived():
             assert r["response"].split()[-1].rstrip(".") in r["context"]
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_smoke_assets_are_complete(smoke):
     for name in load_scales(ROOT)["smoke"]:
         assert verify(smoke / name) == [], name
@@ -52,6 +53,7 @@ def test_smoke_assets_are_complete(smoke):
     assert len(tok["model"]["vocab"]) == 512
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_tiny_tokenizer_loads_in_transformers(smoke):
     from transformers import AutoTokenizer
 
@@ -63,6 +65,7 @@ def test_tiny_tokenizer_loads_in_transformers(smoke):
     assert len(ids) < 20  # the tokenizer learned words of this text, not bytes
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_fine_tuning_the_tiny_llama_lowers_the_loss(smoke):
     import torch
     from torch.utils.data import DataLoader

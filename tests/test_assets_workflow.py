@@ -36,6 +36,7 @@ def built(tmp_path_factory):
     return project
 
 
+@pytest.mark.integration
 def test_the_run_reads_the_asset_the_workflow_built_first(built):
     record = json.loads((built / "results/selftest/assets/table/metrics.json").read_text())
     assert record["status"] == "ok"
@@ -44,11 +45,13 @@ def test_the_run_reads_the_asset_the_workflow_built_first(built):
     assert record["tags"]["selftest.table"] == str(built / "assets/interactions-smoke")
 
 
+@pytest.mark.integration
 def test_nothing_reruns_when_nothing_changed(built):
     out = snakemake(["-n", "--cores", "2", *SELECT], built)
     assert "Nothing to be done" in out.stdout + out.stderr
 
 
+@pytest.mark.integration
 def test_a_deleted_asset_reruns_itself_and_its_dependents_only(built, tmp_path):
     import shutil
 
@@ -62,6 +65,7 @@ def test_a_deleted_asset_reruns_itself_and_its_dependents_only(built, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+@pytest.mark.integration
 def test_a_changed_definition_rebuilds_the_asset(built):
     edit_yaml(built / "configs/assets.yaml",
               lambda d: d["assets"]["interactions-smoke"].update(rows=500))
@@ -117,6 +121,7 @@ def test_a_run_without_its_asset_says_which_and_how_to_build_it(tmp_path):
     assert "'model'" in str(err.value)
 
 
+@pytest.mark.integration
 def test_the_offline_full_scale_command_plans_no_substituted_asset(tmp_path):
     """README: `--config scale=full asset_substitutes=...` on a node without the Hub."""
     project = copy_project(tmp_path / "project")
@@ -131,6 +136,7 @@ def test_the_offline_full_scale_command_plans_no_substituted_asset(tmp_path):
     assert len(full_1b) == 2 and all(f"assets/{derived[0]}/" in b for b in full_1b), full_1b
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_the_rule_builds_a_derived_asset_from_the_substitutes(tmp_path):
     """What the planned asset rule runs: `hopperlab fetch NAME --config ...asset_substitutes`."""
     from tests.helpers import hopperlab

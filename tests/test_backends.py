@@ -15,7 +15,7 @@ from hopperlab import backends
 from hopperlab.config.matrix import load_matrix
 from hopperlab.config.spec import RunSpec, spec_data_fingerprint
 from hopperlab.core.errors import SpecError
-from tests.helpers import copy_project, hopperlab
+from tests.helpers import REPO, copy_project, hopperlab
 
 TRIVIAL = "selftest/trivial/ok"
 SITE = {"poll_interval_s": 0.2,
@@ -81,10 +81,14 @@ def toy(tmp_path, monkeypatch):
     backends.forget()
 
 
+def _folders() -> list[str]:
+    """The backends of the package, by its folders (what the registry must find)."""
+    return sorted(p.parent.name for p in Path(backends.__file__).parent.glob("*/__init__.py")
+                  if not p.parent.name.startswith("_"))
+
+
 def test_the_registry_finds_every_backend_folder():
-    folders = sorted(p.parent.name for p in Path(backends.__file__).parent.glob("*/__init__.py")
-                     if not p.parent.name.startswith("_"))
-    assert backends.names() == folders == ["debug", "local", "slurm"]
+    assert backends.names() == _folders() and backends.names()
     for info in backends.all_backends():
         launcher = backends.launcher(info.name)  # its executor module loads and says LAUNCHER
         assert callable(launcher.make_executor)
@@ -94,6 +98,7 @@ def test_the_registry_finds_every_backend_folder():
         ("node", "here", "none")
 
 
+@pytest.mark.integration
 def test_a_new_backend_is_its_folder(project, toy, tmp_path):
     """Nothing but the folder: the site names it, its settings block is typed and checked
     from its declaration, its result keys join the fingerprint, its executor runs the job."""
@@ -133,7 +138,7 @@ def test_an_unknown_executor_names_the_file_and_key_and_the_choices(project):
     with pytest.raises(SpecError) as err:
         load_matrix(project, {"site": "flux-site", "families": "selftest"})
     assert str(err.value) == (f"{project}/configs/sites/flux-site.yaml: executor: unknown "
-                              f"executor 'flux'; expected one of: debug, local, slurm")
+                              f"executor 'flux'; expected one of: {', '.join(_folders())}")
 
 
 def test_a_slurm_block_is_checked_from_the_backends_declaration(project):
@@ -161,6 +166,7 @@ def test_where_am_i_asks_the_backend_that_started_the_task():
     assert (nothing.world_size, nothing.cpus, nothing.record) == (1, None, None)
 
 
+@pytest.mark.integration
 def test_a_debug_site_runs_its_jobs_in_process_end_to_end(project, tmp_path):
     """executor: debug in a site: `hopperlab submit` runs the job in its own process (no
     submitit folder of a subprocess, no job id), through the same settling as any run."""
@@ -218,7 +224,8 @@ def test_no_backend_name_is_compared_and_slurm_variables_stay_in_its_folder():
                     str(node.slice.value).startswith("SLURM_"):
                 slurm_vars.append(f"{rel}:{node.lineno}")
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
-                    w in node.value for w in ("OUT_OF_MEMORY", "NODE_FAIL", "DUE TO TIME LIMIT")):
+                    w in node.value for w in ("OUT_OF_MEMORY", "NODE_FAIL", "DUE TO TIME LIMIT",
+                                              "DEADLINE", "--container-image", "neither sacct")):
                 slurm_words.append(f"{rel}:{node.lineno}")
     assert compared == [], "executor compared by name:\n" + "\n".join(compared)
     assert slurm_vars == [], "SLURM_* read outside backends/slurm:\n" + "\n".join(slurm_vars)
@@ -238,3 +245,107 @@ def test_only_the_scheduler_that_kills_a_job_says_why():
     assert slurm.node_failure("FAILED") is None and "CANCELLED" in slurm.stop_words
     assert local.memory_kill("OUT_OF_MEMORY", said) is None
     assert local.node_failure("NODE_FAIL") is None and local.stop_words == ()
+
+
+def _every_spec(root: Path) -> dict[str, tuple[str, str]]:
+    """Every run of the matrix on every site of the project (at smoke scale; at full scale
+    too on the Slurm site): its spec.json text and its fingerprint."""
+    out = {}
+    for site in sorted(p.stem for p in (root / "configs/sites").glob("*.yaml")):
+        for scale in ("smoke", "full") if site == "slurm" else ("smoke",):
+            for key, spec in load_matrix(root, {"site": site, "scale": scale}).runs.items():
+                data = json.loads(json.dumps(spec.to_dict(), default=str))
+                out[f"{site}/{scale}/{key}"] = (json.dumps(data, sort_keys=True),
+                                                spec_data_fingerprint(data))
+    return out
+
+
+def test_adding_a_backend_changes_no_existing_spec_or_fingerprint(toy_before):
+    """Issue 38: a backend's settings block entered every run's spec.json and fingerprint on
+    every site (a toy backend with one setting made 80 of 80 local runs rerun). Only the
+    site's own backend's block is kept now."""
+    before, after = toy_before
+    assert len(before) > 100 and after == before
+
+
+@pytest.fixture
+def toy_before(request):
+    before = _every_spec(REPO)
+    request.getfixturevalue("toy")
+    assert "toy" in backends.names()
+    return before, _every_spec(REPO)
+
+
+def test_a_spec_json_of_cdf1dfb_is_adopted_not_redone(project, tmp_path):
+    """spec.json changed in issue 38 (other backends' blocks left out): a results folder made
+    before (tests/data/cdf1dfb: written by main at cdf1dfb) reads back, and its finished runs
+    are adopted, not rerun."""
+    from hopperlab.core import rundir as record
+    from hopperlab.run.submit import adoptable_record
+
+    for site in ("local", "slurm"):
+        old = json.loads((REPO / "tests/data/cdf1dfb" / f"spec-{site}.json").read_text())
+        assert "slurm" in old["site"]  # every backend's block, whatever the site's backend
+        matrix = load_matrix(project, {"site": site, "families": "selftest",
+                                       "only": "selftest/faults/ok",
+                                       "results_dir": str(tmp_path / site)})
+        spec = matrix.get("selftest/faults/ok")
+        new = spec.to_dict()
+        assert ("slurm" in new["site"]) == (site == "slurm")  # only the site's own block now
+        assert RunSpec.from_dict(old).site.own_settings == spec.site.own_settings
+        assert spec_data_fingerprint(old) == spec_data_fingerprint(
+            json.loads(json.dumps(new, default=str)))
+        run_dir = Path(matrix.root) / spec.run_dir
+        record.write_json_atomic(run_dir / record.SPEC_FILE, old)
+        record.write_record(run_dir, {"key": spec.key, "attempt": 1, "status": "ok",
+                                      "reason": None, "metrics": {}})
+        (run_dir / record.HISTORY_FILE).write_text(
+            json.dumps({"attempt": 1, "event": "start"}) + "\n" +
+            json.dumps({"attempt": 1, "event": "end"}) + "\n")
+        rec = adoptable_record(matrix, spec, run_dir)
+        assert rec is not None and rec["status"] == "ok", site
+
+
+PLUGIN_INIT = TOY_INIT.replace('name="toy"', 'name="plugtoy"').replace(
+    "hopperlab.backends.toy.executor", "hl_plugtoy.executor").replace(
+    "settings=ToySettings,", "settings=ToySettings, settings_key=\"plugtoy\",")
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """A backend from outside the package: a distribution on sys.path whose entry point in
+    the group hopperlab.backends names its package (as submitit's plugins are found)."""
+    import sys
+
+    site_dir = tmp_path / "site-packages"
+    (site_dir / "hl_plugtoy").mkdir(parents=True)
+    (site_dir / "hl_plugtoy/__init__.py").write_text(textwrap.dedent(PLUGIN_INIT))
+    (site_dir / "hl_plugtoy/executor.py").write_text(textwrap.dedent(TOY_EXECUTOR))
+    dist = site_dir / "hl_plugtoy-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hl-plugtoy\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        f"[{backends.ENTRY_POINT_GROUP}]\nplugtoy = hl_plugtoy\n")
+    monkeypatch.syspath_prepend(str(site_dir))
+    backends.forget()
+    yield
+    monkeypatch.undo()
+    for name in [m for m in sys.modules if m.startswith("hl_plugtoy")]:
+        del sys.modules[name]
+    backends.forget()
+
+
+def test_a_backend_plugged_in_through_an_entry_point_runs_a_job(project, plugin, tmp_path):
+    assert "plugtoy" in backends.names() and backends.backend("plugtoy").name == "plugtoy"
+    _site(project, "plug-site", executor="plugtoy", plugtoy={"queue": "fast"})
+    matrix = load_matrix(project, {"site": "plug-site", "families": "selftest", "only": TRIVIAL,
+                                   "results_dir": str(tmp_path / "r")})
+    spec = matrix.get(TRIVIAL)
+    assert spec.site.own_settings.queue == "fast"
+
+    from hopperlab.run.submit import submit
+    lines: list[str] = []
+    assert submit(matrix, TRIVIAL, log=lines.append) == 0, lines
+    assert "toy: queue fast" in lines
+    rec = json.loads((tmp_path / "r" / TRIVIAL / "record.json").read_text())
+    assert rec["status"] == "ok"

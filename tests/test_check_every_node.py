@@ -38,6 +38,7 @@ def _check(project: Path, cluster, junit: Path):
                      project, env=cluster.env)
 
 
+@pytest.mark.integration
 def test_one_job_per_node_on_that_node(project, slurm_cluster, tmp_path):
     out = _check(project, slurm_cluster, tmp_path / "check.xml")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -50,6 +51,7 @@ def test_one_job_per_node_on_that_node(project, slurm_cluster, tmp_path):
     assert suite.get("tests") == str(len(slurm_cluster.nodes)) and suite.get("failures") == "0"
 
 
+@pytest.mark.integration
 def test_the_slow_node_is_named(project, slurm_cluster, tmp_path):
     slurm_cluster.need_two_nodes()
     slow = slurm_cluster.nodes[-1]
@@ -72,7 +74,7 @@ def test_a_slow_link_among_four_nodes_measured_once_is_named(tmp_path):
     """The 13.6 GB/s node among 55 GB/s ones, one run per node and no reference: the other
     nodes' scatter is the noise."""
     from hopperlab.results.machines.node_check import SLOW, judge_nodes
-    from hopperlab.results.report.collect import RunRow
+    from hopperlab.results.rows import RunRow
 
     def row(node: str, gbps: float) -> RunRow:
         return RunRow("membench", "copy", "h2d-pinned", "ok", None, 1, "full", node, None,

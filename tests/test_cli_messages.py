@@ -46,6 +46,7 @@ def test_an_expected_error_is_one_line_with_exit_2(project, capsys):
     assert err.count("\n") == 1 and err.startswith("hopperlab: config error: configs/config.yaml")
 
 
+@pytest.mark.integration
 def test_through_snakemake_too(project):
     out = snakemake(["-n", "--config", "site=nope"], project, timeout=300)
     assert out.returncode == 2, out.stderr[-2000:]
@@ -81,6 +82,7 @@ def test_only_naming_a_family_outside_families_says_so(project, capsys):
     assert "'nofam' is not a known family" in capsys.readouterr().err
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_sync_counts_the_runs_mlflow_already_has(tmp_path):
     from hopperlab.results import tracking
     from tests.test_tracking import make_run, sqlite_uri

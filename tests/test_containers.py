@@ -337,6 +337,7 @@ def test_cli_command_and_runtime(fake_bin, capsys, tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- the rule
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_rule_builds_the_image_and_rebuilds_when_the_def_changes(fake_bin, tmp_path):
     """containers.smk in a scratch workflow: builds through the CLI, reruns on a .def change."""
     project = tmp_path / "project"

@@ -72,6 +72,7 @@ def built(tmp_path_factory):
     return project, meta
 
 
+@pytest.mark.integration
 def test_the_workflow_builds_the_image_from_the_def(built):
     project, meta = built
     image = project / "containers/pytorch.ch"
@@ -88,6 +89,7 @@ def test_the_workflow_builds_the_image_from_the_def(built):
     assert "hopperlab @ file:///opt/hopperlab" in freeze
 
 
+@pytest.mark.integration
 def test_one_run_of_every_family_ran_inside_the_image(built):
     project, meta = built
     matrix = load_matrix(project, {"site": SITE, "only": ONE_PER_FAMILY})
@@ -104,6 +106,7 @@ def test_one_run_of_every_family_ran_inside_the_image(built):
         assert rec["tags"]["container.digest"] == meta["digest"]
 
 
+@pytest.mark.integration
 def test_the_job_prefix_runs_the_images_python_with_the_site_env(built):
     project, _ = built
     spec = load_matrix(project, {"site": SITE, "only": ONE_PER_FAMILY[:1]}).get(
@@ -122,6 +125,7 @@ def test_the_job_prefix_runs_the_images_python_with_the_site_env(built):
     assert version == "(3, 11)"
 
 
+@pytest.mark.integration
 def test_a_job_whose_container_cannot_start_fails_in_one_line(built):
     project, _ = built
     site = project / "configs/sites/cc-badbind.yaml"
@@ -139,6 +143,7 @@ def test_a_job_whose_container_cannot_start_fails_in_one_line(built):
     assert "ch-run[" in rec["reason"] and "/nonexistent-hopperlab-bind" in rec["reason"]
 
 
+@pytest.mark.integration
 def test_an_image_from_a_given_root_file_system(built, tmp_path):
     """The cluster path for an NGC base (``ch-convert`` of nvcr.io/nvidia/pytorch to a directory,
     then ``--base``): here the image just built stands in for that root file system. The .def's
@@ -159,6 +164,7 @@ def test_an_image_from_a_given_root_file_system(built, tmp_path):
     assert env[0] == f"PATH={charliecloud.IMAGE_PATH}" and "HOPPERLAB_IMAGE=pytorch" in env
 
 
+@pytest.mark.integration
 @pytest.mark.slurm
 def test_a_slurm_job_runs_inside_the_image(built, slurm_cluster):
     """The same image through the real one-node Slurm cluster: sbatch, srun, then ch-run in the

@@ -16,7 +16,8 @@ import pytest
 from hopperlab.cli.workflow import container_inputs
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.errors import SpecError
-from hopperlab.node import charliecloud, pyxis
+from hopperlab.backends.slurm import pyxis
+from hopperlab.node import charliecloud
 from hopperlab.node.containers import (
     exec_prefix,
     find_runtime,
@@ -267,7 +268,7 @@ def test_a_pyxis_job_carries_the_image_on_its_srun_line(project, tmp_path, monke
         f"--container-mounts={project}/results:{project}/results,"
         f"{project}/assets:{project}/assets",
         f"--container-workdir={project}/results"]
-    monkeypatch.setattr(launch, "_srun_help", lambda: "Usage: srun [OPTIONS]")
+    monkeypatch.setattr(pyxis, "srun_help", lambda: "Usage: srun [OPTIONS]")
     with pytest.raises(SpecError, match=r"cc-pyxis2.yaml: container_runtime: pyxis, but `srun "
                                         r"--help` here lists no --container-image"):
         launch.container_runtime(spec)

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from hopperlab.core.quiet import silence_known_noise
 
 
@@ -24,6 +26,7 @@ def test_only_the_known_lines_are_dropped(caplog):
     assert [r.getMessage() for r in caplog.records] == ["a real torchao warning"]
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_a_job_importing_torchao_prints_neither():
     code = ("from hopperlab.run import runner; runner.silence_known_noise(); "
             "import torchao.float8, torchao.float8.float8_linear")

@@ -75,6 +75,7 @@ def test_every_plan_equals_duckdb_sf001(sf001, placement, encoding):
     check_all(sf001, placement, encoding, chunk_rows=8_000)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 @pytest.mark.parametrize("placement,encoding", [("device", "plain"),
                                                 ("host-pinned", "compact"),
                                                 ("zero-copy", "plain")])
@@ -82,6 +83,7 @@ def test_every_plan_equals_duckdb_sf01(sf01, placement, encoding):
     check_all(sf01, placement, encoding, chunk_rows=250_000)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_parallel_parts_equal_one_process(sf01, tmp_path):
     """dbgen(children, step) slices: two parts hold exactly the rows of one process's data."""
     import duckdb

@@ -101,6 +101,7 @@ def finish(tmp_path, s):
     return rec.finish("ok"), rec
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_workload_records_every_query(tmp_path, tpch):
     record, rec = finish(tmp_path, spec(tpch, "host-pinned", encoding="compact"))
     m = record["metrics"]
@@ -219,6 +220,7 @@ def test_q6_style_predicates_match_duckdb(q6_world, start, length, lo, width, qt
         assert not compare(expected, got), (p, expected, got, src.placement)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_fused_kernels_under_triton_interpreter(tpch):
     """The fused Q1/Q6 Triton kernels (GPU only otherwise) run in Triton's CPU interpreter and
     give DuckDB's answers, from plain and compact stored columns, whole or in chunks."""

@@ -48,6 +48,7 @@ def test_resources_resolve_tasks_and_show_in_list(project):
                      "prompt-3k-c8-2gpu": 1}, out.stderr  # smoke: TP 2 rows on one process
 
 
+@pytest.mark.integration
 def test_caps_are_refused_before_submission_naming_file_and_key(project, tmp_path):
     _site(project, "capped", max_gpus_per_node=2, max_nodes=1)
     with pytest.raises(SpecError, match=r"experiments/inference.yaml.*tp-long-context.*"
@@ -97,6 +98,7 @@ def _record(run_dir: Path) -> dict:
     return json.loads((run_dir / "record.json").read_text())
 
 
+@pytest.mark.integration
 def test_two_tasks_through_the_local_launcher(project, tmp_path):
     results = tmp_path / "results"
     out = hopperlab(["submit", "selftest/distributed/ok", "--no-upload", "--config",
@@ -114,6 +116,7 @@ def test_two_tasks_through_the_local_launcher(project, tmp_path):
         assert (run_dir / f"ranks/{r}/hardware.json").exists()
 
 
+@pytest.mark.integration
 def test_a_rank_that_raises_fails_the_run_with_its_traceback(project, tmp_path):
     results = tmp_path / "results"
     out = hopperlab(["submit", "selftest/distributed/rank-raises", "--no-upload", "--config",
@@ -193,6 +196,7 @@ def check_hung_rank_run(run_dir: Path) -> None:
     assert ends[-1]["event"] == "end" and ends[-1]["state"] == "CANCELLED", ends[-1]
 
 
+@pytest.mark.integration
 def test_a_hung_rank_is_cancelled_once_its_peers_gave_up_on_it(tmp_path):
     """Issue 28 item 10: a hung rank held the job to its time limit although its peers hit the
     collective timeout."""

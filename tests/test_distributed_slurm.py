@@ -21,6 +21,7 @@ from tests.helpers import copy_project, edit_yaml, snakemake
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 
+@pytest.mark.integration
 def test_two_tasks_as_one_slurm_job(tmp_path, slurm_cluster):
     project = copy_project(tmp_path / "project")
     site = {"executor": "slurm", "poll_interval_s": 1,
@@ -74,6 +75,7 @@ def _two_node_project(tmp_path, slurm_cluster) -> Path:
     return project
 
 
+@pytest.mark.integration
 def test_a_two_node_gloo_run_through_slurm_and_the_workflow(tmp_path, slurm_cluster):
     project = _two_node_project(tmp_path, slurm_cluster)
     out = snakemake(["--profile", "profiles/slurm", "--config", "site=slurm-2n",

@@ -74,6 +74,7 @@ def folders(tmp_path: Path) -> tuple[Path, Path]:
     return h200, h100
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_summary_says_not_measured_never_zero(folders):
     from hopperlab.results.report import build_report
 
@@ -88,6 +89,7 @@ def test_summary_says_not_measured_never_zero(folders):
     assert rows["offload-recompute"]["energy_gpu"] == "not measured"  # recorded before energy
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_report_has_the_energy_table_and_the_power_chart(folders):
     from hopperlab.results.report import build_report
 
@@ -103,6 +105,7 @@ def test_report_has_the_energy_table_and_the_power_chart(folders):
     assert f"{tokens['train_tokens_per_j']:.4g}" in section
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_machines_put_energy_side_by_side(folders, tmp_path):
     from hopperlab.results.machines import compare, descriptions, runs
 
@@ -194,6 +197,7 @@ def test_hopperlab_predict_prints_the_energy_line(folders, capsys):
     assert "(PREDICTION, upper bound)" in line and "P_module = 1000 W" in line
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_mlflow_gets_the_energy_metrics_and_the_power_trace(tmp_path):
     """A run measured through the meter (replayed GPUs) uploaded to a SQLite MLflow store: the
     energy figures are metrics, the trace and windows are artifacts."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hopperlab.results.report.collect import RunRow
+import pytest
+
+from hopperlab.results.rows import RunRow
 from hopperlab.results.report.html import render_html
 from hopperlab.workloads.database.charts import charts as database_charts
 from hopperlab.workloads.finetune.charts import charts as finetune_charts
@@ -71,6 +73,7 @@ def test_finetune_charts_show_speed_against_memory_and_the_link():
                       "baseline step (baseline)"}
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_finetune_charts_need_something_to_show():
     one = _finetune_runs()[:1]
     assert finetune_charts(one) == []            # one point is no trade-off, no link run

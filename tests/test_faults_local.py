@@ -23,6 +23,7 @@ def _history(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.integration
 def test_local_time_limit_is_recorded_as_timeout(tmp_path):
     project = copy_project(tmp_path / "project")
     out = hopperlab(["submit", "selftest/faults/overtime", "--no-upload", "--config",
@@ -75,6 +76,7 @@ def tiny_disk(tmp_path):
         disk.unmount()
 
 
+@pytest.mark.integration
 def test_full_disk_after_the_job_ends_failed_naming_the_device(tmp_path, tiny_disk,
                                                                 monkeypatch):
     """The disk fills between the job's end and the copy of its logs; space comes back while
@@ -160,6 +162,7 @@ def check_job_environment(run_dir: Path) -> None:
 SECRETS = {"HF_TOKEN": "hf_secret_token", "MLFLOW_TRACKING_PASSWORD": "pw-secret"}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("how", ["submit", "run"])
 def test_a_sites_env_reaches_the_job_without_a_shell_and_secrets_do_not(tmp_path, how):
     """Issue 28 items 9 and 10: a site's `env:` was recorded as applied but never applied
@@ -173,6 +176,7 @@ def test_a_sites_env_reaches_the_job_without_a_shell_and_secrets_do_not(tmp_path
     check_job_environment(project / "results/selftest/faults/env")
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 @pytest.mark.parametrize("name", ["BAD-NAME", "1ST", "A B", "X=Y", ""])
 def test_an_env_name_that_is_not_a_variable_name_is_refused_naming_the_key(tmp_path, name):
     from tests.helpers import edit_yaml
@@ -197,6 +201,7 @@ def test_a_full_disk_the_job_reported_on_stdout_is_the_reason(tmp_path):
     assert reason.startswith("no space left on ") and "table.csv" in reason, reason
 
 
+@pytest.mark.integration
 def test_a_full_disk_before_the_workflow_starts_is_one_line(tmp_path, tiny_disk):
     """Issue 28 item 10: a full disk before the workflow started gave a traceback."""
     from tests.helpers import snakemake
@@ -213,6 +218,7 @@ def test_a_full_disk_before_the_workflow_starts_is_one_line(tmp_path, tiny_disk)
     assert said and str(tiny_disk.mountpoint) in said[0], text[-3000:]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("spec_text,record_text", [("[]", "null"), ('"x"', "[1]"),
                                                    ('{"attempt": "two"}', "{torn")])
 def test_submit_goes_on_past_a_wrong_typed_spec_or_record(tmp_path, spec_text, record_text):
@@ -259,6 +265,7 @@ def test_a_job_slurm_killed_for_its_memory_is_oom(tmp_path, state, said):
     assert submission._settle_record(run_dir, local, 1, outcome)["status"] == "failed"
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_a_killed_submitters_local_job_is_stopped_before_the_next_attempt(tmp_path):
     """Issue 28 item 4 on the local executor: never start attempt n+1 while attempt n's job
     still runs (its submitter was killed and could not stop it)."""
@@ -302,6 +309,7 @@ def test_a_killed_submitters_local_job_is_stopped_before_the_next_attempt(tmp_pa
     assert spec["attempt"] == rec["attempt"] == 2 and rec["run_uid"] == spec["run_uid"], rec
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_a_job_never_writes_its_record_over_a_later_attempts(tmp_path):
     """Issue 28 item 4: a job that outlived its submitter wrote `record.json`/`metrics.json`
     saying attempt 1 under attempt 2's spec. A job writes only while spec.json is its own."""

@@ -1,91 +1,206 @@
-"""The NeMo backend: the command it builds from a run's knobs and params, and the parser of
-NeMo's step lines (on a log written for this test). NeMo itself cannot run here."""
+"""The nemo backend (megatron-core): the settings its knobs map onto, the Llama shape it reads,
+the tokens it hands the runner, and the parser of the runner's Megatron-LM log lines, on real
+logs (tests/data/finetune/mcore_lora_*.log, each with the command that made it in
+README.md there). The runner itself needs megatron-core (Python >= 3.12 on the package index):
+its test is skipped where megatron.core cannot be imported (CI's Python 3.11)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from hopperlab.core.rundir import SkipRun
+from hopperlab.workloads.base import Knobs, fake_run
 from hopperlab.workloads.finetune import FinetuneParams
-from hopperlab.workloads.finetune.nemo import (nemo_command, parse_log, run_nemo,
-                                               summarize_log)
-from hopperlab.workloads.base import FakeSite, Knobs, fake_run
+from hopperlab.workloads.finetune import nemo
+from hopperlab.workloads.finetune.nemo import (mcore_settings, mcore_targets, model_shape,
+                                               parse_log, parse_peak_gib, run_nemo,
+                                               runner_config, summarize_log, write_tokens)
 
-LOG = Path(__file__).parent / "data" / "finetune" / "nemo_lora_llama2_7b.log"
-PARAMS = FinetuneParams(backend="nemo", seq_len=2048, micro_batch=4, warmup_steps=2,
-                        measured_steps=10, lora_rank=32, lora_alpha=64)
-
-
-def _args(cmd: list[str]) -> dict[str, str]:
-    return dict(a.split("=", 1) for a in cmd if "=" in a)
-
-
-def test_baseline_command_is_the_lora_recipe_on_dolly():
-    cmd = nemo_command(PARAMS, Knobs(), experiment_dir="/r/nemo")
-    assert cmd[:5] == ["nemo", "llm", "finetune", "--factory", "llama2_7b"]
-    args = _args(cmd)
-    assert args["data"] == "dolly"
-    assert args["data.seq_length"] == "2048"
-    assert args["data.micro_batch_size"] == "4" and args["data.global_batch_size"] == "4"
-    assert args["data.num_workers"] == "0"
-    assert args["trainer.max_steps"] == "12"
-    assert args["peft.dim"] == "32" and args["peft.alpha"] == "64"
-    assert args["peft.target_modules"] == "[linear_qkv,linear_proj]"
-    assert args["trainer.plugins"] == "bf16_mixed"
-    assert not any(a.startswith("model.config.cpu_offloading") for a in cmd)
-    assert all(isinstance(a, str) for a in cmd)  # an argument list, never a shell string
+DATA = Path(__file__).parent / "data" / "finetune"
+CPU_LOG = DATA / "mcore_lora_tiny_cpu.log"
+REAL_LOGS = sorted(DATA.glob("mcore_lora_*.log"))
+PARAMS = FinetuneParams(backend="nemo", weights="random", seq_len=2048, micro_batch=4,
+                        warmup_steps=3, measured_steps=10, lora_rank=32, lora_alpha=64)
+LLAMA2_7B = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+             "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000,
+             "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+HAVE_MCORE = importlib.util.find_spec("megatron") is not None and \
+    importlib.util.find_spec("megatron.core") is not None
 
 
-def test_knobs_map_onto_nemo_settings():
-    args = _args(nemo_command(PARAMS, Knobs(num_workers=4, offload="activations",
-                                            precision="fp8"), experiment_dir="/r"))
-    assert args["data.num_workers"] == "4"
-    assert args["model.config.cpu_offloading"] == "True"
-    assert args["model.config.cpu_offloading_num_layers"] == "31"  # < 32 layers (Megatron)
-    assert args["model.config.cpu_offloading_activations"] == "True"
-    assert args["model.config.cpu_offloading_weights"] == "False"
-    assert args["trainer.plugins"] == "bf16_with_fp8_mixed"
-    both = _args(nemo_command(PARAMS, Knobs(offload="both"), experiment_dir="/r"))
-    assert both["model.config.cpu_offloading_weights"] == "True"
-    ckpt = _args(nemo_command(replace(PARAMS, checkpointing=True), Knobs(), experiment_dir="/r"))
-    assert ckpt["model.config.recompute_granularity"] == "full"
+def test_baseline_settings_are_bf16_without_recompute_or_offload():
+    s = mcore_settings(PARAMS, Knobs(), num_layers=32, te_available=False)
+    assert s["bf16"] is True and s["params_dtype"] == "bfloat16"
+    assert "recompute_granularity" not in s and "cpu_offloading" not in s
+    assert mcore_settings(replace(PARAMS, dtype="float32"), Knobs(), num_layers=2,
+                          te_available=False)["bf16"] is False
 
 
-def test_what_nemo_cannot_do_is_refused():
-    with pytest.raises(ValueError, match="managed"):
-        nemo_command(PARAMS, Knobs(memory="managed"), experiment_dir="/r")
-    with pytest.raises(ValueError, match="lora"):
-        nemo_command(replace(PARAMS, method="full"), Knobs(), experiment_dir="/r")
-    with pytest.raises(ValueError, match="no NeMo equivalent"):
-        nemo_command(replace(PARAMS, lora_targets=("qkv",)), Knobs(), experiment_dir="/r")
+def test_checkpointing_is_full_uniform_recompute_of_each_layer():
+    s = mcore_settings(replace(PARAMS, checkpointing=True), Knobs(), num_layers=32,
+                       te_available=False)
+    assert (s["recompute_granularity"], s["recompute_method"], s["recompute_num_layers"]) == \
+        ("full", "uniform", 1)
 
 
-def test_log_parser_reads_both_line_forms():
-    steps = parse_log(LOG.read_text().splitlines())
-    assert [s.step for s in steps] == list(range(12))
-    assert steps[0].step_s == pytest.approx(9.812)
-    assert steps[8].step_s == pytest.approx(0.703)  # the progress-bar form
-    assert steps[8].loss == pytest.approx(1.760)
-    assert steps[11].step_s == pytest.approx(0.701)  # exponent notation
+def test_offload_needs_transformer_engine_and_maps_onto_cpu_offloading():
+    with pytest.raises(ValueError, match="needs TransformerEngine's cpu_offload"):
+        mcore_settings(PARAMS, Knobs(offload="activations"), num_layers=32, te_available=False)
+    s = mcore_settings(PARAMS, Knobs(offload="activations"), num_layers=32, te_available=True)
+    assert s["cpu_offloading"] is True
+    assert s["cpu_offloading_num_layers"] == 31  # megatron-core: fewer than num_layers
+    assert s["cpu_offloading_activations"] is True and s["cpu_offloading_weights"] is False
+    both = mcore_settings(PARAMS, Knobs(offload="both"), num_layers=32, te_available=True)
+    assert both["cpu_offloading_weights"] is True
+    with pytest.raises(ValueError, match="recomputation"):
+        mcore_settings(replace(PARAMS, checkpointing=True), Knobs(offload="activations"),
+                       num_layers=32, te_available=True)
 
 
-def test_log_summary_excludes_warmup():
-    steps = parse_log(LOG.read_text().splitlines())
-    out = summarize_log(steps, warmup_steps=2, tokens_per_step=4 * 2048)
-    assert out["measured_steps"] == 10
-    assert out["step_time_p50_s"] == pytest.approx(0.7015)  # the 9.8 s first step is out
-    assert out["tokens_per_s"] == pytest.approx(8192 / 0.7015, rel=1e-3)
-    assert out["first_loss"] == pytest.approx(2.105) and out["final_loss"] == pytest.approx(1.69)
+@pytest.mark.parametrize("change, knobs, match", [
+    ({}, {"precision": "fp8"}, "fp8 needs TransformerEngine"),
+    ({}, {"memory": "managed"}, "managed"),
+    ({"method": "full"}, {}, "only method: lora"),
+    ({"weights": "pretrained"}, {}, "weights: random only"),
+])
+def test_what_megatron_core_cannot_do_here_is_refused_with_the_reason(change, knobs, match):
+    with pytest.raises(ValueError, match=match):
+        mcore_settings(replace(PARAMS, **change), Knobs(**knobs), num_layers=32,
+                       te_available=False)
+
+
+def test_lora_targets_are_nemos_fused_names():
+    assert mcore_targets(("q_proj", "k_proj", "v_proj", "o_proj")) == ["linear_qkv",
+                                                                      "linear_proj"]
+    assert mcore_targets(("gate_proj", "up_proj", "down_proj")) == ["linear_fc1", "linear_fc2"]
+    with pytest.raises(ValueError, match="no megatron-core equivalent"):
+        mcore_targets(("qkv",))
+
+
+def test_model_shape_from_a_llama_config():
+    shape = model_shape(LLAMA2_7B)
+    assert shape == {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                     "num_query_groups": 32, "ffn_hidden_size": 11008, "vocab_size": 32000,
+                     "layernorm_epsilon": 1e-5, "rotary_base": 10000.0}
+    gqa = model_shape({**LLAMA2_7B, "num_key_value_heads": 8})
+    assert gqa["num_query_groups"] == 8
+    with pytest.raises(ValueError, match="intermediate_size"):
+        model_shape({k: v for k, v in LLAMA2_7B.items() if k != "intermediate_size"})
+
+
+def test_runner_config_is_json_and_carries_the_torch_backends_run():
+    cfg = runner_config(PARAMS, Knobs(), model_shape(LLAMA2_7B), tokens_path="/r/tokens.pt",
+                        te_available=False)
+    back = json.loads(json.dumps(cfg))
+    assert back["lora"] == {"targets": ["linear_qkv", "linear_proj"], "rank": 32, "alpha": 64}
+    assert (back["seq_len"], back["micro_batch"]) == (2048, 4)
+    assert (back["warmup_steps"], back["measured_steps"]) == (3, 10)
+    assert back["settings"]["bf16"] is True and back["tokens"] == "/r/tokens.pt"
+
+
+def test_tokens_are_the_next_token_with_no_loss_on_the_last(tmp_path):
+    params = replace(PARAMS, data="synthetic", seq_len=16, micro_batch=2, warmup_steps=1,
+                     measured_steps=2)
+    spec = fake_run(params, run_dir=tmp_path)
+    path = tmp_path / "tokens.pt"
+    assert write_tokens(spec, params, 50, path) == "synthetic"
+    import torch
+
+    t = torch.load(path)
+    assert tuple(t["input_ids"].shape) == (3, 2, 16)
+    assert torch.equal(t["labels"][..., :-1], t["input_ids"][..., 1:])
+    assert bool((t["labels"][..., -1] == -100).all())
+
+
+def test_parser_reads_the_cpu_log_of_the_runner():
+    lines = CPU_LOG.read_text().splitlines()
+    steps = parse_log(lines)
+    assert [s.step for s in steps] == list(range(13))  # iterations 1..13: 1 warm-up + 12
+    assert all(s.step_s > 0 and s.loss is not None for s in steps)
+    first = next(ln for ln in lines if "iteration        1/" in ln)
+    ms = float(re.search(r"per iteration \(ms\): ([0-9.]+)", first).group(1))
+    assert steps[0].step_s == pytest.approx(ms / 1000)
+    out = summarize_log(steps, warmup_steps=1, tokens_per_step=8 * 128)
+    assert out["measured_steps"] == 12
+    assert out["loss_drop"] > 0  # the adapters learn
+    assert parse_peak_gib(lines) == {}  # no CUDA on that machine: no memory line
     with pytest.raises(ValueError, match="warm-up"):
-        summarize_log(steps, warmup_steps=12, tokens_per_step=1)
+        summarize_log(steps, warmup_steps=13, tokens_per_step=1)
 
 
-def test_without_the_image_the_run_is_skipped(tmp_path, monkeypatch):
-    monkeypatch.delenv("HOPPERLAB_IMAGE", raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path))  # no apptainer / singularity
-    spec = fake_run(PARAMS, run_dir=tmp_path, site=FakeSite(assets_dir=str(tmp_path)))
-    with pytest.raises(SkipRun, match="nemo image"):
+@pytest.mark.parametrize("log", REAL_LOGS, ids=lambda p: p.name)
+def test_every_real_log_has_one_line_per_iteration(log):
+    lines = log.read_text().splitlines()
+    steps = parse_log(lines)
+    total = max(int(m.group(1)) for ln in lines
+                if (m := re.search(r"iteration\s+\d+/\s*(\d+)", ln)))
+    assert [s.step for s in steps] == list(range(total))
+    if any(ln.startswith("device: cuda") for ln in lines):
+        assert parse_peak_gib(lines)["peak_gpu_allocated_gib"] > 0
+
+
+def test_memory_line_in_gib():
+    line = ("[Rank 0] (after 13 iterations) memory (MB) | allocated: 13000.0 | max allocated: "
+            "40960.0 | reserved: 42000.0 | max reserved: 43008.0")
+    assert parse_peak_gib([line]) == {"peak_gpu_allocated_gib": 40.0,
+                                      "peak_gpu_reserved_gib": 42.0}
+
+
+def test_without_megatron_core_the_run_is_skipped_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr(nemo.importlib.util, "find_spec", lambda name: None)
+    spec = fake_run(PARAMS, run_dir=tmp_path)
+    with pytest.raises(SkipRun, match="megatron-core is not importable in Python 3"):
         run_nemo(spec, PARAMS, recorder=None)
+
+
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not importable (needs Python >= 3.12)")
+def test_the_runner_trains_adapters_of_a_tiny_megatron_gpt(tmp_path):
+    import torch
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (5, 2, 16))
+    labels = torch.full_like(ids, -100)
+    labels[..., :-1] = ids[..., 1:]
+    torch.save({"input_ids": ids, "labels": labels}, tmp_path / "tokens.pt")
+    shape = model_shape({**LLAMA2_7B, "num_hidden_layers": 2, "hidden_size": 32,
+                         "num_attention_heads": 4, "num_key_value_heads": 2,
+                         "intermediate_size": 64, "vocab_size": 64})
+    params = replace(PARAMS, dtype="float32", seq_len=16, micro_batch=2, warmup_steps=1,
+                     measured_steps=4, lora_rank=4, lora_alpha=8, learning_rate=0.02)
+    cfg = runner_config(params, Knobs(), shape, tokens_path=str(tmp_path / "tokens.pt"),
+                        te_available=False)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, "-m", nemo.RUNNER, str(tmp_path / "config.json")],
+                          capture_output=True, text=True, env=nemo._child_env(), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert any("trainable in 4 adapters (linear_qkv,linear_proj, r=4)" in ln for ln in lines)
+    steps = parse_log(lines)
+    assert [s.step for s in steps] == list(range(5))
+    assert steps[-1].loss < steps[0].loss
+
+
+def test_the_runners_markers_open_the_measured_window_here(tmp_path):
+    from hopperlab.core.window import MEASURED, listening
+
+    heard: list[tuple[str, str]] = []
+    script = (f"print('warm-up'); print({nemo.WINDOW_START!r}); print('step');"
+              f"print({nemo.WINDOW_END!r}); print('after')")
+    with listening(lambda event, name: heard.append((event, name))):
+        rc = nemo.run_logged([sys.executable, "-c", script], tmp_path / "log")
+    assert rc == 0
+    assert heard == [("start", MEASURED), ("end", MEASURED)]
+    assert (tmp_path / "log").read_text().splitlines()[0] == "warm-up"
+    heard.clear()
+    with listening(lambda event, name: heard.append((event, name))):  # a crash inside: closed
+        rc = nemo.run_logged([sys.executable, "-c", f"print({nemo.WINDOW_START!r}); exit(3)"],
+                             tmp_path / "log")
+    assert rc == 3 and heard == [("start", MEASURED), ("end", MEASURED)]

@@ -94,6 +94,7 @@ def test_other_activation_techniques_are_exact(model_dir, batch, variant):
                 loss_and_grads(model_dir, batch, p, knobs))
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_budget_keeps_some_and_offloads_the_rest(model_dir, batch):
     _, _, all_off = loss_and_grads(model_dir, batch, PARAMS, Knobs(offload="activations"))
     _, _, budget = loss_and_grads(model_dir, batch, replace(PARAMS, offload_budget_gib=4e-4),
@@ -102,6 +103,7 @@ def test_budget_keeps_some_and_offloads_the_rest(model_dir, batch):
     assert 0 < budget["act_bytes_offloaded"] < all_off["act_bytes_offloaded"]
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 @pytest.mark.parametrize("offload", ["parameters", "both"])
 def test_parameter_offload_is_exact_and_streams(model_dir, batch, offload):
     p = replace(PARAMS, checkpointing=offload == "both")
@@ -125,6 +127,7 @@ def test_cut_model_has_the_asked_layers(model_dir):
         model_mod.load_base_model(model_dir, replace(PARAMS, num_layers=9), "cpu")
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_fp8_on_a_cpu_emulates_the_fp8_product(model_dir, batch, method):
     """Issue 37, item 8: a CPU (smoke) run of the fp8 variant converts the same linears and casts

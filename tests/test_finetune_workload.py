@@ -51,6 +51,7 @@ def run_it(assets, tmp_path, params=SMOKE, **knobs):
     return rec
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_lora_loss_falls_and_metrics_are_recorded(assets, tmp_path):
     rec = run_it(assets, tmp_path)
     m = rec.metrics
@@ -73,11 +74,13 @@ def test_lora_loss_falls_and_metrics_are_recorded(assets, tmp_path):
     assert m["backward_s_per_step"] > m["optimizer_s_per_step"]
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_full_finetune_loss_falls_clearly(assets, tmp_path):
     m = run_it(assets, tmp_path, replace(SMOKE, method="full")).metrics
     assert m["final_loss"] < 0.85 * m["first_loss"]
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_workers_tokenize_and_give_the_same_batches(assets, tmp_path):
     materialize("dolly-synthetic", ROOT, assets, scale="smoke")
     materialize("tiny-tokenizer", ROOT, assets, scale="smoke")
@@ -91,6 +94,7 @@ def test_workers_tokenize_and_give_the_same_batches(assets, tmp_path):
     assert losses[0] == losses[1]  # same seeded order, whoever tokenizes
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_offload_records_bytes_per_step(assets, tmp_path):
     m = run_it(assets, tmp_path, replace(SMOKE, offload_min_bytes=0, measured_steps=2),
                offload="activations").metrics
@@ -98,6 +102,7 @@ def test_offload_records_bytes_per_step(assets, tmp_path):
     assert m["bytes_from_host_per_step"] == m["bytes_to_host_per_step"]
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_recompute_elementwise_moves_fewer_bytes_and_still_learns(assets, tmp_path):
     p = replace(SMOKE, offload_min_bytes=0, measured_steps=4)
     plain = run_it(assets, tmp_path / "p", p, offload="activations").metrics
@@ -112,6 +117,7 @@ def test_recompute_elementwise_moves_fewer_bytes_and_still_learns(assets, tmp_pa
     assert lean["final_loss"] < lean["first_loss"]
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_chunked_loss_learns_the_same_and_offloads_less(assets, tmp_path):
     p = replace(SMOKE, offload_min_bytes=0, measured_steps=3)
     stock = run_it(assets, tmp_path / "s", p, offload="activations")
@@ -167,6 +173,7 @@ def test_recompute_elementwise_refuses_compile():
         replace(SMOKE, recompute_elementwise=True, compile=True)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_cuda_only_variants_run_their_bookkeeping(assets, tmp_path):
     managed = run_it(assets, tmp_path / "m", replace(SMOKE, measured_steps=2), memory="managed")
     assert managed.tags["finetune.managed"].startswith("not installed: no CUDA device")
@@ -197,15 +204,17 @@ def test_missing_data_becomes_synthetic_only_when_allowed(assets, tmp_path):
     assert rec.tags["data.source"] == "synthetic (asset nope,nope not built)"
 
 
-def test_nemo_backend_without_image_is_skipped(assets, tmp_path, monkeypatch):
-    monkeypatch.delenv("HOPPERLAB_IMAGE", raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path))
+def test_nemo_backend_without_megatron_core_is_skipped(assets, tmp_path, monkeypatch):
+    from hopperlab.workloads.finetune import nemo
+
+    monkeypatch.setattr(nemo.importlib.util, "find_spec", lambda name: None)
     s = spec(assets, replace(SMOKE, backend="nemo"), tmp_path)
     s.site = FakeSite(assets_dir=str(assets))
-    with pytest.raises(SkipRun):
+    with pytest.raises(SkipRun, match="megatron-core is not importable"):
         run(s, Recorder(tmp_path / "n"))
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_a_peer_can_take_the_frozen_weights_and_still_train(assets, tmp_path):
     """``prepare``, ``TorchRun.adapt``, ``train``: the seam the benchmark's peers use; here
     accelerate's cpu_offload on every frozen linear module of the layers (the parameter

@@ -51,6 +51,7 @@ def test_runs_started_within_one_second_keep_their_order(tmp_path):
     assert starts == sorted(starts) and len(set(starts)) == 3
 
 
+@pytest.mark.integration
 @pytest.mark.mlflow_server
 @pytest.mark.timeout(600)
 def test_history_from_a_real_mlflow_server(tmp_path, mlflow_uri, capsys):

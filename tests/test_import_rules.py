@@ -72,6 +72,7 @@ def function_imports(tree: ast.Module) -> list[ast.stmt]:
     return found
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_no_hopperlab_import_inside_a_function():
     found = []
     for name, tree in modules().items():
@@ -106,6 +107,7 @@ def job_side_modules() -> set[str]:
     return found
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_heavy_packages_are_imported_inside_functions_only():
     """Except in the declared job-side compute modules (whose module top is torch code)."""
     job_side = job_side_modules()
@@ -130,6 +132,7 @@ def test_the_login_node_command_line_loads_no_heavy_package():
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_importlib_only_in_the_family_registry():
     found = []
     for name, tree in modules().items():
@@ -202,6 +205,7 @@ def test_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_no_import_cycle_between_modules():
     # a package's __init__ importing its own submodules is not a cycle of design
     graph = {name: {t for t in targets if not name.startswith(t + ".")}
@@ -209,6 +213,7 @@ def test_no_import_cycle_between_modules():
     assert cycles(graph) == []
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_lint_imports_keeps_the_layers():
     pytest.importorskip("importlinter")
     out = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command;"

@@ -86,6 +86,7 @@ DIALOGUE = dict(study="kv-cache", sessions=3, rounds=3, context_tokens=40, turn_
                 reply_tokens=6, gpu_sessions=1, warmup=0, dtype="float32", seed=3)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_tokens_after_reload_and_recompute_equal_resident(assets, tmp_path):
     runs = {
         "resident": _run(assets, tmp_path, "resident", policy="resident", **DIALOGUE),
@@ -312,6 +313,7 @@ def test_matrix_resolves_the_smoke_runs():
         (0.75, 0.5, 0.25)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_repeats_are_windows_on_one_loaded_model(assets, tmp_path):
     """repeats: 2 loads the model once and serves the sessions twice (issue 29)."""
     from hopperlab.run import repeats

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import copy_project, default_signals
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def test_ctrl_c_on_a_local_run_prints_no_controller_traceback(tmp_path):

@@ -46,6 +46,7 @@ def capped_cgroup():
             pass
 
 
+@pytest.mark.integration
 def test_a_job_the_kernel_killed_for_memory_is_oom_with_the_kernels_word(tmp_path,
                                                                           capped_cgroup):
     project = copy_project(tmp_path / "project")

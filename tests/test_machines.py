@@ -21,7 +21,7 @@ from hopperlab.core.errors import SpecError
 from hopperlab.node.naming import machine_name
 from hopperlab.results.machines import compare, descriptions, predict, references, runs
 from hopperlab.results.report import build_report
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 from hopperlab.run.annotate import annotate_record
 from hopperlab.workloads import family_info
 from tests.helpers import REPO, copy_project, edit_yaml
@@ -206,15 +206,19 @@ def test_check_exit_codes_and_the_named_metric(tmp_path, fixtures, capsys):
     out = capsys.readouterr().out
     assert "REGRESSION h200-141g-pcie5-x86_64 membench/copy/h2d-pinned gbps_at_largest" in out
     # a referenced metric the run did not record is a regression naming the file
-    _drop_metric(fixtures["h100"], "finetune/lora-llama2-7b/fp8", "mfu")
+    # (a judged metric: ``mfu`` is a diagnostic, never judged, issue 36)
+    _drop_metric(fixtures["h100"], "finetune/lora-llama2-7b/fp8", "tokens_per_s")
     moved100 = _refs(tmp_path, H100, {"references": {"finetune/lora-llama2-7b/fp8": {
+        "tokens_per_s": {"value": 20000.0, "lower": -0.1, "upper": 0.1, "source": "x"},
         "mfu": {"value": 0.45, "lower": -0.1, "upper": 0.1, "source": "x"}}}})
     assert main(["--root", str(REPO), "check", str(fixtures["h100"]),
                  "--references", str(moved100)]) == 1
     out = capsys.readouterr().out
-    assert "mfu missing in" in out and "fp8/metrics.json" in out
+    assert "tokens_per_s missing in" in out and "fp8/metrics.json" in out
+    assert "mfu" not in out
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_report_shows_machine_and_check(fixtures):
     csv_path, html_path = build_report(fixtures["h200"], REFS)
     rows = list(csv.DictReader(csv_path.open()))
@@ -269,6 +273,7 @@ def test_bad_folders(tmp_path, fixtures):
 
 
 # --------------------------------------------------------------------------- comparison
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_comparison_csv(tmp_path, fixtures):
     _drop_metric(fixtures["h100"], "recommender/latency/gpu", "qps")
     groups = runs.load_folders([fixtures["h200"], fixtures["h100"]])
@@ -399,6 +404,7 @@ def test_predict_cli(capsys):
                  "no-such-machine"]) == 2
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_machines_from_an_mlflow_server_that_is_down_says_so_in_one_line(tmp_path):
     """Issue 28 item 8: `hopperlab machines --mlflow URI` with the server down blocked for
     minutes, then printed a traceback holding the URI's password."""
@@ -430,6 +436,7 @@ def _a_results_folder_with_odd_records(tmp_path):
     return results
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 @pytest.mark.parametrize("verb", ["report", "check", "machines"])
 def test_a_record_that_is_json_but_not_an_object_is_shown_not_crashed_on(tmp_path, verb):
     """Valid JSON that is not an object crashed `report`, `check` and `machines`; `null` made
@@ -534,6 +541,7 @@ def sharded_run(tmp_path_factory) -> Path:
     return project / "results"
 
 
+@pytest.mark.integration
 def test_a_sharded_run_records_its_cpu_optimizer_floor_from_the_host_rate_it_measured(sharded_run):
     from hopperlab.workloads.finetune.step_floor import ADAMW_TRAFFIC
 
@@ -547,6 +555,7 @@ def test_a_sharded_run_records_its_cpu_optimizer_floor_from_the_host_rate_it_mea
     assert m["optimizer_over_floor"] == pytest.approx(m["optimizer_step_s"] / m["optimizer_floor_s"])
 
 
+@pytest.mark.integration
 def test_a_sharded_step_is_predicted_on_gh200_from_its_floors_parts(sharded_run):
     """Issue 27 item 3: the GH200 prediction of a sharded row has a CPU optimizer term (host
     memory rate measured by the job against Grace's) and the C2C link term."""

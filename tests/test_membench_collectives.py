@@ -43,6 +43,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_latency_over_two_gloo_processes_is_the_same_on_every_rank(tmp_path):
     mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
@@ -100,6 +101,7 @@ def test_collective_chart_draws_the_sweep_of_each_variant():
     assert charts(runs[2:]) == []
 
 
+@pytest.mark.integration
 def test_collective_smoke_run_through_the_local_launcher(tmp_path):
     from tests.helpers import copy_project, hopperlab
 

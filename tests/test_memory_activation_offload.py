@@ -437,6 +437,7 @@ def test_reserve_window_spans_the_last_layers_backward(lora_model, monkeypatch):
     assert len(closed_at) == 1 and closed_at[0] < last_layer
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 @pytest.mark.parametrize("keep", [{"keep_head": True}, {"keep_last_layers": 2},
                                   {"min_bytes": 1 << 40}])
 def test_a_failed_step_leaves_no_activation_behind(lora_model, keep):

@@ -70,6 +70,7 @@ def test_guard_refuses_without_hopper():
         require_fp8()
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_compile_layers_in_place():
     model = tiny_lora_llama(layers=2)
     before = step(model, batch())

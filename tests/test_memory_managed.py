@@ -94,6 +94,7 @@ def _field(text: str, name: str) -> int:
     return int(re.search(rf"{name}=(\d+)", text).group(1))
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_cpp_allocator_caches_caps_and_counts(tmp_path):
     f = _driver(tmp_path)
     MiB = 1 << 20

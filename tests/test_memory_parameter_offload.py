@@ -113,6 +113,7 @@ def test_refuses_bad_arguments(lora_model):
         ParameterOffload(decoder_layers(twin(lora_model)), "cpu", prefetch=0)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_a_failed_step_leaves_no_activation_behind(lora_model):
     """Alone, the parameter offload's hooks pass every activation through: as detached aliases,
     so a step that fails before backward leaves no reference cycle holding them."""

@@ -188,6 +188,7 @@ def _refused(project: Path) -> str:
     return str(info.value)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_top_k_over_num_experts_is_refused_at_matrix_load(project):
     _edit_config(project, lambda d: d.update(top_k=5))
     message = _refused(project)

@@ -7,6 +7,8 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from hopperlab.cli.main import main
 from hopperlab.results.report import build_report
 
@@ -24,6 +26,7 @@ def _run(project: Path, results: str, seed: int, steps: int = 10) -> Path:
     return project / results
 
 
+@pytest.mark.integration
 def test_pages_show_value_plus_minus_half_width(tmp_path):
     project = copy_project(tmp_path / "proj")
     a = _run(project, "results-a", seed=1)
@@ -48,6 +51,7 @@ def test_pages_show_value_plus_minus_half_width(tmp_path):
     assert page.index("<h2>Verdicts</h2>") < page.index("<h2>selftest / noise</h2>")
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_report_leads_with_a_verdict_per_experiment(tmp_path):
     """The 2026-11-24 H100 runs: per experiment the best and worst variant against the
     baseline, said to rest on one sample each (no repeats then)."""

@@ -120,6 +120,7 @@ def layer_bytes(po: ParameterOffload) -> int:
     return s.slot_bytes // s.slots
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 @pytest.mark.parametrize("checkpointing", [True, False])
 @pytest.mark.parametrize("resident,prefetch", [(0, 1), (1, 1), (0, 2)])
 def test_step_keeps_only_slots_and_resident_layers(model_dir, batch, checkpointing, resident,
@@ -172,6 +173,7 @@ def test_close_leaves_host_weights_on_the_host(model_dir, batch):
     assert s.device_bytes == 0 and s.peak_device_bytes == 2 * layer_bytes(po)   # slots released
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_probe_and_counter_catch_fetched_copies_kept_for_backward(model_dir, batch, monkeypatch):
     """The check has teeth: a fetch that hands out fresh copies instead of slot views, which
     autograd keeps for backward (every layer's, until backward reaches it), breaks both the

@@ -59,6 +59,7 @@ def test_a_partition_the_cluster_lacks_is_one_line_exit_2_and_deletes_nothing(tm
     assert slurm_cluster.run(["squeue", "-h"]).stdout.strip() == ""
 
 
+@pytest.mark.integration
 def test_a_missing_nsys_is_one_line_exit_2_before_any_job(tmp_path):
     project = copy_project(tmp_path / "project")
     select = ["families=membench", "only=membench/copy/h2d-pinned"]

@@ -41,6 +41,7 @@ def make_spec(tmp_path: Path, *, profiler="nsys", memory="device", executor="loc
     site_file.write_text(yaml.safe_dump({"executor": executor,
                                          **({"profiling": profiling} if profiling else {})}))
     site = SiteSpec(name="t", executor=executor, poll_interval_s=0.2,
+                    profiling=ProfilingSettings.from_mapping(profiling, str(site_file)),
                     settings={"slurm": SlurmSettings(setup=tuple(setup))},
                     container=ContainerSettings(image=image, runtime="apptainer" if image else None,
                                                 image_file=f"/img/{image}.sif" if image else None),
@@ -132,10 +133,38 @@ def test_site_schema_accepts_the_profiling_block_and_refuses_unknown_keys():
     ({"trace": "cuda"}, "profiling.trace: unknown key"),
 ])
 def test_bad_profiling_blocks_name_the_site_file(tmp_path, block, message):
-    spec = make_spec(tmp_path, profiling=block)
     with pytest.raises(SpecError, match=message) as err:
-        command.site_settings(spec)
+        make_spec(tmp_path, profiling=block)
     assert str(tmp_path / "site.yaml") in str(err.value)
+
+
+def test_the_site_file_is_read_once_into_the_site_spec(tmp_path, monkeypatch):
+    """Issue 38: the site's resources, repeats and profiling block come with the one read of
+    its file (load_site), not from later reads of it; spec.json keeps the profiling block
+    only where the site has one, and reads it back."""
+    from hopperlab.config import site as site_module
+    from hopperlab.config.matrix import load_matrix
+    from tests.helpers import copy_project, edit_yaml
+
+    project = copy_project(tmp_path / "p")
+    edit_yaml(project / "configs/sites/local.yaml",
+              lambda d: d.update(profiling={"capture": "whole", "cpu_sampling": True},
+                                 repeats={"smoke": 2, "full": 3}))
+    reads = []
+    real = site_module.load_yaml
+    monkeypatch.setattr(site_module, "load_yaml", lambda path, what: (reads.append(path),
+                                                                      real(path, what))[1])
+    matrix = load_matrix(project, {"families": "selftest", "only": "selftest/trivial"})
+    assert len(reads) == 1
+    spec = matrix.get("selftest/trivial/ok")
+    assert spec.repeats == 2 and spec.site.profiling.capture == "whole"
+    assert command.site_settings(spec).cpu_sampling is True
+    data = spec.to_dict()
+    assert data["site"]["profiling"]["capture"] == "whole"
+    assert "scale_resources" not in data["site"] and "scale_repeats" not in data["site"]
+    assert RunSpec.from_dict(data).site.profiling == spec.site.profiling
+    plain = load_matrix(REPO, {"families": "selftest", "only": "selftest/trivial"})
+    assert "profiling" not in plain.get("selftest/trivial/ok").to_dict()["site"]
 
 
 def test_job_python_puts_wrapper_and_nsys_inside_the_container(tmp_path, monkeypatch):
@@ -186,6 +215,7 @@ def test_check_accepts_what_can_find_nsys(tmp_path, monkeypatch):
     assert command.nsys_executable(make_spec(tmp_path)) == fake_nsys(tmp_path)
 
 
+@pytest.mark.integration
 def test_check_is_called_before_submission(tmp_path, monkeypatch):
     """hopperlab submit refuses before it writes anything into the run directory."""
     from hopperlab.config.spec import Matrix

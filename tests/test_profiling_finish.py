@@ -87,6 +87,7 @@ def run_wrapper(tmp_path: Path, nsys: Path, exit_code: int = 0) -> tuple[int, Pa
     return out.returncode, run_dir
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_wrapper_finishes_an_nsys_profile_into_the_record(tmp_path):
     nsys = stand_in_nsys(tmp_path, FIX / "trainloop__loop__w0-managed-nsys.sqlite",
                          FIX / "csv-trainloop-w0-managed-nsys")
@@ -108,6 +109,7 @@ def test_wrapper_finishes_an_nsys_profile_into_the_record(tmp_path):
     assert "cuda_gpu_mem_size_sum" in summary["reports"]
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_wrapper_keeps_the_job_exit_status_and_reports_reports_without_data(tmp_path):
     nsys = stand_in_nsys(tmp_path, FIX / "trainloop__loop__w4-device-nsys.sqlite",
                          FIX / "csv-trainloop-w4-device-nsys")
@@ -138,6 +140,7 @@ def test_a_stale_record_is_not_amended(tmp_path):
     assert "prof_x" not in load_record(tmp_path)["metrics"]
 
 
+@pytest.mark.integration
 def test_in_process_torch_profile_of_a_membench_run(tmp_path):
     """hopperlab run (debug executor): the launcher finishes a torch profile itself."""
     pytest.importorskip("torch")

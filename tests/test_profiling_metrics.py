@@ -264,6 +264,7 @@ def test_lora_offload_profile_sees_exactly_the_bytes_the_offload_counted(tmp_pat
     assert m["prof_nvtx_offload.copy_count"] > 100 and m["prof_nvtx_offload.prefetch_count"] > 10
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_lora_offload_vs_none_the_talks_comparison(tmp_path):
     """More memory operations and a busier link with activation offload; the baseline is
     kernels (the talk: memory operations 0.5% of GPU time without offload)."""

@@ -10,7 +10,7 @@ from hopperlab.core.rundir import write_json_atomic, write_record
 from hopperlab.profiling import nsys_sqlite
 from hopperlab.profiling.timeline import derive_metrics
 from hopperlab.results.report.charts import profile_breakdown
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 from hopperlab.results.report.html import render_html
 
 FIX = Path(__file__).parent / "fixtures" / "profiling"

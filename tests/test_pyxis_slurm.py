@@ -18,8 +18,8 @@ import yaml
 
 from hopperlab.config.matrix import load_matrix
 from hopperlab.core.errors import SpecError
-from hopperlab.node import pyxis
-from hopperlab.run import launch, submit
+from hopperlab.backends.slurm import pyxis
+from hopperlab.run import submit
 from tests.helpers import copy_project
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
@@ -45,9 +45,10 @@ def pyxis_site(tmp_path, slurm_cluster, monkeypatch):
     return project, path, matrix
 
 
+@pytest.mark.integration
 def test_without_the_plugin_here_the_run_is_refused_before_sbatch(pyxis_site):
     project, path, matrix = pyxis_site
-    assert not pyxis.has_plugin(launch._srun_help())  # the real srun of this cluster
+    assert not pyxis.has_plugin(pyxis.srun_help())  # the real srun of this cluster
     with pytest.raises(SpecError) as err:
         submit.submit(matrix, KEY)
     assert str(err.value).startswith(f"{path}: container_runtime: pyxis, but `srun --help` here "
@@ -55,11 +56,12 @@ def test_without_the_plugin_here_the_run_is_refused_before_sbatch(pyxis_site):
     assert not (project / matrix.get(KEY).run_dir / "submitit").exists()
 
 
+@pytest.mark.integration
 def test_the_job_srun_line_carries_the_container_and_sbatch_takes_it(pyxis_site, slurm_cluster,
                                                                      monkeypatch):
     project, path, matrix = pyxis_site
     # the login node's srun has the plugin; this cluster's compute node (the same srun) has not
-    monkeypatch.setattr(launch, "_srun_help", lambda: "  --container-image=[USER@]IMAGE")
+    monkeypatch.setattr(pyxis, "srun_help", lambda: "  --container-image=[USER@]IMAGE")
     code = submit.submit(matrix, KEY, log=lambda s: None)
     assert code == 1
     run_dir = project / matrix.get(KEY).run_dir

@@ -66,6 +66,7 @@ def _lists(data, model, cfg, users):
         pipe.close()
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_same_ranked_list_cpu_only_and_gpu_capable_paths(trained):
     data, model = trained
     users = np.random.default_rng(7).integers(0, data.users, 25)
@@ -118,6 +119,7 @@ def _spec(data_dir, memory="device", num_workers=0, cpus=1, **params):
                     assets={"data": data_dir}, memory=memory, num_workers=num_workers)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 @pytest.mark.parametrize("params,knobs", [({"pipeline": "cpu"}, {}),
                                           ({"pipeline": "gpu", "item_embeddings": "host"},
                                            {"num_workers": 4})])
@@ -198,6 +200,7 @@ def test_run_on_gpu(tmp_path, data_dir, memory, profiler):
         assert "pipeline.ranking" in trace.read_text()
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_repeats_are_windows_of_queries_after_one_training(tmp_path, data_dir):
     """repeats: 3 trains once and measures 3 windows of ``queries`` each (issue 29)."""
     from hopperlab.run import repeats

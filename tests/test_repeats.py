@@ -20,7 +20,7 @@ from hopperlab.core.stats import (
     summarize,
 )
 
-from .helpers import copy_project, edit_yaml, hopperlab
+from .helpers import copy_project, edit_yaml, hopperlab, snakemake
 
 
 def test_median_interval_ranks_are_the_exact_binomial_ones():
@@ -97,6 +97,7 @@ def test_repeats_resolve_config_over_variant_over_experiment_over_site(tmp_path)
         load_matrix(project, {**overrides, "repeats": "0"})
 
 
+@pytest.mark.integration
 def test_selftest_honours_repeats_end_to_end(tmp_path):
     project = _project(tmp_path)
     out = hopperlab(["run", "selftest/noise/noisy", "--no-upload", "--config",
@@ -113,3 +114,17 @@ def test_selftest_honours_repeats_end_to_end(tmp_path):
     assert m["value_cv"] > 0
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     assert {s["repeat"] for s in steps} == set(range(5))
+
+
+@pytest.mark.integration
+def test_snakemake_config_repeats_reaches_the_job(tmp_path):
+    """``snakemake --config repeats=3`` plans 3 and the job measures 3 (issue 38: the hand-kept
+    list of forwarded keys left ``repeats`` out, and the job measured the experiment's 5)."""
+    project = _project(tmp_path)
+    out = snakemake(["--cores", "1", "--config", "families=selftest", "only=selftest/noise",
+                     "repeats=3"], project)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = project / "results/selftest/noise/noisy"
+    record = json.loads((run_dir / "metrics.json").read_text())
+    assert len(read_samples(run_dir)) == 3 and record["metrics"]["value_n"] == 3
+    assert json.loads((run_dir / "spec.json").read_text())["repeats"] == 3

@@ -11,7 +11,7 @@ import pytest
 
 from hopperlab.core import rundir as record
 from hopperlab.results.report import build_report
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 
 HOST_A = {
     "hostname": "gh-node01", "cpu_model": "NVIDIA Grace", "cpu_arch": "aarch64",
@@ -197,6 +197,7 @@ def test_zero_baseline_gives_empty_ratio(tmp_path: Path) -> None:
     assert rows["b"]["x_vs_baseline"] == "" and float(rows["b"]["y_vs_baseline"]) == 1.5
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_report_html(results: Path) -> None:
     _, report = build_report(results)
     text = report.read_text()
@@ -299,6 +300,7 @@ def test_a_reference_without_a_run_gives_no_ratio(tmp_path: Path) -> None:
     assert rows["fp8"]["tokens_per_s_vs_baseline"] == "" and rows["fp8"]["compared_to"] == "bf16-compile"
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_runs_are_priced_at_the_sites_price_when_the_report_is_made(tmp_path):
     """Issue 28 item 5: the price is no part of a run's fingerprint (a new price reruns
     nothing), so the report prices the runs at the site's price of now."""

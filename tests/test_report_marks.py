@@ -13,7 +13,8 @@ import pytest
 
 from hopperlab.core import rundir as record
 from hopperlab.results.machines import compare
-from hopperlab.results.report import build_report, marks
+from hopperlab.results import marks
+from hopperlab.results.report import build_report
 from hopperlab.results.report.charts import scale_top
 
 STAND_IN = "host memcpy in place of h2d copies: torch 2.13.0+cpu is a CPU-only build"
@@ -141,7 +142,7 @@ def test_tpch_chart_draws_dots_and_captions_only_what_is_drawn():
 
 def test_energy_not_measured_anywhere_is_one_line(tmp_path):
     from hopperlab.results.report.energy import energy_section
-    from hopperlab.results.report.collect import collect_runs
+    from hopperlab.results.rows import collect_runs
     res = tmp_path / "results"
     _run(res, "pageable", {"gbps": 1.0, "energy_window_s": 0.1},
          tags={"energy.gpu": "no GPU: not measured"})

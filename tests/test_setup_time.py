@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from hopperlab.core import rundir as record
 from hopperlab.run import ranks
 from tests.helpers import copy_project, hopperlab
@@ -52,6 +54,7 @@ def test_a_distributed_run_is_set_up_when_its_last_rank_is(tmp_path):
     assert merged is not None and merged["metrics"]["setup_s"] == 11.0
 
 
+@pytest.mark.integration
 def test_a_cpu_run_of_another_family_records_its_setup(tmp_path):
     """Through the runner, as a user runs it: the job's set-up (interpreter, imports) is in."""
     key = "selftest/trivial/ok"

@@ -61,6 +61,7 @@ def test_gpu_job_is_scheduled(slurm_cluster, tmp_path):
     assert (tmp_path / f"{job_id}.out").read_text().strip() == "gpus=0"
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120, func_only=True)
 def test_submitit_returns_value(executor, slurm_cluster):
     def add(a, b):
@@ -74,6 +75,7 @@ def test_submitit_returns_value(executor, slurm_cluster):
     assert slurm_cluster.wait(job.job_id)["State"] == "COMPLETED"
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120, func_only=True)
 def test_submitit_gpu_job(executor):
     def visible_gpus():
@@ -85,6 +87,7 @@ def test_submitit_gpu_job(executor):
     assert executor.submit(visible_gpus).result() == "0"
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120, func_only=True)
 def test_submitit_remote_exception_surfaces(executor):
     def explode():
@@ -97,6 +100,7 @@ def test_submitit_remote_exception_surfaces(executor):
     assert "ValueError: remote-boom-7431" in str(info.value)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300, func_only=True)
 def test_submitit_timeout_ends_uncompleted(executor, slurm_cluster):
     # submitit asks Slurm for USR2 `signal_delay_s` before the limit (default 90 s); with a 1 min
@@ -114,6 +118,7 @@ def test_submitit_timeout_ends_uncompleted(executor, slurm_cluster):
         job.result()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120, func_only=True)
 def test_scancelled_job_ends_cancelled(executor, slurm_cluster):
     job = executor.submit(time.sleep, 600)

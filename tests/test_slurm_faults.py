@@ -141,6 +141,7 @@ def _events(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.integration
 def test_the_slurm_profile_with_slurm_down_moves_nothing_and_says_so_in_one_line(tmp_path):
     """Issue 28 item 1: after a local run, `snakemake --profile profiles/slurm` on a node whose
     Slurm is installed but not running took every finished run apart (moved to attempts/, a
@@ -178,6 +179,7 @@ def test_the_slurm_profile_with_slurm_down_moves_nothing_and_says_so_in_one_line
     assert [e["event"] for e in _events(run_dir)] == ["start", "submitted", "end"]
 
 
+@pytest.mark.integration
 def test_a_partition_sbatch_refuses_keeps_the_finished_attempt_and_says_why(tmp_path,
                                                                              slurm_cluster):
     """Issue 28 items 1 and 10: a job sbatch refuses (a partition it does not know) must not
@@ -290,6 +292,7 @@ def test_a_killed_submitters_job_is_cancelled_before_the_next_attempt_of_a_chang
     assert spec["params"]["sleep_s"] == 5 and rec["status"] == "ok"
 
 
+@pytest.mark.integration
 def test_a_sites_env_reaches_every_slurm_task_and_the_secrets_do_not(tmp_path, slurm_cluster):
     """Issue 28 items 9 and 10, through Slurm: the site's `env:` verbatim (no shell) in the job;
     MLFLOW_TRACKING_PASSWORD and HF_TOKEN neither in the job nor in Slurm's saved environment."""
@@ -355,6 +358,7 @@ def test_a_run_waiting_on_drained_nodes_says_why(tmp_path, slurm_cluster):
     assert "sinfo -R" in line, line
 
 
+@pytest.mark.integration
 def test_a_hung_rank_on_slurm_is_cancelled_once_its_peers_gave_up_on_it(tmp_path, slurm_cluster):
     """Issue 28 item 10, through Slurm: the hung rank held the job to its time limit."""
     from tests.helpers import hopperlab

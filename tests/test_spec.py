@@ -26,6 +26,7 @@ def _error(project: Path, **overrides) -> str:
     return str(info.value)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_default_matrix_resolves_every_variant_at_both_scales():
     for scale in ("smoke", "full"):
         matrix = load_matrix(REPO, {"scale": scale})
@@ -112,12 +113,14 @@ def test_unknown_target_names_what_exists():
     assert "has no variant 'h2d-pinnned'" in str(info.value) and "h2d-pinned" in str(info.value)
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_only_selects_a_subset_and_refuses_an_empty_selection(project):
     matrix = load_matrix(project, {"only": "membench/copy"})
     assert matrix.runs and all(k.startswith("membench/copy/") for k in matrix.runs)
     assert "selects no run" in _error(project, only="membench/nothing")
 
 
+@pytest.mark.integration
 def test_snakemake_stops_before_submitting_on_a_typo(project):
     edit_yaml(project / "experiments/membench.yaml",
               lambda d: d["experiments"]["alloc"].update(varaints={}))
@@ -128,12 +131,14 @@ def test_snakemake_stops_before_submitting_on_a_typo(project):
     assert not (project / "results").exists()  # nothing was submitted
 
 
+@pytest.mark.integration
 def test_snakemake_rejects_unknown_target_variant(project):
     out = snakemake(["--cores", "1", "results/membench/copy/h2d-pinnned/metrics.json"], project)
     assert out.returncode != 0
     assert "has no variant 'h2d-pinnned'" in out.stdout + out.stderr
 
 
+@pytest.mark.integration
 def test_container_site_without_a_runtime_is_refused_before_submission(project, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no apptainer or singularity here
     edit_yaml(project / "configs/sites/local.yaml", lambda d: d.update(container="pytorch"))
@@ -218,9 +223,9 @@ def test_config_args_forward_profiler_and_substitutes_to_the_job():
     config = {"site": "local", "scale": "full", "results_dir": "r", "families": ["finetune"],
               "only": ["finetune/lora-llama2-7b/baseline"], "profiler": "torch",
               "asset_substitutes": {"dolly-15k": "dolly-synthetic"}}
-    words = config_args(config).split()
+    words = config_args(config, REPO).split()
     assert "profiler=torch" in words and "asset_substitutes=dolly-15k:dolly-synthetic" in words
-    assert "asset_substitutes" not in config_args({**config, "asset_substitutes": {}})
+    assert "asset_substitutes" not in config_args({**config, "asset_substitutes": {}}, REPO)
     again = load_matrix(REPO, parse_overrides(words))
     spec = again.runs["finetune/lora-llama2-7b/baseline"]
     assert spec.knobs.profiler == "torch" and spec.assets["records"] == "dolly-synthetic"
@@ -263,6 +268,7 @@ def test_yaml_merge_key_bomb_and_self_alias_are_refused():
         {"a": [1, 2], "b": [1, 2], "c": {"d": 3}}
 
 
+@pytest.mark.integration
 def test_snakemake_refuses_an_alias_bomb_in_the_config_file(project):
     """Snakemake's own `configfile:` loader expands aliases: hopperlab reads the file first."""
     path = project / "configs/config.yaml"
@@ -292,6 +298,7 @@ def _add_variant(project: Path, name: str) -> None:
                   {name: {"params": {"direction": "h2d", "host_memory": "pinned"}}}))
 
 
+@pytest.mark.integration
 def test_over_long_variant_name_is_refused_at_spec_time(project):
     """A 300-character variant passed `list` and `-n`, then failed with File name too long."""
     name = "v" * 300
@@ -320,6 +327,7 @@ def test_over_long_asset_name_is_refused(project):
     assert "configs/assets.yaml: assets.aaa" in msg and "250 bytes long" in msg
 
 
+@pytest.mark.integration
 def test_snakemake_names_an_unknown_config_key_in_one_line(project):
     """Snakemake's `validate` printed its whole 68-line schema for one unknown key."""
     out = snakemake(["-n", "--cores", "1", "--config", "sacle=full"], project)
@@ -350,6 +358,7 @@ def test_compare_to_an_unknown_variant_or_itself_is_refused_naming_file_and_key(
     assert "experiments.lora-llama2-7b.variants.fp8.compare_to" in msg
 
 
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_a_large_experiments_file_without_aliases_is_no_alias_bomb(tmp_path):
     """Issue 28 item 10: a legitimate 10,000-variant experiments file was refused as an alias
     bomb (its written size passed the expansion limit)."""

@@ -93,3 +93,16 @@ def test_apply_keeps_what_the_environment_already_says():
 def test_report_shows_the_plan():
     text = _hardware_value("threads", plan_threads(8, "SLURM_CPUS_PER_TASK").as_record())
     assert text == "8 (SLURM_CPUS_PER_TASK): intra-op 8, loader workers 7, DuckDB 8"
+
+
+def test_a_launchers_thread_count_is_dropped_but_the_sites_is_kept():
+    """Issue 35: Snakemake's shell: gave every job OMP_NUM_THREADS=1; apply kept it and torch
+    ran one thread while the record said 16. What the launcher set goes; the site's stays."""
+    from hopperlab.node.threads import drop_inherited
+
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GOTO_NUM_THREADS": "1", "HOME": "/h"}
+    dropped = drop_inherited({"MKL_NUM_THREADS": 1}, env)
+    assert dropped == {"OMP_NUM_THREADS": "1", "GOTO_NUM_THREADS": "1"}
+    apply(plan_threads(16, "resources.cpus"), env)
+    assert env["OMP_NUM_THREADS"] == "16" and env["MKL_NUM_THREADS"] == "1"
+    assert env["HOME"] == "/h" and "GOTO_NUM_THREADS" not in env

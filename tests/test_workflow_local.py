@@ -16,17 +16,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from mlflow import MlflowClient
 
 from hopperlab.config.matrix import load_matrix
 from tests.helpers import copy_project, hopperlab, snakemake
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 pytestmark = pytest.mark.timeout(1800)
 
 
 def _client(project: Path) -> MlflowClient:
+    from mlflow import MlflowClient
     return MlflowClient(f"sqlite:///{project / 'results' / 'mlflow.db'}")
 
 
@@ -70,6 +74,7 @@ def test_the_workflow_part_covers_every_kind_of_run():
     assert len(part) < len(whole) / 2
 
 
+@pytest.mark.integration
 def test_every_other_run_of_the_matrix_ends_ok_or_skipped(tmp_path):
     """The rest of the default matrix, each run once, in one process: its status and reason."""
     project = copy_project(tmp_path / "rest")
@@ -95,6 +100,7 @@ def test_every_other_run_of_the_matrix_ends_ok_or_skipped(tmp_path):
     assert "ok" in statuses.values()
 
 
+@pytest.mark.integration
 def test_every_run_of_the_workflow_part_has_a_record(smoke):
     project, _ = smoke
     runs = _workflow_runs(project)
@@ -116,6 +122,7 @@ def test_every_run_of_the_workflow_part_has_a_record(smoke):
     assert host["status"] == "ok" and any(v > 0 for v in host["metrics"].values())
 
 
+@pytest.mark.integration
 def test_summary_and_report_cover_every_run(smoke):
     project, _ = smoke
     rows = list(csv.DictReader(open(project / "results" / "summary.csv")))
@@ -125,6 +132,7 @@ def test_summary_and_report_cover_every_run(smoke):
     assert "h2d-pinned" in html and "data:image/png;base64," in html
 
 
+@pytest.mark.integration
 def test_mlflow_has_one_experiment_per_family_parents_and_children(smoke):
     project, _ = smoke
     client = _client(project)
@@ -152,6 +160,7 @@ def test_mlflow_has_one_experiment_per_family_parents_and_children(smoke):
     assert all(r.info.run_id in out.stdout for r in children)
 
 
+@pytest.mark.integration
 def test_rerun_of_one_target_reruns_exactly_that_run(smoke):
     project, _ = smoke
     target = project / "results/membench/copy/h2d-pageable/metrics.json"
@@ -175,6 +184,7 @@ def test_rerun_of_one_target_reruns_exactly_that_run(smoke):
     assert rows[0]["attempt"] == "2"
 
 
+@pytest.mark.integration
 def test_dry_run_and_list_show_the_matrix(smoke, tmp_path):
     project = copy_project(tmp_path / "fresh")
     out = snakemake(["-n", "--cores", "2"], project)
@@ -190,6 +200,7 @@ def test_dry_run_and_list_show_the_matrix(smoke, tmp_path):
     assert not (project / "results").exists()
 
 
+@pytest.mark.integration
 def test_faults_keep_the_workflow_going_and_leave_records(tmp_path):
     project = copy_project(tmp_path / "faults")
     only = ",".join(f"selftest/faults/{v}" for v in ("ok", "raises", "oom", "skipped"))

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow import MlflowClient
 
 from tests.helpers import copy_project, default_signals, edit_yaml, snakemake
 
@@ -60,12 +59,14 @@ def _history(run_dir: Path) -> list[dict]:
 
 
 def _mlflow_children(results: Path, variant: str) -> list:
+    from mlflow import MlflowClient
     client = MlflowClient(f"sqlite:///{results / 'mlflow.db'}")
     exp = client.get_experiment_by_name("selftest")
     return [r for r in client.search_runs([exp.experiment_id], max_results=100)
             if r.data.tags.get("hopperlab.variant") == variant]
 
 
+@pytest.mark.integration
 def test_failed_run_is_retried_and_a_new_selection_runs(tmp_path):
     project = copy_project(tmp_path / "project")
     base = project / "results-da/selftest/faults"
@@ -90,6 +91,7 @@ def test_failed_run_is_retried_and_a_new_selection_runs(tmp_path):
     assert ",oom," in rows
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("interrupt", ["sigint", "sigkill"])
 def test_runs_finished_before_an_interrupt_are_adopted_not_redone(tmp_path, interrupt):
     project = copy_project(tmp_path / "project")
@@ -130,6 +132,7 @@ def test_runs_finished_before_an_interrupt_are_adopted_not_redone(tmp_path, inte
         assert len(_mlflow_children(project / "results", "slow")) == 2
 
 
+@pytest.mark.integration
 def test_second_checkout_is_refused_while_the_first_writes(tmp_path):
     first = copy_project(tmp_path / "first")
     second = copy_project(tmp_path / "second")
@@ -176,6 +179,7 @@ def test_hand_run_submit_is_refused_on_a_run_directory_another_process_writes(tm
     assert not (run_dir / "spec.json").exists()
 
 
+@pytest.mark.integration
 def test_ctrl_c_to_the_process_group_after_the_job_recorded_ok_adopts_it(tmp_path):
     """Issue 28 item 3: a terminal's Ctrl-C reaches the whole process group, `hopperlab submit`
     included. A run whose job wrote its `ok` record before the submit could append the
@@ -214,6 +218,7 @@ def test_ctrl_c_to_the_process_group_after_the_job_recorded_ok_adopts_it(tmp_pat
     assert not ended_before or "adopted" in text  # the window was hit, or at least adopted
 
 
+@pytest.mark.integration
 def test_a_killed_hopperlab_run_leaves_the_finished_attempt_adoptable(tmp_path):
     """Issue 28 item 2: a killed `hopperlab run` left a dangling attempt, and the next
     `snakemake` redid the run although an `ok` earlier attempt was on disk."""

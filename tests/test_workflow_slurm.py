@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow import MlflowClient
 
 from hopperlab.config.matrix import load_matrix
 from tests.helpers import copy_project, hopperlab, snakemake
@@ -53,8 +52,10 @@ SLURM_SELECTION = ("membench,finetune/lora-llama2-7b/baseline,inference/kv-cache
                    "recommender/latency/gpu,database/tpch/host-pinned")
 
 
+@pytest.mark.integration
 def test_every_family_runs_as_slurm_jobs_and_lands_in_mlflow(slurm_project, slurm_cluster,
                                                              mlflow_server):
+    from mlflow import MlflowClient
     project = slurm_project
     out = snakemake(["--profile", "profiles/slurm", "--config", "site=slurm-test",
                      f"only={SLURM_SELECTION}"], project, env=slurm_cluster.env)
@@ -118,8 +119,10 @@ def test_time_limit_and_cancel_end_as_records_without_hanging(slurm_project, slu
     assert slurm_cluster.sacct(long["slurm"]["job_id"])[0]["State"].startswith("CANCELLED")
 
 
+@pytest.mark.integration
 def test_mlflow_outage_loses_nothing_and_sync_uploads_exactly_the_missing(
         slurm_project, slurm_cluster, mlflow_server):
+    from mlflow import MlflowClient
     project = slurm_project
     mlflow_server.stop()
     try:

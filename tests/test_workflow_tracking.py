@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from mlflow import MlflowClient
 
 from hopperlab.config.matrix import load_matrix
 from hopperlab.results import tracking
@@ -34,6 +33,7 @@ def record(project: Path, results: str, key: str) -> dict:
     return json.loads((project / results / key / "record.json").read_text())
 
 
+@pytest.mark.integration
 def test_changing_the_selection_reruns_no_finished_run(tmp_path):
     project = copy_project(tmp_path / "project")
     out = snakemake(["--cores", "1", "--config", "families=selftest", f"only={TRIVIAL}"], project)
@@ -53,7 +53,9 @@ def test_changing_the_selection_reruns_no_finished_run(tmp_path):
     assert record(project, "results", TRIVIAL)["attempt"] == 1 and done.exists()
 
 
+@pytest.mark.integration
 def test_mlflow_down_at_the_start_only_delays_the_upload(mlflow_uri, tmp_path):
+    from mlflow import MlflowClient
     project = copy_project(tmp_path / "project")
     add_site(project, "down", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     blocker = project / "not-a-folder"  # a store folder that cannot be written
@@ -85,10 +87,12 @@ def test_mlflow_down_at_the_start_only_delays_the_upload(mlflow_uri, tmp_path):
         assert run.data.tags["hopperlab.run_uid"] == record(project, results, TRIVIAL)["run_uid"]
 
 
+@pytest.mark.integration
 def test_a_site_that_uploads_at_the_end_syncs_once_after_success_and_failure(mlflow_uri,
                                                                              tmp_path):
     """``tracking.upload: at-end`` (the local site): the jobs upload nothing, the workflow's end
     uploads every run, after a failed run too; MLflow down only delays it, in one line."""
+    from mlflow import MlflowClient
     project = copy_project(tmp_path / "project")
     add_site(project, "end", mlflow_uri, upload="at-end")
     add_site(project, "end-down", f"http://127.0.0.1:{free_port()}", upload="at-end")
@@ -137,7 +141,9 @@ def test_sync_says_in_one_line_what_is_wrong_with_mlflow(tmp_path):
     assert not (run_dir / "mlflow.json").exists()
 
 
+@pytest.mark.integration
 def test_a_password_in_the_tracking_uri_is_written_nowhere(mlflow_uri, tmp_path, capsys):
+    from mlflow import MlflowClient
     project = copy_project(tmp_path / "project")
     add_site(project, "creds", mlflow_uri.replace("http://", "http://alice:s3cret@"))
     matrix = load_matrix(project, {"site": "creds", "families": "selftest", "only": TRIVIAL})

@@ -24,7 +24,7 @@ ASSET_SPECS = load_asset_specs(workflow.basedir, MATRIX.config.get("asset_substi
 ASSETS_DIR = assets_dir_for_rules(MATRIX)
 ASSET_TARGETS = matrix_asset_manifests(MATRIX, ASSET_SPECS, ASSETS_DIR)
 HOPPERLAB = f"{shlex.quote(sys.executable)} -m hopperlab.cli"
-CONFIG_ARGS = config_args(MATRIX.config)
+CONFIG_ARGS = config_args(MATRIX.config, MATRIX.root)
 # a site that uploads at the end (configs/sites/local.yaml): the jobs leave MLflow to the
 # workflow's one `sync` (cli/workflow.py: finish_workflow)
 UPLOAD_ARGS = "--no-upload" if MATRIX.site.tracking_upload == "at-end" else ""

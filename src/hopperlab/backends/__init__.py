@@ -2,27 +2,40 @@
 
 Backends are found by looking at the sub-packages of this package, as the families are: a new
 backend is a new folder ``hopperlab/backends/<name>/`` (``__init__`` with ``BACKEND``, cheap;
-``jobenv``; ``executor`` with ``LAUNCHER``, loaded only to submit). A site names one in its
-``executor:`` key; config validates the name and the backend's settings block from here.
+``jobenv``; ``executor`` with ``LAUNCHER``, loaded only to submit). A backend can also come from
+outside the package, as submitit's executor plugins do: a distribution that declares an entry
+point ``<name> = <its package>`` in the group ``hopperlab.backends`` (``pyproject.toml``:
+``[project.entry-points."hopperlab.backends"]``); a folder of this package keeps its name.
+A site names one in its ``executor:`` key; config validates the name and the backend's
+settings block from here.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import pkgutil
 from typing import Mapping
 
 from hopperlab.backends.base import BackendInfo, JobEnvironment, Launcher
 
 
+#: the entry-point group a backend from outside the package declares itself in
+ENTRY_POINT_GROUP = "hopperlab.backends"
+
+
 @functools.cache
 def _modules() -> dict[str, str]:
-    """Backend name -> its package (every sub-package of this one, on every path of it)."""
+    """Backend name -> its package: every sub-package of this one (on every path of it), then
+    every entry point of ``ENTRY_POINT_GROUP`` whose name no folder has."""
     found = {}
     for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if module.ispkg and not module.name.startswith("_"):
             found[module.name] = f"{__name__}.{module.name}"
+    for entry in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
+                        key=lambda e: e.name):
+        found.setdefault(entry.name, entry.value)
     return found
 
 

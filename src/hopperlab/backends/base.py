@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
 from hopperlab.core.errors import NodeError
 
@@ -165,18 +165,53 @@ class JobRequest:
     source: str = ""
 
 
+class JobPaths(Protocol):
+    """Where a job's output lands (submitit's ``JobPaths``)."""
+
+    @property
+    def stdout(self) -> Path: ...
+    @property
+    def stderr(self) -> Path: ...
+
+
+class JobHandle(Protocol):
+    """A submitted job as the submitting side holds it (submitit's ``Job``, whatever the
+    backend): waited on, asked for its state and result, cancelled."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def paths(self) -> JobPaths: ...
+    @property
+    def state(self) -> str: ...
+    def done(self, force_check: bool = False) -> bool: ...
+    def cancel(self, check: bool = True) -> Any: ...
+    def result(self) -> Any: ...
+    def results(self) -> list[Any]: ...
+
+
+class Executor(Protocol):
+    """What a backend's ``make_executor`` returns (a submitit executor): it submits one call."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JobHandle: ...
+
+
 class Launcher:
     """What the submitting side does through a backend; the defaults suit a job that is a
     process of this host (submitit's job object knows how to stop it)."""
 
-    def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Any:
+    #: the end states that mean "ran out of its time limit" (``TIMEOUT`` is also what
+    #: hopperlab says when it stops a job at the limit itself)
+    timeout_states: frozenset[str] = frozenset({"TIMEOUT"})
+
+    def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Executor:
         raise NotImplementedError
 
     def refusal(self, exc: BaseException) -> str:
         """What the scheduler said when it refused a job, in one line."""
         return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
-    def submit(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
+    def submit(self, executor: Executor, func: Callable[..., Any], *args: Any) -> JobHandle:
         """Hand ``func(*args)`` to the submitit ``executor``; returns its job."""
         return executor.submit(func, *args)
 
@@ -187,13 +222,30 @@ class Launcher:
         """Raise (naming ``source``) when the site's settings name a partition (queue) the
         scheduler does not have; nothing to check by default."""
 
-    def watch(self, job: Any, key: str, poll_interval_s: float, log: Callable[[str], None]
-              ) -> Callable[[], None] | None:
+    def watch(self, job: JobHandle, key: str, poll_interval_s: float,
+              log: Callable[[str], None]) -> Callable[[], None] | None:
         """A check run at each poll while the job of run ``key`` waits (None: nothing to
         watch)."""
         return None
 
-    def stop(self, job: Any, poll_interval_s: float, limit_s: float | None) -> bool:
+    def given_up(self, job: JobHandle) -> str | None:
+        """Why to stop waiting for ``job`` now (its state has been unknown too long: the job is
+        cancelled and the reason returned); None: keep waiting."""
+        return None
+
+    def container_task_args(self, image: str, binds: Sequence[str], workdir: str
+                            ) -> list[str]:
+        """Options that start each task inside ``image`` (pyxis: srun's); a backend without
+        such a launcher cannot run a site whose container runtime needs one."""
+        raise NodeError(f"{type(self).__name__}: no task launcher that starts a container "
+                        f"image (a pyxis site needs executor: slurm)")
+
+    def container_refusal(self, runtime: str) -> str | None:
+        """Why this machine cannot submit jobs in a container of ``runtime`` through this
+        backend (pyxis: srun lists no --container-image), or None."""
+        return None
+
+    def stop(self, job: JobHandle, poll_interval_s: float, limit_s: float | None) -> bool:
         """Cancel ``job`` and wait until it has ended (``limit_s`` None: however long that
         takes); False when it still ran at the limit."""
         job.cancel(check=False)
@@ -218,7 +270,7 @@ class Launcher:
         this host that runs out of memory raises MemoryError itself)."""
         return None
 
-    def kernel_memory_kill(self, job: Any, before: Any) -> str | None:
+    def kernel_memory_kill(self, job: JobHandle, before: Any) -> str | None:
         """The kernel's word that it killed a process of ``job`` for memory since ``before``
         (``node.oom_kills.read_counts()`` at submission), where the job runs on this host;
         None otherwise (the default: the scheduler says it, ``memory_kill``)."""

@@ -14,7 +14,7 @@ from hopperlab.config.matrix import load_matrix, parse_overrides
 from hopperlab.core.effects import DEFAULT_MIN_EFFECT
 from hopperlab.core.errors import SpecError
 from hopperlab.results.machines import junit, node_check
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 from hopperlab.run.nodes import pinned_to
 from hopperlab.run.submit import submit
 

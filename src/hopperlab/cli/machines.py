@@ -29,8 +29,8 @@ from hopperlab.results.machines import (
     references,
     runs,
 )
-from hopperlab.results.report.collect import collect_runs
-from hopperlab.results.report import scope
+from hopperlab.results import scope
+from hopperlab.results.rows import collect_runs
 
 EXIT_REGRESSION = 1
 #: ``check --strict`` when no run had a reference (CI that must have checked something)
@@ -61,11 +61,21 @@ def cmd_machines(args: argparse.Namespace) -> int:
     targets = [descriptions.find_description(root / descriptions.MACHINES_DIR, t).name
                for t in args.predict]
     out = Path(args.out) if args.out else root / "results" / "machines"
-    csv_path, html_path = compare.compare(groups, out, reference=args.reference,
+    csv_path, html_path = compare.compare(groups, out, reference=_reference_machine(
+                                              args.reference, groups, descs),
                                           descriptions=descs, targets=targets)
     print(f"[hopperlab] machines {', '.join(g.machine for g in groups)}: wrote {csv_path} "
           f"and {html_path}")
     return 0
+
+
+def _reference_machine(name: str | None, groups: list[runs.MachineRuns],
+                       descs: dict[str, descriptions.MachineDescription]) -> str | None:
+    """``--reference`` as given, or the compared machine it is an alias of (``h200``)."""
+    names = {g.machine for g in groups}
+    if name is None or name in names:
+        return name
+    return next((m for m in names if m in descs and name in descs[m].aliases), name)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -127,9 +137,10 @@ def cmd_references(args: argparse.Namespace) -> int:
         n = sum(1 for u in report.updated if u.startswith(name + " "))
         print(f"[hopperlab] references of {name}: {n} metric(s) written to {path}")
     if not report.written:
-        raise SpecError(f"{args.results_dir}: no reference written (every run had too few "
-                        f"samples: measure with --config repeats=N, N >= "
-                        f"{reference_update.MIN_SAMPLES})")
+        raise SpecError(f"{args.results_dir}: no reference written (the runs skipped above: "
+                        f"too few samples, measure with --config repeats=N, N >= "
+                        f"{reference_update.MIN_SAMPLES}; a machine that is not a name, "
+                        f"give --machine)")
     return 0
 
 
@@ -141,13 +152,15 @@ def add_ab_options(p: argparse.ArgumentParser) -> None:
                    help="the smallest change worth reporting, a fraction (default 0.05)")
     p.add_argument("--mlflow", metavar="URI", help="A and B are MLflow filter strings on this "
                    "tracking server, e.g. \"tags.git_commit = 'abc123'\" (two commits, dates: "
-                   "attributes.start_time, machines: tags.machine)")
+                   "attributes.start_time, machines: tags.machine), or commit hashes (a "
+                   "prefix is enough)")
     p.add_argument("--strict", action="store_true",
                    help="an inconclusive metric fails the comparison too (exit 1)")
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    """``hopperlab compare A B``: exit 1 when B is worse than A beyond the noise."""
+    """``hopperlab compare A B``: exit 1 when B is worse than A beyond the noise, or a run
+    of B failed, or B lacks a run or metric of A (a CI gate); 0 only when nothing is."""
     if len(args.targets) != 2:
         raise SpecError("hopperlab compare --mlflow URI: give two filter strings A B")
     a_name, b_name = args.targets
@@ -165,7 +178,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
              for side, name, rows in (("A", a_name, a_rows), ("B", b_name, b_rows))]
     csv_path, html_path = ab_page.write(changes, out, a_name, b_name, min_effect, facts)
     print(f"[hopperlab] {ab_page.headline(changes)[0]} Wrote {csv_path} and {html_path}")
-    failing = ab.worse(changes) or (args.strict and [c for c in changes if c.verdict in (
+    failing = ab.failing(changes) or (args.strict and [c for c in changes if c.verdict in (
         ab.INCONCLUSIVE, ab.CHANGED)])
     return EXIT_REGRESSION if failing else 0
 

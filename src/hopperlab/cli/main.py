@@ -29,6 +29,7 @@ from hopperlab.core.quiet import silence_known_noise
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
 from hopperlab.core.rundir import RECORD_FILE, RUN_UID, SPEC_FILE
+from hopperlab.core.stats import half_width, plus_minus
 from hopperlab.run import attempts
 from hopperlab.run.scheduler import Interrupted
 from hopperlab.run.submit import forced_by_workflow, submit
@@ -112,7 +113,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = matrix.get(args.key)
     for name in sorted(set(spec.assets.values())):  # what Snakemake would have built first
         _fetch(matrix, name)
-    return submit(matrix, args.key, upload=_uploader(args), executor="debug")
+    rc = submit(matrix, args.key, upload=_uploader(args), executor="debug")
+    print(measured_line(args.key, matrix.root / spec.run_dir, spec.headline_metrics))
+    return rc
+
+
+def measured_line(key: str, run_dir: Path, headline: tuple[str, ...]) -> str:
+    """What a run measured, for the person who ran it by hand: its headline metrics (every
+    final metric without one), ``value ± half-width`` where it repeated, and where they are."""
+    record = attempts.read_object(run_dir / RECORD_FILE) or {}
+    metrics = {k: v for k, v in (record.get("metrics") or {}).items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    names = [m for m in headline if m in metrics] or [
+        m for m in metrics if not m.endswith(("_ci_low", "_ci_high", "_cv", "_n"))]
+    shown = ", ".join(f"{m} = {plus_minus(metrics[m], half_width(metrics, m))}"
+                      for m in names)
+    return f"[hopperlab] {key} measured {shown or 'nothing'} ({run_dir / 'metrics.json'})"
 
 
 def _fetch(matrix: Matrix, name: str) -> Path:
@@ -180,9 +196,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if (family, experiment) not in matrix.experiments():
         known = ", ".join(f"{f}/{e}" for f, e in matrix.experiments())
         raise SpecError(f"{args.experiment}: no such experiment in the matrix; it has: {known}")
-    print(tracking.experiment_compare_url(matrix.site.tracking_uri, family, experiment,
-                                          ui_uri=args.ui,
+    uri = matrix.site.tracking_uri
+    print(tracking.experiment_compare_url(uri, family, experiment, ui_uri=args.ui,
                                           run_uids=_folder_run_uids(matrix, family, experiment)))
+    if not args.ui and not uri.startswith(("http://", "https://")):
+        # the address is that of `mlflow ui` on this store, which nothing has started yet
+        print(f"[hopperlab] open it while the MLflow UI runs on this store: mlflow ui "
+              f"--backend-store-uri {uri}", file=sys.stderr)
     return 0
 
 
@@ -231,8 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("sync", cmd_sync, "upload every run directory MLflow does not have yet")
     add("report", cmd_report, "write results/summary.csv and results/report.html")
     p = add("compare", cmd_compare, "compare two results folders A B (verdicts per run and "
-            "metric, compare.html; exit 1 when B is worse), or print the MLflow UI address "
-            "comparing an experiment's variants (family/experiment)")
+            "metric, compare.html; exit 1 when B is worse, failed or lacks a run), or print "
+            "the MLflow UI address comparing an experiment's variants (family/experiment)")
     p.add_argument("targets", nargs="+", metavar="TARGET",
                    help="family/experiment (e.g. membench/copy), or two results folders A B, "
                         "or with --mlflow two MLflow filter strings A B")

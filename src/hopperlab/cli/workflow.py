@@ -19,6 +19,7 @@ from hopperlab.core import locks
 from hopperlab.core.errors import (HopperlabError, NoNetworkError, ResultsError, SpecError,
                                    one_line, shown)
 from hopperlab.core.rundir import FAILING_STATUSES, METRICS_FILE, RECORD_FILE, load_record
+from hopperlab.core.schema import project_schema
 from hopperlab.profiling import check_profiler
 from hopperlab.run import attempts
 from hopperlab.node.containers import PYXIS, resolve_site_runtime
@@ -26,15 +27,20 @@ from hopperlab.results import tracking
 from hopperlab.results.report import build_report
 from hopperlab.run.submit import FORCED_ENV, disk_full_reason, is_disk_full
 
-#: config keys forwarded to `hopperlab` on each rule's command line
-FORWARDED_KEYS = ("site", "scale", "results_dir", "families", "only", "profiler",
-                  "asset_substitutes")
+def config_args(config: Mapping[str, Any], root: str | Path) -> str:
+    """``KEY=VALUE`` words that rebuild the same matrix in the `hopperlab` subprocess.
 
-
-def config_args(config: Mapping[str, Any]) -> str:
-    """``KEY=VALUE`` words that rebuild the same matrix in the `hopperlab` subprocess."""
+    Every key the config schema declares (workflow/schemas/config.schema.yaml) is forwarded:
+    a hand-kept list once left ``repeats`` out, and the job measured another count than the
+    workflow planned. Unset values (null, empty list or mapping) are left to the job's own
+    read of configs/config.yaml, which gives the same."""
+    declared = project_schema(Path(root), "config.schema.yaml")["properties"]
+    unknown = sorted(set(config) - set(declared))
+    if unknown:  # the config was validated against this schema: a key outside it is a bug
+        raise SpecError(f"configs/config.yaml: {', '.join(unknown)}: not declared in "
+                        f"workflow/schemas/config.schema.yaml, so not forwarded to the jobs")
     words = []
-    for key in FORWARDED_KEYS:
+    for key in declared:
         value = config.get(key)
         if value is None or value == [] or value == {}:
             continue

@@ -39,6 +39,10 @@ class CostSpec:
         rates = [r for r in (self.per_gpu_hour, self.per_node_hour) if r is not None]
         if len(rates) != 1:
             raise ValueError("cost: give exactly one of per_gpu_hour and per_node_hour")
+        for name in ("per_gpu_hour", "per_node_hour", "per_kwh"):
+            rate = getattr(self, name)
+            if rate is not None and (isinstance(rate, bool) or not math.isfinite(rate)):
+                raise ValueError(f"{name} is {rate!r}: a rate is a finite number")
         if rates[0] < 0 or (self.per_kwh is not None and self.per_kwh < 0):
             raise ValueError("cost: a rate must not be negative")
 

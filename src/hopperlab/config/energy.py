@@ -2,7 +2,10 @@
 
 The job measures joules over its measured window (``node/energy``); the submitting side divides
 by the family's units of work (``WorkUnit``, the same units cost uses): energy per unit = the
-window's mean power / the units per second its throughput metrics give x the unit's size. GPU
+window's joules / the units of work completed inside the window (``WorkUnit.done``, issue 36: a
+stall inside the window is paid for, not hidden by a p50 rate), else, for a unit that does not
+say, the window's mean power / the units per second its throughput metrics give (tag
+``energy.basis`` says which). GPU
 energy gives ``energy_per_...``; GPU plus host (where the host was measured) gives
 ``energy_node_per_...``; work per joule (``WorkUnit.work_per_j``) is of GPU energy. A figure
 that was not measured is absent (the report says "not measured"), never 0.
@@ -10,14 +13,16 @@ that was not measured is absent (the report says "not measured"), never 0.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from hopperlab.config.cost import CostSpec, units_per_s
+from hopperlab.core import energy_names as N
 from hopperlab.workloads.base import HIGHER, LOWER, WorkUnit
 
-ENERGY_GPU = "energy_gpu_j"
-ENERGY_HOST = "energy_host_j"
-ENERGY_WINDOW = "energy_window_s"
+ENERGY_GPU = N.ENERGY_GPU_J
+ENERGY_HOST = N.ENERGY_HOST_J
+ENERGY_WINDOW = N.ENERGY_WINDOW_S
 #: the measured window's energy (GPU, plus host where measured) at the site's ``per_kwh``
 COST_ENERGY = "cost_energy"
 J_PER_KWH = 3.6e6
@@ -41,14 +46,40 @@ def _window(metrics: Mapping[str, float], window: str) -> tuple[float | None, fl
             metrics.get(prefix + ENERGY_HOST))
 
 
+def work_done(unit: WorkUnit, metrics: Mapping[str, float],
+              params: Mapping[str, Any] | None = None) -> float | None:
+    """The units of work completed inside the measured window(s): the product of the unit's
+    ``done`` metrics, x its ``scale_param``; None when the unit does not say or a figure is
+    missing."""
+    if not unit.done or unit.window:
+        return None
+    value = 1.0
+    for name in unit.done:
+        figure = metrics.get(name)
+        if figure is None or not math.isfinite(figure) or figure <= 0:
+            return None
+        value *= figure
+    if unit.scale_param:
+        scale = (params or {}).get(unit.scale_param)
+        if not isinstance(scale, (int, float)):
+            return None
+        value *= scale
+    return value
+
+
 def energy_figures(metrics: Mapping[str, float], units: tuple[WorkUnit, ...],
                    params: Mapping[str, Any] | None = None) -> dict[str, float]:
-    """Energy per unit and work per joule of every unit the run's metrics can give."""
+    """Energy per unit and work per joule of every unit the run's metrics can give: joules over
+    the work done inside the window where the unit says what that is, else mean power over
+    the rate."""
     out: dict[str, float] = {}
     for unit in units:
         seconds, gpu, host = _window(metrics, unit.window)
-        rate = units_per_s(unit, metrics, params)
-        if not rate or not seconds or seconds <= 0:
+        if not seconds or seconds <= 0:
+            continue
+        done = work_done(unit, metrics, params)
+        rate = done / seconds if done else units_per_s(unit, metrics, params)
+        if not rate:
             continue
         if gpu is not None and gpu > 0:
             power = gpu / seconds
@@ -58,6 +89,38 @@ def energy_figures(metrics: Mapping[str, float], units: tuple[WorkUnit, ...],
         if gpu is not None and host is not None and gpu + host > 0:
             out[node_name(unit)] = (gpu + host) / seconds / rate * unit.size
     return out
+
+
+def energy_basis(metrics: Mapping[str, float], units: tuple[WorkUnit, ...],
+                 params: Mapping[str, Any] | None = None) -> str:
+    """How the first unit's J per unit was divided (tag ``energy.basis``)."""
+    for unit in units:
+        if unit.window:
+            continue
+        done = work_done(unit, metrics, params)
+        if done:
+            return (f"work done: {done:.6g} units inside the window ({' x '.join(unit.done)}); "
+                    f"J per unit = window joules / work done")
+        return f"rate: the window's mean power over {unit.metric or unit.kind} (the p50 figure)"
+    return "no unit of work"
+
+
+def plausibility(metrics: Mapping[str, float], probe_tflop_per_j: float | None,
+                 duration_s: float | None = None) -> str | None:
+    """``implausible: ...`` when the run's model FLOP per joule (``flops_per_token`` x training
+    tokens per joule) beats the node's own matmul probe by more than ``PLAUSIBLE_MARGIN``: no
+    model does more work per joule than a pure matmul loop, so the joules or the work are
+    wrong (a window that is not the work). None: plausible, or nothing to compare."""
+    flop = metrics.get("flops_per_token")
+    per_j = metrics.get("train_tokens_per_j")
+    if not probe_tflop_per_j or not flop or not per_j:
+        return None
+    run = flop * per_j / 1e12
+    if run > probe_tflop_per_j * (1 + N.PLAUSIBLE_MARGIN):
+        return (f"implausible: {run:.3g} TFLOP per joule, above the node's matmul probe's "
+                f"{probe_tflop_per_j:.3g} by {run / probe_tflop_per_j - 1:.0%} (> "
+                f"{N.PLAUSIBLE_MARGIN:.0%}); kept out of comparisons")
+    return None
 
 
 def energy_cost(metrics: Mapping[str, float], cost: CostSpec,

@@ -164,16 +164,16 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
             renames = known_assets if known_assets is not None else substitutes
             assets = {role: renames.get(name, name) for role, name in assets.items()}
             params = build_params(info, merged_params, source, f"{var_path}.params")
-            if info.check_assets is not None and asset_specs is not None:
-                info.check_assets(params, {role: asset_specs[name] for role, name in
-                                           assets.items() if name in asset_specs},
-                                  f"{source}: {var_path}")
             layers = [base_resources, exp.get("resources", {}), scale_block.get("resources", {}),
                       var.get("resources", {}), var_scale.get("resources", {})]
             resources = resolve_resources(layers)
             check_time(resources, site, where, scale)
             checked = check_knobs(info, knobs, source, var_path)
             check_variant(info, checked, params, source, var_path)
+            if info.check_assets is not None and asset_specs is not None:
+                info.check_assets(params, checked, {role: asset_specs[name] for role, name in
+                                                    assets.items() if name in asset_specs},
+                                  f"{source}: {var_path}")
             spec = RunSpec(
                 family=family, experiment=exp_name, variant=var_name, scale=scale,
                 knobs=checked, params=params,

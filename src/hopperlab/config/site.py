@@ -20,6 +20,7 @@ from hopperlab.core.schema import (
     validate_against_schema,
 )
 from hopperlab.node.containers import SITE_EXISTING_KEY, check_site_image, image_path
+from hopperlab.profiling.command import ProfilingSettings
 
 
 def site_path(root: Path, site: str) -> Path:
@@ -46,7 +47,7 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
     return SiteSpec(
         name=path.stem, executor=info.name,
         poll_interval_s=float(data.get("poll_interval_s", info.poll_interval_s)),
-        settings=backend_settings(data, str(path)),
+        settings=backend_settings(data, str(path), info),
         container=ContainerSettings(
             image=image, runtime=runtime, fakeroot=bool(data.get("container_fakeroot", False)),
             binds=tuple(data.get("container_binds", ())),
@@ -64,6 +65,10 @@ def load_site(root: Path, site: str, results_dir: str) -> SiteSpec:
         gpu_arch=data.get("gpu_arch"),
         cost=typed_from_mapping(CostSpec, data["cost"], f"{path}: cost", "key of a site's cost")
         if data.get("cost") else None,
+        profiling=ProfilingSettings.from_mapping(data.get("profiling"), str(path)),
+        scale_resources={scale: dict(block or {})
+                         for scale, block in (data.get("resources") or {}).items()},
+        scale_repeats=data.get("repeats"),
     )
 
 
@@ -116,12 +121,9 @@ def _env(env: Any, source: str) -> dict[str, str]:
 
 
 def site_scale(site: SiteSpec, scale: str) -> tuple[dict[str, Any], int | None]:
-    """The site's ``resources`` at ``scale`` and its ``repeats`` there (a number for every
-    scale, or one per scale; None: the site says nothing), from one read of its file. They
-    stay out of the SiteSpec, which every spec.json records whole: each run records them
-    resolved, in its own resources and repeats."""
-    data = load_yaml(Path(site.source), "site")
-    repeats = data.get("repeats")
+    """The site's ``resources`` at ``scale`` and its ``repeats`` there (None: the site says
+    nothing), as ``load_site`` read them with the rest of the file."""
+    repeats = site.scale_repeats
     if isinstance(repeats, Mapping):
         repeats = repeats.get(scale)
-    return dict((data.get("resources") or {}).get(scale) or {}), repeats
+    return dict(site.scale_resources.get(scale) or {}), repeats

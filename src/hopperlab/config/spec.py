@@ -4,7 +4,7 @@ resources, site) and the whole matrix of them (``Matrix``). The job rebuilds its
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -14,6 +14,7 @@ from hopperlab.config.cost import CostSpec, cost_from_mapping
 from hopperlab.core.errors import AssetMissing, SpecError, clip, shown
 from hopperlab.core.schema import typed_from_mapping
 from hopperlab.core.secrets import redact_uri
+from hopperlab.profiling.command import ProfilingSettings
 from hopperlab.workloads import family_info
 from hopperlab.workloads.base import KNOB_DEFAULTS, Contradiction, FamilyInfo, Knobs
 
@@ -100,9 +101,17 @@ class SiteSpec:
     #: the GPU nodes' CPU architecture when it differs from the login node's (x86_64 |
     #: aarch64; None: the same): names the container image <name>.<arch>.sif
     gpu_arch: str | None = None
-    #: each backend's settings block (its site key -> its settings dataclass), every backend
-    #: that has one (defaults where the site file says nothing); spec.json keeps each block
-    #: under its key, beside the other site keys
+    #: the site's ``profiling:`` block (nsys settings); spec.json keeps it only when the site
+    #: has one, so runs of sites without one keep their spec.json
+    profiling: ProfilingSettings = field(default_factory=ProfilingSettings)
+    #: the site's ``resources`` by scale and its ``repeats`` (a number, or one per scale; None:
+    #: the site says nothing), read with the rest of the file: each run records them resolved
+    #: (its own resources and repeats), so spec.json leaves these out (and equality ignores them)
+    scale_resources: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
+    scale_repeats: int | dict[str, int] | None = field(default=None, compare=False)
+    #: the settings block of the site's own backend (its site key -> its settings dataclass;
+    #: empty when that backend has none). Only its own: spec.json and the fingerprint of a run
+    #: never change because some other backend exists or gains a setting
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -129,20 +138,35 @@ class SiteSpec:
         return replace(self, settings={**self.settings, str(self.backend.site_key): value})
 
 
-def backend_settings(values: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Every backend's settings block from ``values`` (a site file's data, or spec.json's
-    site), typed and checked (unknown keys and wrong types named at ``where: key``); the
-    defaults of a backend whose block is absent."""
+#: SiteSpec fields of the site file that spec.json leaves out (each run records them resolved)
+SITE_FILE_ONLY = ("scale_resources", "scale_repeats")
+
+
+def backend_settings(values: Mapping[str, Any], where: str, own: BackendInfo,
+                     check_others: bool = True) -> dict[str, Any]:
+    """The settings block of the site's backend ``own`` from ``values`` (a site file's data, or
+    spec.json's site), typed and checked (unknown keys and wrong types named at ``where:
+    key``); its defaults when the block is absent. The blocks of other backends in a site file
+    are checked alike (``check_others``: a mistake in them is still a mistake) and left out;
+    in a spec.json written before issue 38 (every backend's block) they are dropped."""
     found = {}
     for info in backends.all_backends():
         key = info.site_key
-        if key is None:
+        if key is None or (info.name != own.name and not check_others):
             continue
         block = values.get(key)
-        found[key] = typed_from_mapping(info.settings, block or {}, f"{where}: {key}",
-                                        f"key of a site's {key} block") \
+        typed = typed_from_mapping(info.settings, block or {}, f"{where}: {key}",
+                                   f"key of a site's {key} block") \
             if block else info.default_settings()
+        if info.name == own.name:
+            found[key] = typed
     return found
+
+
+def other_backend_keys(own: BackendInfo) -> set[str]:
+    """The site keys of the other backends' settings blocks (what an old spec.json may hold)."""
+    return {str(info.site_key) for info in backends.all_backends()
+            if info.site_key and info.name != own.name}
 
 
 @dataclass(frozen=True)
@@ -204,6 +228,10 @@ class RunSpec:
         ``user:password@``, which the submitting side keeps in memory only."""
         data = asdict(self)
         data["site"].update(data["site"].pop("settings"))  # each block under its site key
+        for key in SITE_FILE_ONLY:
+            del data["site"][key]
+        if self.site.profiling == ProfilingSettings():
+            del data["site"]["profiling"]
         data["site"]["tracking_uri"] = redact_uri(self.site.tracking_uri)
         data["key"] = self.key
         if data["compare_to"] is None:  # absent: specs of runs that name none stay as they were
@@ -216,12 +244,15 @@ class RunSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> "RunSpec":
         info = family_info(data["family"])
         site = dict(data["site"])
-        site["settings"] = backend_settings(site, "spec.json: site")
-        for key in site["settings"]:
-            site.pop(key, None)
+        own = backends.backend(site["executor"])
+        site["settings"] = backend_settings(site, "spec.json: site", own, check_others=False)
+        for key in {*site["settings"], *other_backend_keys(own)}:
+            site.pop(key, None)  # another backend's block: a spec.json of before issue 38
         site["container"] = ContainerSettings(
             **{**site["container"], "binds": tuple(site["container"]["binds"])})
         site["cost"] = cost_from_mapping(site.get("cost"))
+        site["profiling"] = ProfilingSettings.from_mapping(site.get("profiling"),
+                                                           "spec.json: site")
         knobs = Knobs(**data["knobs"])
         params = build_params(info, data["params"], "spec.json", "params")
         check_variant(info, knobs, params, "spec.json", "knobs")  # a hand-edited spec too
@@ -292,21 +323,49 @@ RESULT_SITE_KEYS = ("executor", "env", "allow_oversubscription", "machine", "gpu
 
 def result_data(data: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a spec's data (``RunSpec.to_dict()`` or its ``spec.json``) that changes what
-    the run produces (``RESULT_KEYS``; of the site: executor, each backend's ``result_keys``
-    such as Slurm's partition and options, environment, the container image by name)."""
+    the run produces (``RESULT_KEYS``; of the site: executor, its own backend's ``result_keys``
+    such as Slurm's partition and options, environment, the container image by name). Another
+    backend's block (an old spec.json has every backend's) changes nothing."""
     site = data.get("site") if isinstance(data.get("site"), Mapping) else {}
     container = site.get("container") if isinstance(site.get("container"), Mapping) else {}
     kept = {k: data.get(k) for k in RESULT_KEYS}
+    kept["params"] = _params_with_defaults(data.get("family"), data.get("params"))
     kept["site"] = {k: site.get(k) for k in RESULT_SITE_KEYS}
-    for info in backends.all_backends():
-        if info.site_key and info.result_keys:
-            block = site.get(info.site_key)
-            block = block if isinstance(block, Mapping) else {}
-            kept["site"][info.site_key] = {k: block.get(k) for k in info.result_keys}
+    info = _site_backend(site.get("executor"))
+    if info is not None and info.site_key and info.result_keys:
+        block = site.get(info.site_key)
+        block = block if isinstance(block, Mapping) else {}
+        kept["site"][info.site_key] = {k: block.get(k) for k in info.result_keys}
     kept["site"]["image"] = container.get("image")
     if not kept["site"]["env"]:
         kept["site"]["env"] = {}
     return kept
+
+
+def _params_with_defaults(family: Any, params: Any) -> Any:
+    """A spec's params with the family's default for each parameter it lacks: a spec.json
+    written before the family gained a parameter (its default keeps the old behaviour) is the
+    same run as one written now."""
+    if not isinstance(params, Mapping) or not isinstance(family, str):
+        return params
+    try:
+        info = family_info(family)
+    except (KeyError, SpecError):
+        return params
+    missing = {}
+    for f in fields(info.params):
+        if f.name in params:
+            continue
+        if f.default is not MISSING:
+            missing[f.name] = f.default
+        elif f.default_factory is not MISSING:
+            missing[f.name] = f.default_factory()
+    return {**params, **missing}
+
+
+def _site_backend(name: Any) -> BackendInfo | None:
+    """The declaration of the backend a spec's site names (None: not one known here)."""
+    return backends.backend(name) if isinstance(name, str) and name in backends.names() else None
 
 
 def spec_data_fingerprint(data: Mapping[str, Any]) -> str:

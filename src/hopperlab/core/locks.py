@@ -112,7 +112,15 @@ def held_message(path: Path, what: str, holder: dict[str, Any]) -> str:
 def _guard(path: Path) -> Iterator[None]:
     """Serialises check-and-take of one lock between processes of this host: a ``flock`` on
     the folder that holds the lock file (no second file to leave behind)."""
-    fd = os.open(path.parent, os.O_RDONLY)
+    with folder_held(path.parent):
+        yield
+
+
+@contextlib.contextmanager
+def folder_held(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder`` itself for the block: one read-modify-write of a
+    file in it at a time among the processes of this host, no lock file left behind."""
+    fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

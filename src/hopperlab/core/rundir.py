@@ -15,9 +15,9 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, Sequence
 
-from hopperlab.core.errors import HopperlabError
+from hopperlab.core.errors import HopperlabError, SpecError
 
 Status = Literal["ok", "oom", "failed", "timeout", "skipped"]
 STATUSES: tuple[str, ...] = ("ok", "oom", "failed", "timeout", "skipped")
@@ -257,6 +257,24 @@ def read_samples(run_dir: Path) -> list[dict[str, float]]:
             out.append(dict(json.loads(line)["metrics"]))
         except (json.JSONDecodeError, KeyError, TypeError):
             continue
+    return out
+
+
+def finite_samples(run_dir: Path, samples: Sequence[Mapping[str, Any]], metric: str
+                   ) -> list[float]:
+    """``metric`` in each of ``samples`` that has it; a value that is not a finite number (NaN,
+    inf, text: a broken run or a hand edit) is one line naming the file and key, never a
+    traceback nor a hole a verdict would silently rest on."""
+    out = []
+    for i, sample in enumerate(samples, 1):
+        if metric not in sample:
+            continue
+        value = sample[metric]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise SpecError(f"{Path(run_dir) / SAMPLES_FILE}: sample {i}: {metric} is "
+                            f"{value!r}, not a finite number")
+        out.append(float(value))
     return out
 
 

@@ -4,7 +4,7 @@
 Runtimes: ``apptainer`` or ``singularity`` (``auto``: whichever is on PATH) run ``.sif`` images;
 ``charliecloud`` runs a directory image ``<name>.ch`` with ``ch-run`` (``node.charliecloud``, the
 runtime these Debian machines have); ``pyxis`` hands the image to Slurm's srun (enroot + pyxis,
-``node.pyxis``: no prefix, srun options instead). The prefix is an argument list, never a shell
+``backends/slurm/pyxis.py``: no prefix, srun options instead). The prefix is an argument list, never a shell
 string: ``[runtime, "exec", ("--nv",) "--bind", "<paths>", "<image>.sif"]``. spython is imported
 only when an image is built. How the build and the binds work: containers/README.md.
 """
@@ -25,17 +25,19 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
 from hopperlab.core.errors import NodeError, SpecError
-from hopperlab.node import charliecloud, pyxis
+from hopperlab.node import charliecloud
 
 #: the runtimes of .sif images, in the order ``auto`` tries them
 RUNTIMES = ("apptainer", "singularity")
 CHARLIECLOUD = charliecloud.RUNTIME
-PYXIS = pyxis.RUNTIME
+#: enroot + pyxis: Slurm's srun starts the task inside the image (backends/slurm/pyxis.py);
+#: what must be on PATH where jobs are submitted is srun, the image an enroot file
+PYXIS, PYXIS_BINARY, PYXIS_IMAGE_SUFFIX = "pyxis", "srun", ".sqsh"
 #: every value of a site's ``container_runtime`` besides ``auto``
 ALL_RUNTIMES = RUNTIMES + (CHARLIECLOUD, PYXIS)
 #: the binary each runtime needs on PATH where the workflow runs
 BINARIES = {"apptainer": "apptainer", "singularity": "singularity",
-            CHARLIECLOUD: charliecloud.RUN_BINARY, PYXIS: pyxis.BINARY}
+            CHARLIECLOUD: charliecloud.RUN_BINARY, PYXIS: PYXIS_BINARY}
 SITE_BINDS_KEY = "container_binds"
 #: the site key that points at an existing image instead of building containers/<name>.*
 SITE_EXISTING_KEY = "container_image"
@@ -67,7 +69,7 @@ def check_image_name(name: str) -> str:
 
 def image_suffix(runtime: str | None) -> str:
     """The image a runtime runs: ``.sif``; a Charliecloud directory ``.ch``; enroot's ``.sqsh``."""
-    return {CHARLIECLOUD: charliecloud.IMAGE_SUFFIX, PYXIS: pyxis.IMAGE_SUFFIX}.get(
+    return {CHARLIECLOUD: charliecloud.IMAGE_SUFFIX, PYXIS: PYXIS_IMAGE_SUFFIX}.get(
         runtime or "", SIF_SUFFIX)
 
 
@@ -316,7 +318,7 @@ def job_exec_prefix(runtime: str, image: Path | str, folders: Iterable[Path | st
     """The exec prefix of a job that reads and writes ``folders`` (results, assets...) inside
     ``image``: the one place that turns a job's folders into binds (``job_binds``). A
     Charliecloud image gets its mount points made (ch-run needs them); pyxis takes no prefix
-    (``node.pyxis.srun_args`` carries the same binds)."""
+    (the Slurm backend's ``pyxis.srun_args`` carries the same binds)."""
     binds = job_binds(folders, extra_binds)
     if runtime == PYXIS:
         return []

@@ -23,6 +23,9 @@ THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 #: where the job reads its DuckDB thread count and its data-loader worker ceiling
 DUCKDB_ENV = "HOPPERLAB_DUCKDB_THREADS"
 WORKERS_ENV = "HOPPERLAB_DATALOADER_WORKERS"
+#: what a launcher may leave in a job's environment: Snakemake's ``shell:`` exports these (and
+#: the THREAD_ENV ones) as the rule's ``threads``, 1 by default, to every job it starts
+LAUNCHER_ENV = ("GOTO_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,23 @@ def apply(plan: ThreadPlan, environ: MutableMapping[str, str] | None = None) -> 
     if torch is not None and environ is None:
         torch.set_num_threads(int(env.get("OMP_NUM_THREADS", plan.intra_op)))
     return set_now
+
+
+def drop_inherited(keep: Iterable[str], environ: MutableMapping[str, str] | None = None
+                   ) -> dict[str, str]:
+    """Take out the pool sizes the job inherited from whatever started it, except those in
+    ``keep`` (the site's ``env:``, which ``apply`` then honours); returns what was taken out.
+
+    Why: Snakemake's ``shell:`` sets OMP_NUM_THREADS=1 (the rule's threads) for every job;
+    ``apply`` kept it, torch ran one thread while the record said 16, and the 13B offload rows'
+    CPU AdamW and host triad ran at a single core's rate (issue 35)."""
+    env = os.environ if environ is None else environ
+    kept = set(keep)
+    dropped = {}
+    for name in (*THREAD_ENV, *LAUNCHER_ENV):
+        if name in env and name not in kept:
+            dropped[name] = env.pop(name)
+    return dropped
 
 
 def job_threads(overrides: Mapping[str, Any] | None = None, requested: int | None = None,

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
 from hopperlab.core.errors import SpecError
-from hopperlab.core.schema import safe_load_yaml
 from hopperlab.cuda.nvtx import TORCH_TRACE  # noqa: F401 - re-exported: part of this module's API
 
 NSYS_TRACES = "cuda,nvtx,cublas,cudnn"
@@ -59,6 +58,8 @@ class ProfiledSite(Protocol):
     def backend(self) -> _Backend: ...
     @property
     def node_setup(self) -> Sequence[str]: ...
+    @property
+    def profiling(self) -> "ProfilingSettings": ...
 
 
 class ProfiledKnobs(Protocol):
@@ -127,16 +128,9 @@ class ProfilingSettings:
 
 
 def site_settings(spec: ProfiledRun) -> ProfilingSettings:
-    """The ``profiling:`` block of the spec's site file (defaults when it has none).
-
-    Read from the file itself (``spec.site.source``), like the site's per-scale resources, so
-    that SiteSpec needs no field for it.
-    """
-    source = spec.site.source
-    if not source or not Path(source).is_file():
-        return ProfilingSettings()
-    data = safe_load_yaml(Path(source).read_text(), source) or {}
-    return ProfilingSettings.from_mapping(data.get("profiling"), source)
+    """The ``profiling:`` block of the spec's site (defaults when it has none), as the site
+    file was read once (``config.site.load_site``) or spec.json keeps it."""
+    return spec.site.profiling
 
 
 def nsys_executable(spec: ProfiledRun) -> str:

@@ -14,8 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from hopperlab.config.cost import price
-from hopperlab.config.energy import energy_cost, energy_figures, energy_scope
+from hopperlab.config.energy import (
+    ENERGY_GPU,
+    energy_basis,
+    energy_cost,
+    energy_figures,
+    energy_scope,
+)
 from hopperlab.config.spec import RunSpec
+from hopperlab.core.energy_names import SLOW_STEP_X, SLOW_STEPS, TAG_BASIS, TAG_SLOW
 from hopperlab.node.containers import image_digest
 from hopperlab.node.naming import machine_name
 from hopperlab.workloads import family_info
@@ -43,6 +50,12 @@ def annotate_record(rec: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
     metrics = rec.setdefault("metrics", {})
     units = family_info(spec.family).work_units
     metrics.update(energy_figures(metrics, units, params))
+    if ENERGY_GPU in metrics:
+        tags[TAG_BASIS] = energy_basis(metrics, units, params)
+    if metrics.get(SLOW_STEPS):
+        tags[TAG_SLOW] = (f"{metrics[SLOW_STEPS]:g} measured step(s) over {SLOW_STEP_X:g}x the "
+                          f"median step (longest {metrics.get('step_time_max_s', float('nan')):.3g}"
+                          f" s): a stall inside the measured window")
     cost = spec.site.cost
     if cost is None:
         return rec

@@ -10,11 +10,9 @@ enforces the time limit).
 
 from __future__ import annotations
 
-import functools
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,10 +20,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hopperlab import backends
-from hopperlab.backends.base import CANCEL_WAIT_S, JobRequest, JobResources
+from hopperlab.backends.base import CANCEL_WAIT_S, Executor, JobHandle, JobRequest, JobResources
 from hopperlab.config.spec import RunSpec
 from hopperlab.core.errors import NodeError, SpecError
-from hopperlab.node import charliecloud, oom_kills, pyxis
+from hopperlab.node import charliecloud, oom_kills
 from hopperlab.node.containers import (
     CHARLIECLOUD,
     PYXIS,
@@ -41,10 +39,8 @@ from hopperlab.profiling.command import site_settings
 from hopperlab.profiling.finish import finish_profile
 from hopperlab.run import distributed, jobenv, ranks, scheduler
 
-#: Slurm states that mean "ran out of its time limit" (submitit reports them as uncompleted).
-TIMEOUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
-#: Give up on a Slurm job no source (sacct, squeue) has known for this long.
-UNKNOWN_STATE_LIMIT_S = 1800.0
+#: what hopperlab says of a job it stopped at its time limit itself
+TIMEOUT = "TIMEOUT"
 
 
 @dataclass
@@ -66,10 +62,12 @@ class JobOutcome:
     interrupted: BaseException | None = None
     #: the kernel's word that it killed the job's process for memory (a job of this host)
     kernel_oom: str | None = None
+    #: the end states that mean a time limit (the backend's ``Launcher.timeout_states``)
+    timeout_states: frozenset[str] = frozenset({TIMEOUT})
 
     @property
     def timed_out(self) -> bool:
-        return self.state.upper().split()[0] in TIMEOUT_STATES if self.state else False
+        return self.state.upper().split()[0] in self.timeout_states if self.state else False
 
 
 def _job_folders(spec: RunSpec, run_dir: Path) -> list[Path | str]:
@@ -91,12 +89,14 @@ def container_prefix(spec: RunSpec, run_dir: Path) -> list[str]:
 
 
 def container_srun_args(spec: RunSpec, run_dir: Path) -> list[str]:
-    """The srun options of a pyxis site's job (image, mounts, working folder); [] otherwise."""
+    """The task launcher's options of a pyxis site's job (image, mounts, working folder: the
+    backend's words); [] otherwise."""
     c = spec.site.container
     if not c.image or c.runtime != PYXIS:
         return []
     binds = job_binds(_job_folders(spec, run_dir), c.binds)
-    return pyxis.srun_args(str(c.image_file), binds, workdir=binds[0])
+    return backends.launcher(spec.site.executor).container_task_args(str(c.image_file), binds,
+                                                                     binds[0])
 
 
 def container_runtime(spec: RunSpec) -> str | None:
@@ -115,11 +115,11 @@ def check_image_ready(spec: RunSpec, runtime: str) -> None:
     c, source = spec.site.container, spec.site.source
     image = str(c.image_file)
     key = SITE_EXISTING_KEY if c.existing else SITE_IMAGE_KEY
+    refusal = backends.launcher(spec.site.executor).container_refusal(runtime)
+    if refusal:
+        raise SpecError(f"{source}: {SITE_RUNTIME_KEY}: {refusal}; use another "
+                        f"{SITE_RUNTIME_KEY}")
     if runtime == PYXIS:
-        if not pyxis.has_plugin(_srun_help()):
-            raise SpecError(f"{source}: {SITE_RUNTIME_KEY}: pyxis, but `srun --help` here lists "
-                            f"no {pyxis.IMAGE_OPTION}: the pyxis plugin is not loaded on this "
-                            f"cluster (plugstack.conf); use another {SITE_RUNTIME_KEY}")
         if "#" in image or "://" in image:
             return  # a registry reference: pyxis pulls it on the node
     if not Path(image).exists():
@@ -133,17 +133,6 @@ def check_image_ready(spec: RunSpec, runtime: str) -> None:
             raise SpecError(f"{source}: {key}: the run asks for {spec.resources.gpus} GPU(s) but "
                             f"{image} holds no NVIDIA driver libraries: run `ch-fromhost --nvidia "
                             f"{image}` on a GPU node first (containers/README.md)")
-
-
-@functools.cache
-def _srun_help() -> str:
-    """``srun --help`` of this machine (the pyxis plugin adds its options there); once."""
-    try:
-        done = subprocess.run(["srun", "--help"], capture_output=True, text=True, timeout=60,
-                              check=False)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout + done.stderr
 
 
 def _relative(image: str) -> str:
@@ -181,12 +170,13 @@ def job_request(spec: RunSpec, run_dir: Path) -> JobRequest:
         source=spec.site.source)
 
 
-def make_executor(spec: RunSpec, run_dir: Path, log: Callable[[str], None] = print) -> Any:
+def make_executor(spec: RunSpec, run_dir: Path, log: Callable[[str], None] = print
+                  ) -> Executor:
     """The submitit executor the site's backend makes, with the spec's resources."""
     return backends.launcher(spec.site.executor).make_executor(job_request(spec, run_dir), log)
 
 
-def _state(job: Any) -> str:
+def _state(job: JobHandle) -> str:
     try:
         return str(job.state)
     except Exception:  # noqa: BLE001 - a scheduler hiccup must not lose the outcome
@@ -215,7 +205,8 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
     if on_submitted:
         on_submitted(job_id)
     outcome = JobOutcome(job_id=job_id if backend.job_handle == "scheduler" else None,
-                         state="UNKNOWN")
+                         state="UNKNOWN",
+                         timeout_states=launcher.timeout_states)
     if not backend.in_process:
         try:
             stop = _wait(spec, job, log, stop_when)
@@ -250,14 +241,14 @@ def run_job(spec: RunSpec, run_dir: Path, func: Callable[..., Any], *args: Any,
     return outcome
 
 
-def _wait(spec: RunSpec, job: Any, log: Callable[[str], None] = print,
+def _wait(spec: RunSpec, job: JobHandle, log: Callable[[str], None] = print,
           stop_when: Callable[[], str | None] | None = None) -> tuple[str, str] | None:
     """Poll until the job is done; ``(state, error)`` when we stopped waiting ourselves.
 
     Where the scheduler does not enforce the time limit (``enforces_time_limit``: the local
     executor) it is ours: submitit's controller would end the job with a SIGINT that the job
-    cannot tell from a crash. We give up on a job whose state no source has known for
-    ``UNKNOWN_STATE_LIMIT_S`` (Slurm: accounting and controller both away).
+    cannot tell from a crash. We give up on a job when its backend says so (``given_up``:
+    Slurm's state unknown to sacct and squeue for too long).
     """
     backend = spec.site.backend
     launcher = backends.launcher(backend.name)
@@ -274,13 +265,11 @@ def _wait(spec: RunSpec, job: Any, log: Callable[[str], None] = print,
             return "CANCELLED", why
         if not backend.enforces_time_limit and time.monotonic() - t0 >= limit_s:
             launcher.stop(job, spec.site.poll_interval_s, None)
-            return "TIMEOUT", (f"time limit of {spec.resources.time_min} min reached "
-                               f"({spec.site.executor} executor)")
-        unknown_s = getattr(job.watcher, "unknown_for_s", lambda _: 0.0)(str(job.job_id))
-        if unknown_s >= UNKNOWN_STATE_LIMIT_S:
-            job.cancel(check=False)
-            return "UNKNOWN", (f"neither sacct nor squeue knew job {job.job_id} for "
-                               f"{unknown_s:.0f} s; stopped waiting and asked Slurm to cancel it")
+            return TIMEOUT, (f"time limit of {spec.resources.time_min} min reached "
+                             f"({spec.site.executor} executor)")
+        lost = launcher.given_up(job)
+        if lost:
+            return "UNKNOWN", lost
         time.sleep(poll)
     return None
 
@@ -295,7 +284,7 @@ def _submit_error(spec: RunSpec, exc: BaseException) -> str:
     return f"{spec.site.source}: {spec.site.executor} refused the job of {spec.key}: {detail[:400]}"
 
 
-def _stop_interrupted(spec: RunSpec, job: Any, exc: BaseException) -> tuple[str, str]:
+def _stop_interrupted(spec: RunSpec, job: JobHandle, exc: BaseException) -> tuple[str, str]:
     """The submitting process got SIGINT/SIGTERM while its job ran: cancel the job and wait for
     it to leave the scheduler, so that no later attempt runs beside it and it never writes into
     a later attempt's files."""
@@ -310,7 +299,7 @@ def _stop_interrupted(spec: RunSpec, job: Any, exc: BaseException) -> tuple[str,
     return "CANCELLED", f"the submitting process got {name}; job {job.job_id} {note}"
 
 
-def _final_state(job: Any, default: str) -> str:
+def _final_state(job: JobHandle, default: str) -> str:
     """Ask the scheduler once more (forced) for the final state of a job that did not complete."""
     try:
         info = job.get_info(mode="force") if hasattr(job, "get_info") else {}

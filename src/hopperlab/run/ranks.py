@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hopperlab.core import energy_names as N
 from hopperlab.core.rundir import (
     HARDWARE_FILE,
     RECORD_FILE,
@@ -76,7 +77,7 @@ def _figures(recs: dict[int, dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-_GPU_ENERGY = re.compile(r"(^|_)energy_gpu_j$")
+_GPU_ENERGY = re.compile(rf"(^|_){N.ENERGY_GPU_J}$")
 _HOST_ENERGY = re.compile(r"(^|_)energy_(host|module)_j$")
 
 
@@ -95,18 +96,49 @@ def _energy(recs: dict[int, dict[str, Any]], metrics: dict[str, float],
             else:
                 metrics.pop(name, None)
                 lacking = [r for r, rec in recs.items() if name not in rec.get("metrics", {})]
-                prefix = name[: -len("energy_gpu_j")]
-                tags[f"{prefix}energy.gpu"] = (f"not measured: ranks {lacking} have no GPU "
+                prefix = name[: -len(N.ENERGY_GPU_J)]
+                tags[prefix + N.TAG_GPU] = (f"not measured: ranks {lacking} have no GPU "
                                                "energy (" + "; ".join(
                                                    str(recs[r].get("tags", {}).get(
-                                                       f"{prefix}energy.gpu")) for r in lacking)
+                                                       prefix + N.TAG_GPU)) for r in lacking)
                                                + ")")[:500]
         elif _HOST_ENERGY.search(name):
             metrics[name] = sum(have)
-        elif name.endswith("power_gpu_peak_w"):
+        elif name.endswith(N.POWER_GPU_PEAK_W):
             metrics[name] = max(have)
-        elif name.endswith("power_gpu_mean_w") and len(have) == len(values):
+        elif name.endswith(N.POWER_GPU_MEAN_W) and len(have) == len(values):
             metrics[name] = sum(have) / len(have)
+    _trace_and_label(recs, metrics, tags)
+
+
+def _trace_and_label(recs: dict[int, dict[str, Any]], metrics: dict[str, float],
+                     tags: dict[str, str]) -> None:
+    """The run's trace/counter agreement over every rank's GPU (each rank's ratio weighted by
+    its joules: the sum of the traces over the sum of the counters), the reason where a rank's
+    trace disagrees, and how many GPUs the joules sum (not rank 0's "1 of 2 visible")."""
+    if N.ENERGY_GPU_J not in metrics:
+        return
+    per = {r: rec.get("metrics", {}) for r, rec in recs.items()}
+    pairs = [(m.get(N.TRACE_RATIO), m.get(N.ENERGY_GPU_J)) for m in per.values()]
+    if all(ratio is not None and j for ratio, j in pairs):
+        metrics[N.TRACE_RATIO] = sum(ratio * j for ratio, j in pairs) / sum(
+            j for _, j in pairs)  # type: ignore[operator,misc]
+        gaps = [m[N.TRACE_MAX_GAP_S] for m in per.values() if N.TRACE_MAX_GAP_S in m]
+        if gaps:
+            metrics[N.TRACE_MAX_GAP_S] = max(gaps)
+    else:
+        metrics.pop(N.TRACE_RATIO, None)
+    why = [f"rank {r}: {rec['tags'][N.TAG_TRACE]}" for r, rec in sorted(recs.items())
+           if N.TAG_TRACE in rec.get("tags", {})]
+    if why:
+        tags[N.TAG_TRACE] = "; ".join(why)[:500]
+    else:
+        tags.pop(N.TAG_TRACE, None)
+    owned = [re.match(r"(\d+) of", str(rec.get("tags", {}).get(N.TAG_GPUS, "")))
+             for rec in recs.values()]
+    gpus = sum(int(m.group(1)) for m in owned if m) if all(owned) else None
+    tags[N.TAG_GPUS] = (f"{gpus if gpus is not None else 'the'} GPUs summed over {len(recs)} "
+                        f"ranks (each rank measured the GPU it used)")
 
 
 def _on_hosts(ranks_: list[int], tasks: dict[int, dict[str, Any]]) -> str:
@@ -123,27 +155,11 @@ def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any
             if (rec := _read(d / RECORD_FILE)) and rec.get("attempt") == attempt}
     if not recs:
         return None
-    status = next(s for s in STATUS_ORDER if any(r.get("status") == s for r in recs.values())
-                  or s == "ok")
-    missing = sorted(set(range(world_size)) - set(recs))
     lead = 0 if 0 in recs else min(recs)
-    reason = recs[lead].get("reason")
-    tb_rank = None
     tasks = {r: _read(dirs[r] / TASK_FILE) or {} for r in dirs}
-    lost = _on_hosts(missing, tasks)
-    if status != "ok":
-        bad = {r: rec for r, rec in recs.items() if rec.get("status") == status}
-        tb_rank = _root_cause(bad, dirs) if status == "failed" else min(bad)
-        reason = f"rank {tb_rank}: {bad[tb_rank].get('reason')}"
-        if missing and PEER_LOST.search(reason):  # the one that died left nothing (killed)
-            reason = f"ranks {missing}{lost} of {world_size} left no record (killed?); " + reason
-    elif missing:
-        status, reason = "failed", f"ranks {missing}{lost} of {world_size} left no record"
+    status, reason, tb_rank = _verdict(recs, dirs, tasks, lead, world_size)
     hardware = {r: _read(dirs[r] / HARDWARE_FILE) or {} for r in dirs}
-    nodes_hw: dict[str, Any] = {}
-    for r in sorted(hardware):
-        host = tasks[r].get("host") or hardware[r].get("hostname") or f"rank{r}"
-        nodes_hw.setdefault(host, hardware[r])
+    nodes_hw = _hardware_by_node(hardware, tasks)
     rec = dict(recs[lead])
     metrics = dict(rec.get("metrics", {})) if status == "ok" else {}
     if status == "ok":
@@ -152,15 +168,49 @@ def merged_record(run_dir: Path, attempt: int, world_size: int) -> dict[str, Any
         metrics.update(world_size=float(world_size), nodes=float(len(nodes_hw) or 1))
     rec.update(status=status, reason=reason, metrics=metrics, world_size=world_size,
                nodes=len(nodes_hw) or 1, hardware=hardware.get(lead) or rec.get("hardware", {}),
-               node_hardware=nodes_hw,
-               ranks=[{"rank": r, "host": tasks.get(r, {}).get("host"),
-                       "status": recs[r].get("status") if r in recs else None,
-                       "reason": recs[r].get("reason") if r in recs else "no record"}
-                      for r in range(world_size)])
+               node_hardware=nodes_hw, ranks=_rank_lines(recs, tasks, world_size))
     rec.setdefault("tags", {})["world_size"] = str(world_size)
     if tb_rank is not None and (dirs[tb_rank] / TRACEBACK_FILE).exists():
         rec["traceback_rank"] = tb_rank
     return rec
+
+
+def _verdict(recs: dict[int, dict[str, Any]], dirs: dict[int, Path], tasks: dict[int, Any],
+             lead: int, world_size: int) -> tuple[str, Any, int | None]:
+    """(status, reason, the rank whose traceback tells) of the whole run: the worst rank's
+    status (a failure's root cause among the failed ranks), ranks that left no record named."""
+    status = next(s for s in STATUS_ORDER if any(r.get("status") == s for r in recs.values())
+                  or s == "ok")
+    missing = sorted(set(range(world_size)) - set(recs))
+    lost = _on_hosts(missing, tasks)
+    if status != "ok":
+        bad = {r: rec for r, rec in recs.items() if rec.get("status") == status}
+        tb_rank = _root_cause(bad, dirs) if status == "failed" else min(bad)
+        reason = f"rank {tb_rank}: {bad[tb_rank].get('reason')}"
+        if missing and PEER_LOST.search(reason):  # the one that died left nothing (killed)
+            reason = f"ranks {missing}{lost} of {world_size} left no record (killed?); " + reason
+        return status, reason, tb_rank
+    if missing:
+        return "failed", f"ranks {missing}{lost} of {world_size} left no record", None
+    return status, recs[lead].get("reason"), None
+
+
+def _hardware_by_node(hardware: dict[int, Any], tasks: dict[int, Any]) -> dict[str, Any]:
+    """Each node's hardware, as its lowest rank recorded it."""
+    nodes_hw: dict[str, Any] = {}
+    for r in sorted(hardware):
+        host = tasks[r].get("host") or hardware[r].get("hostname") or f"rank{r}"
+        nodes_hw.setdefault(host, hardware[r])
+    return nodes_hw
+
+
+def _rank_lines(recs: dict[int, dict[str, Any]], tasks: dict[int, Any],
+                world_size: int) -> list[dict[str, Any]]:
+    """One line per rank of the record's ``ranks``: host, status and reason (or none left)."""
+    return [{"rank": r, "host": tasks.get(r, {}).get("host"),
+             "status": recs[r].get("status") if r in recs else None,
+             "reason": recs[r].get("reason") if r in recs else "no record"}
+            for r in range(world_size)]
 
 
 def write_run_files(run_dir: Path, rec: dict[str, Any]) -> None:

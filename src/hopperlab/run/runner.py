@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hopperlab.config.spec import RunSpec
+from hopperlab.core import energy_names as N
 from hopperlab.core import rundir as record
 from hopperlab.core.quiet import silence_known_noise
 from hopperlab.core.rundir import (
@@ -55,9 +56,12 @@ def _size_threads(spec: RunSpec, rec: Recorder) -> None:
     here = distributed.task_from_env()  # the CPUs the scheduler gave, if it says
     given = (here.cpus, here.cpus_source) if here.cpus is not None else None
     plan = threads.job_threads(overrides, requested=spec.resources.cpus, given=given)
+    dropped = threads.drop_inherited(spec.site.env)  # a launcher's OMP_NUM_THREADS=1 (Snakemake)
     threads.apply(plan)
     rec.hardware["cpus_given"] = plan.cpus
     rec.hardware["threads"] = plan.as_record()
+    if dropped:
+        rec.hardware["threads"]["inherited_dropped"] = dropped
 
 
 def _still_current(spec_path: Path, uid: str | None) -> bool:
@@ -95,7 +99,7 @@ def attach_energy(rec: Recorder, result: Result) -> None:
         rec.set_tag(k, v)
     problems = window_errors()
     if problems:
-        rec.set_tag("energy.errors", "; ".join(problems)[:500])
+        rec.set_tag(N.TAG_ERRORS, "; ".join(problems)[:500])
     rec.hardware["gpu_state"] = result.gpu_state
     write_text_atomic(rec.artifact_path(POWER_TRACE), result.trace_csv)
     write_json_atomic(rec.artifact_path(ENERGY_WINDOWS), result.windows)
@@ -115,7 +119,7 @@ def _run_metered(workload: Any, spec: RunSpec, rec: Recorder) -> None:
         try:
             attach_energy(rec, meter.finish())
         except Exception as exc:  # noqa: BLE001
-            rec.set_tag("energy.errors", f"{type(exc).__name__}: {exc}"[:500])
+            rec.set_tag(N.TAG_ERRORS, f"{type(exc).__name__}: {exc}"[:500])
 
 
 def execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hopperlab import backends
-from hopperlab.backends.base import CANCEL_WAIT_S, SchedulerDown
+from hopperlab.backends.base import CANCEL_WAIT_S, Launcher, SchedulerDown
 from hopperlab.config.spec import Matrix, RunSpec, spec_data_fingerprint
 from hopperlab.core.errors import SpecError
 from hopperlab.core import locks
@@ -252,7 +252,7 @@ def _last_error_line(output: tuple[str, str], stop_words: tuple[str, ...] = ()) 
     return (texts[0] or [""])[-1][-1500:]
 
 
-def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
+def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: launch.JobOutcome,
                    uid: str | None = None) -> dict[str, Any]:
     """The job's own record, or one made here for a job that died before it could write it;
     with the attempt's uid (its identity in MLflow).
@@ -260,6 +260,26 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
     A time limit wins over what the job said while it was being stopped (a local job sees its
     end as KeyboardInterrupt). Nothing is written here: ``_write_settled`` does that.
     """
+    launcher = backends.launcher(spec.site.executor)
+    output = _job_output(outcome)
+    rec = _job_record(run_dir, spec, attempt, uid)
+    if rec is None or rec.get("attempt") != attempt:
+        rec = _record_of_a_dead_job(run_dir, spec, attempt, outcome, output, launcher)
+    else:
+        rec = _stopped_by_us(rec, outcome)
+    rec = _scheduler_verdict(rec, spec, outcome, output, launcher)
+    if uid:
+        rec[RUN_UID] = uid
+    if outcome.job_id:
+        _add_scheduler_job(rec, outcome, launcher)
+    annotate_record(rec, spec)
+    return rec
+
+
+def _job_record(run_dir: Path, spec: RunSpec, attempt: int,
+                uid: str | None) -> dict[str, Any] | None:
+    """What the job itself recorded of this attempt (a distributed run's ranks merged), or
+    None: torn, of the wrong type, or an earlier attempt's."""
     try:
         rec = load_record(run_dir)
     except (OSError, ValueError):
@@ -270,31 +290,47 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
         rec = ranks.merged_record(run_dir, attempt, spec.resources.world_size) or rec
         if rec is not None and rec.get("attempt") == attempt:
             ranks.write_run_files(run_dir, rec)  # the failing rank's traceback, rank 0's steps
-    launcher = backends.launcher(spec.site.executor)
-    output = _job_output(outcome)
-    if rec is None or rec.get("attempt") != attempt:
-        status = "timeout" if outcome.timed_out else "failed"
-        tail = _last_error_line(output, launcher.stop_words)
-        container = _container_failure(spec, "\n".join(output))
-        hardware_file = run_dir / record.HARDWARE_FILE
-        rec = {
-            "key": spec.key, "family": spec.family, "experiment": spec.experiment,
-            "variant": spec.variant, "attempt": attempt, "status": status,
-            "reason": container or _in_image(spec, _died_reason(outcome, tail)),
-            "metrics": {}, "tags": {}, "started_at": None, "finished_at": record_time(),
-            "duration_s": None,
-            "hardware": read_json(hardware_file) if hardware_file.exists() else {},
-            "slurm": None,
-        }
-    elif outcome.timed_out and rec.get("status") == "failed":
-        rec = {**rec, "status": "timeout", "reason": _timeout_reason(outcome, rec.get("reason"))}
-    elif outcome.reason and rec.get("status") in FAILING_STATUSES \
+    return rec
+
+
+def _record_of_a_dead_job(run_dir: Path, spec: RunSpec, attempt: int,
+                          outcome: launch.JobOutcome, output: tuple[str, str],
+                          launcher: Launcher) -> dict[str, Any]:
+    """The record of a job that left none: why it died, from its output and the scheduler."""
+    tail = _last_error_line(output, launcher.stop_words)
+    container = _container_failure(spec, "\n".join(output))
+    hardware_file = run_dir / record.HARDWARE_FILE
+    return {
+        "key": spec.key, "family": spec.family, "experiment": spec.experiment,
+        "variant": spec.variant, "attempt": attempt,
+        "status": "timeout" if outcome.timed_out else "failed",
+        "reason": container or _in_image(spec, _died_reason(outcome, tail)),
+        "metrics": {}, "tags": {}, "started_at": None, "finished_at": record_time(),
+        "duration_s": None,
+        "hardware": read_json(hardware_file) if hardware_file.exists() else {},
+        "slurm": None,
+    }
+
+
+def _stopped_by_us(rec: dict[str, Any], outcome: launch.JobOutcome) -> dict[str, Any]:
+    """The job's record, with a time limit or a stop of ours (a hung rank, an interrupt) said
+    first."""
+    if outcome.timed_out and rec.get("status") == "failed":
+        return {**rec, "status": "timeout",
+                "reason": _timeout_reason(outcome, rec.get("reason"))}
+    if outcome.reason and rec.get("status") in FAILING_STATUSES \
             and outcome.reason not in str(rec.get("reason")):
-        # we stopped the job ourselves (a hung rank, an interrupt): say so before its words
-        rec = {**rec, "reason": f"{outcome.reason}; {rec.get('reason')}"}
-    killed_for_memory = launcher.memory_kill(str(outcome.state or ""), "\n".join(output))
+        return {**rec, "reason": f"{outcome.reason}; {rec.get('reason')}"}
+    return rec
+
+
+def _scheduler_verdict(rec: dict[str, Any], spec: RunSpec, outcome: launch.JobOutcome,
+                       output: tuple[str, str], launcher: Launcher) -> dict[str, Any]:
+    """What the scheduler's words change: a kill for memory is a result (oom), as a
+    MemoryError would be; a failed node is said before what the ranks saw (a peer gone)."""
+    state = str(outcome.state or "")
+    killed_for_memory = launcher.memory_kill(state, "\n".join(output))
     if killed_for_memory and rec.get("status") in FAILING_STATUSES:
-        # the scheduler killed it for its memory: a result (oom), as a MemoryError would be
         rec = {**rec, "status": "oom",
                "reason": f"{killed_for_memory} (memory asked: {spec.resources.mem_gb:g} GB per "
                          f"task; raise resources.mem_gb)"}
@@ -302,23 +338,23 @@ def _settle_record(run_dir: Path, spec: RunSpec, attempt: int, outcome: Any,
     if kernel_oom and not killed_for_memory and rec.get("status") in FAILING_STATUSES \
             and not rec.get("started_at"):  # the job left no record of its own: it was killed
         rec = {**rec, "status": "oom", "reason": _kernel_oom_reason(outcome, kernel_oom)}
-    node_failed = launcher.node_failure(str(outcome.state or ""))
+    node_failed = launcher.node_failure(state)
     if node_failed and rec.get("status") == "failed" and node_failed not in str(rec.get("reason")):
-        # the scheduler's word first: a node of the job died (the ranks only saw a peer go)
         rec = {**rec, "reason": f"{node_failed}; {rec.get('reason')}"}
-    if uid:
-        rec[RUN_UID] = uid
-    if outcome.job_id:
-        rec["slurm"] = {**(rec.get("slurm") or {}), "job_id": outcome.job_id,
-                        "state": outcome.state}
-        # what the scheduler's accounting says of the whole job (Slurm: its energy)
-        metrics, tags = launcher.accounting(outcome.job_id)
-        if tags:
-            rec.setdefault("tags", {}).update(tags)
-        if metrics:
-            rec.setdefault("metrics", {}).update(metrics)
-    annotate_record(rec, spec)
     return rec
+
+
+def _add_scheduler_job(rec: dict[str, Any], outcome: launch.JobOutcome,
+                       launcher: Launcher) -> None:
+    """The scheduler's job id and end state, and what its accounting says of the whole job
+    (Slurm: its energy)."""
+    rec["slurm"] = {**(rec.get("slurm") or {}), "job_id": outcome.job_id,
+                    "state": outcome.state}
+    metrics, tags = launcher.accounting(str(outcome.job_id))
+    if tags:
+        rec.setdefault("tags", {}).update(tags)
+    if metrics:
+        rec.setdefault("metrics", {}).update(metrics)
 
 
 def _container_failure(spec: RunSpec, output: str) -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
-from hopperlab.core.errors import AssetMissing
+from hopperlab.core.errors import AssetMissing, SpecError
 from hopperlab.workloads.prediction import PredictModel
 
 P = TypeVar("P")
@@ -38,9 +38,10 @@ class Knobs:
 KNOB_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Knobs)}
 
 
-class Contradiction(ValueError):
+class Contradiction(SpecError):
     """A variant's knob contradicts its params (``FamilyInfo.check``): ``knob`` names the knob,
-    set on the variant, so the matrix can say which key of which file to change."""
+    set on the variant, so the matrix can say which key of which file to change (a SpecError,
+    so that whatever catches the project's config mistakes catches it too)."""
 
     def __init__(self, knob: str, why: str) -> None:
         super().__init__(f"{knob}: {why}")
@@ -80,6 +81,11 @@ class WorkUnit:
     work_label: str = ""     # e.g. "training tokens per joule"
     work_scale: float = 1.0
     window: str = ""
+    #: metrics whose product (times ``scale_param``) is the units of work completed inside the
+    #: measured window(s), e.g. finetune's ``measured_tokens``: what the window's joules are
+    #: divided by (issue 36: a stall inside the window is paid for). Empty: energy per unit
+    #: divides the window's mean power by the rate (tag ``energy.basis`` says which)
+    done: tuple[str, ...] = ()
 
     @property
     def energy_name(self) -> str:
@@ -113,11 +119,12 @@ class FamilyInfo:
     work_units: tuple[WorkUnit, ...] = ()
     #: figure metric -> the metric of what the host link allows it (same unit): link floors
     floors: Mapping[str, str] = field(default_factory=dict)
-    #: ``check(params, assets, where)``, called when the matrix is loaded for each run with its
-    #: asset specs by role (``hopperlab.assets``): the family checks the files an asset names
-    #: in the repository (e.g. a model config of its own) and raises SpecError at ``where``
-    #: (file and key path of the run). Cheap: it runs on the login node, before submission.
-    check_assets: Callable[[Any, Mapping[str, Any], str], None] | None = None
+    #: ``check(params, knobs, assets, where)``, called when the matrix is loaded for each run
+    #: with its asset specs by role (``hopperlab.assets``): the family checks the files an
+    #: asset names in the repository (e.g. a model config of its own), and the knobs and params
+    #: that model cannot take, and raises SpecError at ``where`` (file and key path of the run).
+    #: Cheap: it runs on the login node, before submission.
+    check_assets: Callable[[Any, Knobs, Mapping[str, Any], str], None] | None = None
     #: ``check(knobs, params)``: raises Contradiction where a knob contradicts the params (e.g.
     #: ``memory: managed`` with a placement in device memory). Called when the matrix loads and
     #: when the job reads its spec.json, so a family's ``run`` never sees such a variant.
@@ -135,6 +142,11 @@ class FamilyInfo:
     #: metrics (shell globs) a host's CPU drives, judged only against references of the same
     #: host CPU (``hopperlab.node.hardware.host_cpu``)
     host_cpu_metrics: tuple[str, ...] = ()
+    #: the metrics (shell globs) a reference judges: the family's headline figures, each with a
+    #: direction (throughput, step time, request latency, link GB/s, query time). Every other
+    #: metric is a diagnostic: recorded and charted, never judged (issue 36: a diagnostic
+    #: fraction of 0.005 or a loss figure judged at 5 % made healthy checks fail)
+    judged: tuple[str, ...] = ()
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)

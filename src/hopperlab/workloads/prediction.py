@@ -13,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 
+from hopperlab.core.errors import HopperlabError
 
-class Unpredictable(Exception):
+
+class Unpredictable(HopperlabError):
     """The model does not cover this variant (the message says why)."""
 
 
-class MissingInput(Exception):
+class MissingInput(HopperlabError):
     """An input the model needs is not there (the message says which and where)."""
 
 

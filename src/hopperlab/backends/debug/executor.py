@@ -3,13 +3,13 @@ its result is asked for, in this process (the site's ``env:`` is applied by the 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
-from hopperlab.backends.base import JobRequest, Launcher
+from hopperlab.backends.base import Executor, JobRequest, Launcher
 
 
 class DebugLauncher(Launcher):
-    def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Any:
+    def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Executor:
         import submitit
 
         return submitit.DebugExecutor(folder=req.folder)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from hopperlab.backends.base import MASTER_PORT_ENV, JobRequest, Launcher
+from hopperlab.backends.base import MASTER_PORT_ENV, Executor, JobHandle, JobRequest, Launcher
 from hopperlab.node import oom_kills
 
 #: the local controller's own limit lies this far past ours (minutes)
@@ -33,7 +33,7 @@ class LocalLauncher(Launcher):
     def __init__(self) -> None:
         self._task_pids: dict[str, set[int]] = {}
 
-    def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Any:
+    def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Executor:
         import submitit
 
         res = req.resources
@@ -44,12 +44,12 @@ class LocalLauncher(Launcher):
                              tasks_per_node=res.tasks_on_node, nodes=1, signal_delay_s=0)
         return ex
 
-    def submit(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
+    def submit(self, executor: Executor, func: Callable[..., Any], *args: Any) -> JobHandle:
         """Start the job with submitit's controller writing its own stderr into the job's
         submitit folder (``controller.err``): stopped (Ctrl-C, a time limit), it dies of
         KeyboardInterrupt with a traceback that is no news to the user, who is told why the
         run stopped. The tasks' output goes to their own log files as before."""
-        folder = Path(executor.folder)
+        folder = Path(executor.folder)  # type: ignore[attr-defined]  # submitit LocalExecutor
         folder.mkdir(parents=True, exist_ok=True)
         sys.stderr.flush()
         saved = os.dup(2)
@@ -62,8 +62,8 @@ class LocalLauncher(Launcher):
             os.close(saved)
             os.close(target)
 
-    def watch(self, job: Any, key: str, poll_interval_s: float, log: Callable[[str], None]
-              ) -> Callable[[], None] | None:
+    def watch(self, job: JobHandle, key: str, poll_interval_s: float,
+              log: Callable[[str], None]) -> Callable[[], None] | None:
         """Note the job's task processes at each poll (the children of submitit's controller,
         whose pid is the job id): the kernel names the one it kills by its pid."""
         pids = self._task_pids.setdefault(str(job.job_id), set())
@@ -74,7 +74,7 @@ class LocalLauncher(Launcher):
         note()
         return note
 
-    def kernel_memory_kill(self, job: Any, before: Any) -> str | None:
+    def kernel_memory_kill(self, job: JobHandle, before: Any) -> str | None:
         """The kernel log's "Killed process <pid>" line for a task of the job (SIGKILL by the
         out-of-memory killer), with the rise of its ``oom_kill`` counters."""
         pids = self._task_pids.pop(str(job.job_id), set())

@@ -12,12 +12,17 @@ import re
 import subprocess
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from hopperlab.backends.base import CANCEL_WAIT_S, JobRequest, Launcher
-from hopperlab.backends.slurm import SlurmSettings, control, energy, nodes
-from hopperlab.node import pyxis
+from hopperlab.backends.base import CANCEL_WAIT_S, Executor, JobHandle, JobRequest, Launcher
+from hopperlab.backends.slurm import SlurmSettings, control, energy, nodes, pyxis
+from hopperlab.node.containers import PYXIS
 
+
+#: Slurm's end states of a job that ran out of its time limit
+TIMEOUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
+#: give up on a job no source (sacct, squeue) has known for this long
+UNKNOWN_STATE_LIMIT_S = 1800.0
 
 #: what Slurm says when it kills a job for its memory: the state (cgroup OOM) or slurmstepd's
 #: line in the job's output (the accounting plugin's OverMemoryKill; the job then reads
@@ -112,7 +117,7 @@ def slurm_watcher(delay_s: int, log: Callable[[str], None] = print) -> Any:
     return _watcher_class()(delay_s, log)
 
 
-def make_executor(req: JobRequest, log: Callable[[str], None] = print) -> Any:
+def make_executor(req: JobRequest, log: Callable[[str], None] = print) -> Executor:
     """submitit's SlurmExecutor with the request's resources and the site's ``slurm:``."""
     import submitit
     from submitit.slurm import slurm as slurm_mod
@@ -181,7 +186,9 @@ class SlurmLauncher(Launcher):
     """Slurm's answers: jobs known by id (squeue, scancel), energy from sacct, nodes from
     sinfo."""
 
-    def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Any:
+    timeout_states = TIMEOUT_STATES
+
+    def make_executor(self, req: JobRequest, log: Callable[[str], None]) -> Executor:
         return make_executor(req, log)
 
     def refusal(self, exc: BaseException) -> str:
@@ -196,11 +203,33 @@ class SlurmLauncher(Launcher):
     def check_partition(self, settings: Any, source: str) -> None:
         control.check_partition(source, getattr(settings, "partition", None))
 
-    def watch(self, job: Any, key: str, poll_interval_s: float, log: Callable[[str], None]
-              ) -> Callable[[], None] | None:
+    def watch(self, job: JobHandle, key: str, poll_interval_s: float,
+              log: Callable[[str], None]) -> Callable[[], None] | None:
         return QueueWatch(key, str(job.job_id), poll_interval_s, log).check
 
-    def stop(self, job: Any, poll_interval_s: float, limit_s: float | None) -> bool:
+    def given_up(self, job: JobHandle) -> str | None:
+        """A job neither sacct nor squeue has known for ``UNKNOWN_STATE_LIMIT_S`` (accounting
+        and controller both away): cancelled, and waited for no longer."""
+        watcher = getattr(job, "watcher", None)
+        unknown_s = getattr(watcher, "unknown_for_s", lambda _: 0.0)(str(job.job_id))
+        if unknown_s < UNKNOWN_STATE_LIMIT_S:
+            return None
+        job.cancel(check=False)
+        return (f"neither sacct nor squeue knew job {job.job_id} for {unknown_s:.0f} s; "
+                f"stopped waiting and asked Slurm to cancel it")
+
+    def container_task_args(self, image: str, binds: Sequence[str], workdir: str
+                            ) -> list[str]:
+        """pyxis's srun options: the image, its mounts, the working folder."""
+        return pyxis.srun_args(image, binds, workdir=workdir)
+
+    def container_refusal(self, runtime: str) -> str | None:
+        if runtime == PYXIS and not pyxis.has_plugin(pyxis.srun_help()):
+            return (f"pyxis, but `srun --help` here lists no {pyxis.IMAGE_OPTION}: the pyxis "
+                    f"plugin is not loaded on this cluster (plugstack.conf)")
+        return None
+
+    def stop(self, job: JobHandle, poll_interval_s: float, limit_s: float | None) -> bool:
         """scancel, then wait until the job has left the queue (a job Slurm stops may take a
         while: ``CANCEL_WAIT_S`` at most)."""
         control.cancel(str(job.job_id))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from hopperlab.core.window import MEASURED
+from hopperlab.core import energy_names as N
 from hopperlab.node.energy.arithmetic import (
     AGREEMENT_MIN_S,
     NVML_WRAP_MJ,
@@ -229,21 +230,21 @@ class EnergyMeter:
         metrics: dict[str, float] = {}
         tags: dict[str, str] = {}
         seconds = sum((w.t1 or w.t0) - w.t0 for w in wins)
-        metrics[f"{prefix}energy_window_s"] = seconds
+        metrics[prefix + N.ENERGY_WINDOW_S] = seconds
         # GPUs
         if not self.gpus:
-            tags[f"{prefix}energy.gpu"] = f"not measured: {self.gpu_reason or 'no NVML'}"
+            tags[prefix + N.TAG_GPU] = f"not measured: {self.gpu_reason or 'no NVML'}"
         else:
             per = {u: self._gpu_energy(wins, u, seconds) for u in self._owned_uuids()}
             missing = [u for u, e in per.items() if e.joules is None]
             if missing:
-                tags[f"{prefix}energy.gpu"] = "not measured: " + "; ".join(
+                tags[prefix + N.TAG_GPU] = "not measured: " + "; ".join(
                     f"{u}: {per[u].note}" for u in missing)
             else:
-                metrics[f"{prefix}energy_gpu_j"] = sum(e.joules for e in per.values())  # type: ignore[misc]
+                metrics[prefix + N.ENERGY_GPU_J] = sum(e.joules for e in per.values())  # type: ignore[misc]
                 sources = sorted({e.source for e in per.values()})
                 notes = sorted({e.note for e in per.values() if e.note})
-                tags[f"{prefix}energy.gpu"] = "+".join(sources) + (
+                tags[prefix + N.TAG_GPU] = "+".join(sources) + (
                     f" ({'; '.join(notes)})" if notes else "")
             means, peaks = [], []
             for n, (u, e) in enumerate(per.items()):
@@ -257,18 +258,23 @@ class EnergyMeter:
                     metrics[f"{prefix}power_gpu{n}_peak_w"] = max(pts)
                     peaks.append(max(pts))
             if means and len(means) == len(per):
-                metrics[f"{prefix}power_gpu_mean_w"] = sum(means) / len(means)
+                metrics[prefix + N.POWER_GPU_MEAN_W] = sum(means) / len(means)
             if peaks:
-                metrics[f"{prefix}power_gpu_peak_w"] = max(peaks)
+                metrics[prefix + N.POWER_GPU_PEAK_W] = max(peaks)
             if not missing and seconds >= AGREEMENT_MIN_S and all(
                     e.source == "counter" for e in per.values()):
                 traced = [self._trace_j(wins, lambda s, u=u: s.gpu_w.get(u)) for u in per]
                 if all(t is not None for t in traced):
-                    metrics[f"{prefix}energy_gpu_trace_ratio"] = (
-                        sum(traced) / metrics[f"{prefix}energy_gpu_j"])  # type: ignore[arg-type]
+                    metrics[prefix + N.TRACE_RATIO] = (
+                        sum(traced) / metrics[prefix + N.ENERGY_GPU_J])  # type: ignore[arg-type]
+                    gap = self._max_gap(wins)
+                    metrics[prefix + N.TRACE_MAX_GAP_S] = gap
+                    ratio = metrics[prefix + N.TRACE_RATIO]
+                    if abs(ratio - 1) > N.TRACE_TOLERANCE:
+                        tags[prefix + N.TAG_TRACE] = _trace_why(ratio, gap, self.rate_hz)
         # host
         if not self.host:
-            tags[f"{prefix}energy.host"] = f"not measured: {self.host_reason or 'no sensor'}"
+            tags[prefix + N.TAG_HOST] = f"not measured: {self.host_reason or 'no sensor'}"
         else:
             by_kind: dict[str, float | None] = {}
             for s in self.host:
@@ -283,17 +289,26 @@ class EnergyMeter:
                 by_kind[s.kind] = None if j is None or prev is None else prev + j
             host = [by_kind[k] for k in HOST_KINDS if k in by_kind]
             if host and all(h is not None for h in host):
-                metrics[f"{prefix}energy_host_j"] = sum(host)  # type: ignore[arg-type]
+                metrics[prefix + N.ENERGY_HOST_J] = sum(host)  # type: ignore[arg-type]
                 if seconds > 0:
-                    metrics[f"{prefix}power_host_mean_w"] = metrics[f"{prefix}energy_host_j"] \
+                    metrics[prefix + N.POWER_HOST_MEAN_W] = metrics[prefix + N.ENERGY_HOST_J] \
                         / seconds
-                tags[f"{prefix}energy.host"] = ", ".join(
+                tags[prefix + N.TAG_HOST] = ", ".join(
                     sorted({s.kind for s in self.host if s.kind in HOST_KINDS}))
             else:
-                tags[f"{prefix}energy.host"] = "not measured: a host sensor gave no reading"
+                tags[prefix + N.TAG_HOST] = "not measured: a host sensor gave no reading"
             if by_kind.get("module") is not None:
-                metrics[f"{prefix}energy_module_j"] = by_kind["module"]  # type: ignore[assignment]
+                metrics[prefix + N.ENERGY_MODULE_J] = by_kind["module"]  # type: ignore[assignment]
         return metrics, tags
+
+    def _max_gap(self, wins: list[Window]) -> float:
+        """The largest gap between power samples (or a window's edge) inside ``wins``."""
+        gap = 0.0
+        for w in wins:
+            end = w.t1 or w.t0
+            ts = [w.t0, *sorted(s.t for s in self.samples if w.t0 <= s.t <= end), end]
+            gap = max([gap, *(b - a for a, b in zip(ts, ts[1:]))])
+        return gap
 
     def _result(self) -> Result:
         by_name: dict[str, list[Window]] = {}
@@ -302,10 +317,10 @@ class EnergyMeter:
         measured = by_name.get(MEASURED)
         main = measured or by_name.get(WORKLOAD, [])
         metrics, tags = self._figures(main, "")
-        metrics["energy_windows"] = float(len(main))
-        tags["energy.window"] = (
-            f"measured: {len(main)} window(s), {metrics['energy_window_s']:.3f} s" if measured
-            else f"workload: the whole workload call ({metrics['energy_window_s']:.3f} s; "
+        metrics[N.ENERGY_WINDOWS] = float(len(main))
+        tags[N.TAG_WINDOW] = (
+            f"measured: {len(main)} window(s), {metrics[N.ENERGY_WINDOW_S]:.3f} s" if measured
+            else f"workload: the whole workload call ({metrics[N.ENERGY_WINDOW_S]:.3f} s; "
                  "the family opened no measured window)")
         for name, wins in by_name.items():
             if name in (MEASURED, WORKLOAD):
@@ -313,11 +328,11 @@ class EnergyMeter:
             m, t = self._figures(wins, f"{name}_")
             metrics.update(m)
             tags.update(t)
-        tags["energy.sampler"] = (f"{self.rate_hz:g} Hz, {len(self.samples)} samples"
+        tags[N.TAG_SAMPLER] = (f"{self.rate_hz:g} Hz, {len(self.samples)} samples"
                                   + (f", GPU power {self.gpus.power_kind}" if self.gpus else ""))
         if self.gpus:
             mine, seen = len(self._owned_uuids()), len(self._uuids())
-            tags["energy.gpus"] = (f"{mine} of {seen} visible"
+            tags[N.TAG_GPUS] = (f"{mine} of {seen} visible"
                                    + (" (the ones torch used)" if self.owned else ""))
         return Result(metrics, tags, self.state, self._trace_csv(), self._windows_json())
 
@@ -341,6 +356,17 @@ class EnergyMeter:
                  "end_s": (w.t1 or w.t0) - self.t_start, "gpu_counter_mj_start": w.gpu0,
                  "gpu_counter_mj_end": w.gpu1, "host_j_start": w.host0, "host_j_end": w.host1}
                 for w in self.windows]
+
+
+def _trace_why(ratio: float, gap: float, rate_hz: float) -> str:
+    """Why the integrated trace and the counter disagree (the counter is the figure)."""
+    head = f"trace/counter {ratio:.3f}, beyond {N.TRACE_TOLERANCE:.0%}: "
+    if gap > 3 / rate_hz:
+        return head + (f"the {rate_hz:g} Hz sampler's largest gap was {gap:.2f} s (the process "
+                       f"held the interpreter, e.g. a CPU optimizer step): its samples miss the "
+                       f"low-power stretches, so the trace is biased; the counter is the figure")
+    return head + (f"the sampler kept its rate (largest gap {gap:.2f} s): power changed faster "
+                   f"than {rate_hz:g} Hz sees; the counter is the figure")
 
 
 def _cell(value: float | None) -> str:

@@ -1,7 +1,8 @@
 """``hopperlab compare A B``: two sets of runs (results folders, or two MLflow queries), per run
 and metric the ratio B/A with its 95 % interval and a verdict by the test of
 ``hopperlab.core.effects``: faster (better), slower (worse), same within noise, or
-inconclusive. What changed comes first; the exit status says whether anything got worse.
+inconclusive. What changed comes first; the exit status says whether anything got worse, or
+failed or went missing in B (a CI gate lets no broken run through).
 
 Each side's noise comes from its own repeats (``samples.jsonl``; from MLflow: the recorded
 ``<metric>_cv`` and ``<metric>_n``). Runs measured once on both sides have no noise estimate:
@@ -19,17 +20,19 @@ from typing import Mapping, Sequence
 
 from hopperlab.core import effects
 from hopperlab.core.errors import SpecError
-from hopperlab.core.rundir import read_samples
+from hopperlab.core.rundir import finite_samples, read_samples
 from hopperlab.results.machines.references import direction
-from hopperlab.results.report.collect import RunRow, collect_runs
+from hopperlab.results.rows import RunRow, collect_runs
 
 SLOWER, FASTER, SAME, INCONCLUSIVE = "slower", "faster", "same within noise", "inconclusive"
 WORSE_WORD, BETTER_WORD = "worse", "better"
 ONLY_A, ONLY_B, NOT_OK = "only in A", "only in B", "not ok"
+#: B's run did not end ok (whatever A's did)
+FAILED_B = "failed in B"
 #: a real change of a metric without a declared direction (neither better nor worse)
 CHANGED = "changed"
 #: order on the page and in the text: what changed first
-ORDER = (SLOWER, WORSE_WORD, CHANGED, INCONCLUSIVE, FASTER, BETTER_WORD, NOT_OK, ONLY_A, ONLY_B,
+ORDER = (FAILED_B, SLOWER, WORSE_WORD, CHANGED, INCONCLUSIVE, FASTER, BETTER_WORD, NOT_OK, ONLY_A, ONLY_B,
          SAME)
 _SPEED = re.compile(r"(_ms|_s|time|per_s|gbps|qps|tflops|latency|lat_|ttft)", re.I)
 
@@ -62,9 +65,13 @@ def measure_of(row: RunRow, metric: str, samples: Sequence[Mapping[str, float]]
     return effects.measure_from(row.metrics, samples, metric)
 
 
-def _samples(row: RunRow) -> list[dict[str, float]]:
+def _samples(row: RunRow, metrics: Sequence[str]) -> list[dict[str, float]]:
+    """The run's samples, each compared metric a finite number (else one clear error)."""
     folder = Path(row.run_dir)
-    return read_samples(folder) if folder.is_dir() else []
+    samples = read_samples(folder) if folder.is_dir() else []
+    for metric in metrics:
+        finite_samples(folder, samples, metric)
+    return samples
 
 
 def _metrics(a: RunRow, b: RunRow) -> list[str]:
@@ -79,15 +86,22 @@ def compare_runs(a_rows: Mapping[str, RunRow], b_rows: Mapping[str, RunRow],
     out: list[Change] = []
     for key in sorted(set(a_rows) | set(b_rows)):
         a, b = a_rows.get(key), b_rows.get(key)
+        if b is not None and b.status != "ok":
+            was = f"A {a.status}" if a else "not in A"
+            out.append(Change(key, "status", FAILED_B, None, None,
+                              detail=f"{was}, B {b.status}" + (f": {b.reason}" if b.reason
+                                                               else "")))
+            continue
         if a is None or b is None:
             out.append(Change(key, "", ONLY_B if a is None else ONLY_A, None, None))
             continue
-        if a.status != "ok" or b.status != "ok":
+        if a.status != "ok":
             out.append(Change(key, "status", NOT_OK, None, None,
                               detail=f"A {a.status}, B {b.status}"))
             continue
-        sa, sb = _samples(a), _samples(b)
-        for metric in _metrics(a, b):
+        metrics = _metrics(a, b)
+        sa, sb = _samples(a, metrics), _samples(b, metrics)
+        for metric in metrics:
             out.append(_change(a, b, metric, sa, sb, min_effect))
     out.sort(key=lambda c: (ORDER.index(c.verdict), -(c.effect.worse_by if c.effect else 0)))
     return out
@@ -125,8 +139,19 @@ def load_folder(folder: Path) -> dict[str, RunRow]:
 
 
 def worse(changes: Sequence[Change]) -> list[Change]:
-    """What makes ``compare`` exit 1: a metric slower or worse beyond the noise."""
+    """A metric slower or worse beyond the noise."""
     return [c for c in changes if c.verdict in (SLOWER, WORSE_WORD)]
+
+
+def broken(changes: Sequence[Change]) -> list[Change]:
+    """A run of B that did not end ok, or a run or metric of A that B lacks."""
+    return [c for c in changes if c.verdict in (FAILED_B, ONLY_A)]
+
+
+def failing(changes: Sequence[Change]) -> list[Change]:
+    """What makes ``compare`` exit 1: B worse beyond the noise, or broken (``broken``); 0 only
+    when nothing is."""
+    return worse(changes) + broken(changes)
 
 
 def text_lines(changes: Sequence[Change], a_name: str, b_name: str) -> list[str]:

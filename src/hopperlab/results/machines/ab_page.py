@@ -13,16 +13,18 @@ from pathlib import Path
 from typing import Sequence
 
 from hopperlab.core.rundir import write_text_atomic
-from hopperlab.results.report import scope
+from hopperlab.results import scope
 from hopperlab.results.machines.ab import (
     BETTER_WORD,
     CHANGED,
+    FAILED_B,
     FASTER,
     INCONCLUSIVE,
     SAME,
     SLOWER,
     WORSE_WORD,
     Change,
+    broken,
     worse,
 )
 
@@ -89,11 +91,18 @@ def headline(changes: Sequence[Change]) -> tuple[str, str]:
     bad = worse(changes)
     good = [c for c in changes if c.verdict in (FASTER, BETTER_WORD)]
     unclear = [c for c in changes if c.verdict in (INCONCLUSIVE, CHANGED)]
-    if bad:
-        top = max(bad, key=lambda c: c.effect.worse_by if c.effect else 0)
-        by = f" (largest: {top.key} {top.metric}, {top.effect.worse_by:.1%} {top.verdict})" \
-            if top.effect else ""
-        return f"B is worse than A in {len(bad)} metric(s){by}.", "bad"
+    lost = broken(changes)
+    if bad or lost:
+        failed = sum(1 for c in lost if c.verdict == FAILED_B)
+        parts = [f"{failed} run(s) failed in B"] if failed else []
+        if len(lost) > failed:
+            parts.append(f"{len(lost) - failed} run(s) or metric(s) of A missing from B")
+        if bad:
+            top = max(bad, key=lambda c: c.effect.worse_by if c.effect else 0)
+            by = f" (largest: {top.key} {top.metric}, {top.effect.worse_by:.1%} " \
+                 f"{top.verdict})" if top.effect else ""
+            parts.insert(0, f"B is worse than A in {len(bad)} metric(s){by}")
+        return "; ".join(parts) + ".", "bad"
     if good:
         return (f"B is better than A in {len(good)} metric(s), worse in none"
                 + (f"; {len(unclear)} inconclusive." if unclear else "."), "good")

@@ -18,9 +18,9 @@ import html
 import io
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from hopperlab.core import effects
 from hopperlab.core.errors import SpecError
@@ -34,8 +34,8 @@ from hopperlab.results.machines.predict import Prediction, predict
 from hopperlab.results.machines.references import direction
 from hopperlab.results.machines.runs import MachineRuns
 from hopperlab.results.machines.verdicts import machine_verdicts
-from hopperlab.results.report import marks, scope
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results import marks, scope
+from hopperlab.results.rows import RunRow
 from hopperlab.workloads import family_info
 
 CSV_FILE = "machines.csv"
@@ -135,62 +135,92 @@ def _samples(row: RunRow) -> list[dict[str, float]]:
     return read_samples(folder) if folder.is_dir() else []
 
 
+@dataclass(frozen=True)
+class _Against:
+    """What every machine's cell of one run's metric is compared with: the reference
+    machine's run, its unit costs and energy, and its value of the metric."""
+
+    machine: str
+    row: RunRow | None
+    units: dict[str, costs.UnitCost]
+    energy: energies.UnitEnergy | None
+    value: float | None = None
+
+
+def _against(reference: str, ref_row: RunRow | None) -> _Against:
+    ok = ref_row is not None and ref_row.status == "ok"
+    return _Against(reference, ref_row,
+                    {u.metric: u for u in costs.unit_costs(ref_row)} if ref_row else {},
+                    energies.unit_energy(ref_row) if ok else None)
+
+
+def _floors(family: str) -> Mapping[str, str]:
+    try:
+        return family_info(family).floors
+    except (KeyError, ImportError):
+        return {}
+
+
 def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
     """The comparison, one Line per (run, headline metric) any machine recorded."""
     ref_group = next(g for g in groups if g.machine == reference)
-    keys = sorted({k for g in groups for k in g.runs})
     lines = []
-    for key in keys:
+    for key in sorted({k for g in groups for k in g.runs}):
+        if key.count("/") != 2:  # a damaged or hand-edited record: say which
+            row = next(g.runs[key] for g in groups if key in g.runs)
+            raise SpecError(f"{row.run_dir}: its record names the run {key!r}: a family, "
+                            f"experiment or variant is a name, without '/'")
         family, experiment, variant = key.split("/")
-        try:
-            floors = family_info(family).floors
-        except (KeyError, ImportError):
-            floors = {}
-        ref_row = ref_group.runs.get(key)
-        ref_units = {u.metric: u for u in costs.unit_costs(ref_row)} if ref_row else {}
-        ref_energy = energies.unit_energy(ref_row) if ref_row and ref_row.status == "ok" \
-            else None
+        floors = _floors(family)
+        base = _against(reference, ref_group.runs.get(key))
         for metric in _headline(groups, key) or ["-"]:
             way = direction(family, metric)
-            ref_value = ref_row.metrics.get(metric) if ref_row and ref_row.status == "ok" else None
-            cells = []
-            for g in groups:
-                row = g.runs.get(key)
-                if row is None:
-                    cells.append(Cell(g.machine, None, None))
-                    continue
-                value = row.metrics.get(metric) if row.status == "ok" else None
-                cell = Cell(g.machine, row.status, value, check=row.reference_check,
-                            cost_run=costs.run_cost(row),
-                            currency=row.tags.get("cost.currency", ""),
-                            stand_in=marks.stand_in(row),
-                            example_price=marks.example_price(row),
-                            one_sample=g.machine != reference and
-                            marks.one_sample(row, ref_row, metric))
-                if value is not None and ref_value:
-                    cell.ratio = value / ref_value
-                cell.better = "" if g.machine == reference else _better(value, ref_value, way)
-                if value is not None:
-                    cell.half = half_width(row.metrics, metric)
-                if g.machine != reference and value is not None and ref_value is not None:
-                    tested = _noise_better(row, ref_row, metric, way)
-                    if tested is not None:
-                        cell.better, cell.interval = tested
-                floor_metric = floors.get(metric)
-                if floor_metric and floor_metric in row.metrics:
-                    cell.floor = row.metrics[floor_metric]
-                    if value is not None and cell.floor:
-                        cell.over_floor = value / cell.floor
-                units = costs.unit_costs(row)
-                if units:
-                    cell.unit = units[0]
-                    cell.cheaper = costs.cheaper(ref_units.get(units[0].metric), units[0])
-                if row.status == "ok":
-                    cell.energy = energies.unit_energy(row)
-                    cell.less_energy = energies.less_energy(ref_energy, cell.energy)
-                cells.append(cell)
+            ref = base.row
+            against = replace(base, value=ref.metrics.get(metric)
+                              if ref is not None and ref.status == "ok" else None)
+            cells = [_cell(g.machine, g.runs.get(key), metric, way, against, floors)
+                     for g in groups]
             lines.append(Line(family, experiment, variant, metric, way, cells))
     return lines
+
+
+def _cell(machine: str, row: RunRow | None, metric: str, way: str | None, ref: _Against,
+          floors: Mapping[str, str]) -> Cell:
+    """One machine's cell of one run's metric, against the reference machine's."""
+    if row is None:
+        return Cell(machine, None, None)
+    mine = machine == ref.machine
+    value = row.metrics.get(metric) if row.status == "ok" else None
+    cell = Cell(machine, row.status, value, check=row.reference_check,
+                cost_run=costs.run_cost(row), currency=row.tags.get("cost.currency", ""),
+                stand_in=marks.stand_in(row), example_price=marks.example_price(row),
+                one_sample=not mine and marks.one_sample(row, ref.row, metric))
+    if value is not None and ref.value:
+        cell.ratio = value / ref.value
+    cell.better = "" if mine else _better(value, ref.value, way)
+    if value is not None:
+        cell.half = half_width(row.metrics, metric)
+    if not mine and value is not None and ref.value is not None:
+        tested = _noise_better(row, ref.row, metric, way)
+        if tested is not None:
+            cell.better, cell.interval = tested
+    _add_floor(cell, row, floors.get(metric), value)
+    units = costs.unit_costs(row)
+    if units:
+        cell.unit = units[0]
+        cell.cheaper = costs.cheaper(ref.units.get(units[0].metric), units[0])
+    if row.status == "ok":
+        cell.energy = energies.unit_energy(row)
+        cell.less_energy = energies.less_energy(ref.energy, cell.energy)
+    return cell
+
+
+def _add_floor(cell: Cell, row: RunRow, floor_metric: str | None, value: float | None) -> None:
+    """The link floor of the cell's figure (``FamilyInfo.floors``) and how far above it."""
+    if floor_metric and floor_metric in row.metrics:
+        cell.floor = row.metrics[floor_metric]
+        if value is not None and cell.floor:
+            cell.over_floor = value / cell.floor
 
 
 def _num(value: float | None) -> str:

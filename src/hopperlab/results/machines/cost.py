@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hopperlab.config.cost import COST_RUN
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results.rows import RunRow
 from hopperlab.workloads import family_info
 
 

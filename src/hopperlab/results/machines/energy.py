@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from hopperlab.config.cost import units_per_s
 from hopperlab.config.energy import node_name
 from hopperlab.results.machines.descriptions import MachineDescription
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results.rows import RunRow
 from hopperlab.workloads import family_info
 from hopperlab.workloads.base import WorkUnit
 

@@ -29,7 +29,9 @@ from hopperlab.core.stats import half_width
 from hopperlab.results import tracking
 from hopperlab.results.machines.mlflow_source import unflatten
 from hopperlab.results.machines.references import direction
-from hopperlab.results.report import marks, scope
+from hopperlab.results import marks, scope
+from hopperlab.results.tracking.client import reading, retry
+from hopperlab.results.tracking.layout import quote_filter_value
 
 MIN_SEGMENT = 3
 
@@ -99,20 +101,19 @@ def load(tracking_uri: str, machine: str | None = None, key: str | None = None,
          metric: str | None = None) -> list[Series]:
     """The series on the server: per machine, run key and metric (default: each run's first
     headline metric with a direction), oldest first."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    filters = [f"tags.machine = '{machine}'"] if machine else []
+    filters = [f"tags.machine = {quote_filter_value(machine)}"] if machine else []
     if key:
         if key.count("/") != 2:
             raise SpecError(f"--run {key!r}: a run is named family/experiment/variant")
         for tag, part in zip((tracking.TAG_FAMILY, tracking.TAG_EXPERIMENT,
                               tracking.TAG_VARIANT), key.split("/")):
-            filters.append(f"tags.`{tag}` = '{part}'")
+            filters.append(f"tags.`{tag}` = {quote_filter_value(part)}")
     series: dict[tuple[str, str, str], Series] = {}
-    for exp in client.search_experiments():
-        for run in client.search_runs([exp.experiment_id], " and ".join(filters),
-                                      max_results=50000):
+    with reading(tracking_uri) as client:
+        found = [retry(client.search_runs, [exp.experiment_id], " and ".join(filters),
+                       max_results=50000) for exp in retry(client.search_experiments)]
+    for runs in found:
+        for run in runs:
             tags = run.data.tags
             if tags.get(tracking.TAG_ROLE) == "parent" or tracking.TAG_VARIANT not in tags \
                     or tags.get(tracking.TAG_STATUS) != "ok":

@@ -4,6 +4,7 @@ system-out so that a CI page shows them without failing."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 from xml.etree import ElementTree as ET
@@ -57,7 +58,29 @@ def write(path: Path, name: str, rows: Sequence[Any], judgements: Mapping[str, J
     suite.set("failures", str(failures))
     suite.set("skipped", str(skipped))
     suite.set("errors", "0")
+    _clean(suite)
     ET.indent(suite)
     write_text_atomic(Path(path), ET.tostring(suite, encoding="unicode",
                                               xml_declaration=True) + "\n")
     return Path(path)
+
+
+#: terminal colour and cursor sequences (a reason copied from a job's coloured stderr)
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
+#: what XML 1.0 cannot hold at all (NUL, other C0 controls but tab and newlines, lone
+#: surrogates, U+FFFE/U+FFFF): a CI parser refuses the whole file for one of them
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _text(value: str) -> str:
+    """``value`` without ANSI sequences, other unwritable characters shown as ``\\xNN``."""
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", _ANSI.sub("", value))
+
+
+def _clean(element: ET.Element) -> None:
+    """Every text and attribute of the tree writable as XML 1.0."""
+    for e in element.iter():
+        if e.text:
+            e.text = _text(e.text)
+        for key, value in list(e.attrib.items()):
+            e.set(key, _text(value))

@@ -9,19 +9,15 @@ read. The latest attempt of each run key per machine is kept.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hopperlab.core.errors import SpecError
 from hopperlab.results import tracking
 from hopperlab.results.machines.runs import MachineRuns
-from hopperlab.results.tracking.client import (
-    mlflow_client,
-    require_reachable,
-    retry,
-    translate_errors,
-)
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results.tracking.client import reading, retry
+from hopperlab.results.rows import RunRow
 
 
 def unflatten(params: Mapping[str, str]) -> dict[str, Any]:
@@ -62,9 +58,7 @@ def load(tracking_uri: str, machines: Sequence[str] = ()) -> list[MachineRuns]:
     """Every machine's latest runs on the server (only ``machines`` when given)."""
     # the other verbs' short retries, one-line errors and scrubbed URI: a server that is down
     # is TrackingUnavailable at once, never minutes of MLflow's own retries and a traceback
-    with translate_errors(tracking_uri):
-        require_reachable(tracking_uri)
-        client = mlflow_client(tracking_uri)
+    with reading(tracking_uri) as client:
         runs = [run for exp in retry(client.search_experiments)
                 for run in retry(client.search_runs, [exp.experiment_id], max_results=50000)]
     groups: dict[str, MachineRuns] = {}
@@ -92,30 +86,54 @@ def load(tracking_uri: str, machines: Sequence[str] = ()) -> list[MachineRuns]:
     return list(groups.values())
 
 
+#: ``compare --mlflow`` targets that name a commit: a bare hash or ``tags.git_commit = 'hash'``,
+#: either of which may be a prefix (as git accepts one)
+_HASH = re.compile(r"[0-9a-fA-F]{4,40}")
+_COMMIT_EQUALS = re.compile(r"\s*tags\.`?git_commit`?\s*=\s*(['\"])([0-9a-fA-F]{4,40})\1\s*")
+
+
+def commit_prefix(target: str) -> str | None:
+    """The commit hash (or prefix) ``target`` names, lower case; None: another filter."""
+    if _HASH.fullmatch(target.strip()):
+        return target.strip().lower()
+    m = _COMMIT_EQUALS.fullmatch(target)
+    return m.group(2).lower() if m else None
+
+
 def load_query(tracking_uri: str, filter_string: str) -> dict[str, RunRow]:
     """The child runs an MLflow filter string selects (e.g. ``tags.git_commit = 'abc'``), on
-    every experiment of the server: the latest attempt of each run key (``compare --mlflow``)."""
+    every experiment of the server: the latest attempt of each run key (``compare --mlflow``).
+    A commit may be given by a prefix of its hash, bare or in ``tags.git_commit = '...'``; a
+    prefix that matches two commits is refused."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri)
+    prefix = commit_prefix(filter_string)
+    query = f"tags.git_commit LIKE '{prefix}%'" if prefix else filter_string
     rows: dict[str, RunRow] = {}
+    commits: set[str] = set()
     where = f"--mlflow {tracking.redact_uri(tracking_uri)}"
-    for exp in client.search_experiments():
-        try:
-            found = client.search_runs([exp.experiment_id], filter_string=filter_string,
-                                       max_results=50000)
-        except MlflowException as exc:
-            raise SpecError(f"{where}: the filter {filter_string!r} is not valid: "
-                            f"{str(exc).splitlines()[0]}") from None
-        for run in found:
-            tags = run.data.tags
-            if tags.get(tracking.TAG_ROLE) == "parent" or tracking.TAG_VARIANT not in tags:
-                continue
-            row = _row(run, unflatten(run.data.params))
-            old = rows.get(row.key)
-            if old is None or (row.attempt or 0) > (old.attempt or 0):
-                rows[row.key] = row
+    with reading(tracking_uri) as client:
+        for exp in retry(client.search_experiments):
+            try:
+                found = retry(client.search_runs, [exp.experiment_id], filter_string=query,
+                              max_results=50000)
+            except MlflowException as exc:
+                raise SpecError(f"{where}: the filter {filter_string!r} is not valid: "
+                                f"{str(exc).splitlines()[0]}") from None
+            for run in found:
+                tags = run.data.tags
+                if tags.get(tracking.TAG_ROLE) == "parent" or tracking.TAG_VARIANT not in tags:
+                    continue
+                commits.add(tags.get("git_commit", ""))
+                row = _row(run, unflatten(run.data.params))
+                old = rows.get(row.key)
+                if old is None or (row.attempt or 0) > (old.attempt or 0):
+                    rows[row.key] = row
     if not rows:
-        raise SpecError(f"{where}: no run matches {filter_string!r}")
+        raise SpecError(f"{where}: no run matches {filter_string!r}"
+                        + (f" (runs whose git_commit starts with {prefix})" if prefix else ""))
+    if prefix and len(commits) > 1:
+        raise SpecError(f"{where}: {filter_string!r}: the commit prefix {prefix} matches "
+                        f"{len(commits)} commits ({', '.join(sorted(c[:12] for c in commits))}"
+                        f"): give more of the hash")
     return rows

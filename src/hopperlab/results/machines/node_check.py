@@ -15,7 +15,7 @@ from hopperlab.core.rundir import FAILING_STATUSES, read_samples
 from hopperlab.core.stats import percentile, robust_spread
 from hopperlab.results.machines import references
 from hopperlab.results.machines.ab import measure_of
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results.rows import RunRow
 
 PASS, SLOW, REGRESSION, FAILED = "pass", "slow", "regression", "failed"
 

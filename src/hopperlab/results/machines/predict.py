@@ -19,7 +19,7 @@ from typing import Any, Callable
 from hopperlab.results.machines.descriptions import MachineDescription
 from hopperlab.results.machines.energy import PredictedEnergy, predict_energy
 from hopperlab.results.machines.runs import MachineRuns
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results.rows import RunRow
 from hopperlab.workloads import FAMILY_MODULES, family_info
 from hopperlab.workloads.prediction import MissingInput, PredictModel, Unpredictable
 

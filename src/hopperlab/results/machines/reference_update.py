@@ -1,10 +1,13 @@
 """``hopperlab references update RESULTS_DIR``: references written from repeated runs, not by
 hand. Each run's samples (``samples.jsonl``) give a metric's median, its relative spread (robust:
-1.4826 MAD over the median), the count and the minimum effect worth reporting; a figure the
-host's CPU drives is written for this host's CPU beside the other CPUs' (``host_cpu``).
+1.4826 MAD over the median), the count and the minimum effect: the one asked for (default 5 %),
+raised to ``core.effects.NOISE_K`` x the samples' noise so that a metric's own noise cannot fail
+a check; a figure the host's CPU drives is written for this host's CPU beside the other CPUs'
+(``host_cpu``).
 
-Which metrics: those the machine's file already references for the run (its selection is kept),
-else the run's headline metrics that have a direction. Runs of the file that the results folder
+Which metrics: those the machine's file already references for the run (its selection is kept)
+that the family judges, else the run's judged headline metrics (``FamilyInfo.judged``);
+diagnostics are never written. Runs of the file that the results folder
 does not hold are kept as they were.
 """
 
@@ -12,19 +15,23 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from hopperlab.core.effects import DEFAULT_MIN_EFFECT
+from hopperlab.core.effects import DEFAULT_MIN_EFFECT, min_effect_for
 from hopperlab.core.errors import SpecError
-from hopperlab.core.rundir import read_samples, write_text_atomic
+from hopperlab.core.locks import folder_held
+from hopperlab.core.rundir import SAMPLES_FILE, finite_samples, read_samples, write_text_atomic
 from hopperlab.core.schema import load_yaml
 from hopperlab.core.stats import percentile, robust_spread
 from hopperlab.node.hardware import host_cpu
 from hopperlab.results.machines import references as refs_mod
-from hopperlab.results.report.collect import RunRow, collect_runs
+from hopperlab.results.rows import RunRow, collect_runs
 
 #: samples a reference needs: fewer give a spread that is mostly luck
 MIN_SAMPLES = 3
@@ -40,9 +47,10 @@ class UpdateReport:
 def _metrics_for(row: RunRow, existing: Mapping[str, Any]) -> list[str]:
     named = existing.get(row.key)
     if isinstance(named, Mapping) and named:
-        return [str(m) for m in named]
+        return [str(m) for m in named if refs_mod.judged(row.family, str(m))]
     return [m for m in row.headline_metrics
-            if refs_mod.direction(row.family, m) is not None and not m.endswith("_n")]
+            if refs_mod.direction(row.family, m) is not None and not m.endswith("_n")
+            and refs_mod.judged(row.family, m) and m in row.metrics]
 
 
 def _entry(row: RunRow, metric: str, values: list[float], min_effect: float, results: Path,
@@ -73,57 +81,112 @@ def _merge(old: Any, new: dict[str, Any]) -> list[dict[str, Any]]:
 
 def update(results: Path, refs_dir: Path, machine: str | None = None,
            min_effect: float | None = None, today: str | None = None) -> UpdateReport:
-    """Write (or update) ``refs_dir/<machine>.yaml`` from the ok runs under ``results``."""
+    """Write (or update) ``refs_dir/<machine>.yaml`` from the ok runs under ``results``.
+
+    A machine is a name, never a path (``check``'s rule): ``--machine ../x`` is refused, a
+    record whose machine is not a name is skipped. Every sample must be a finite positive
+    number, else nothing is written. Each file is read, merged and replaced under a lock on
+    the folder (concurrent updates keep every run) and replaced only by a file that loads."""
     today = today or date.today().isoformat()
+    if machine is not None and not refs_mod.MACHINE_NAME.fullmatch(machine):
+        raise SpecError(f"--machine {machine!r}: not a machine name (letters, digits and . _ + "
+                        f"-, no path): references are {refs_dir}/<machine>.yaml")
     rows = [r for r in collect_runs(results) if r.status == "ok"]
     if not rows:
         raise SpecError(f"{results}: no run ended ok: nothing to take references from")
     report = UpdateReport({}, [], [])
     by_machine: dict[str, list[RunRow]] = {}
     for r in rows:
-        by_machine.setdefault(machine or r.machine or "unknown", []).append(r)
-    for name, group in by_machine.items():
+        name = machine or r.machine or "unknown"
+        if not refs_mod.MACHINE_NAME.fullmatch(name):
+            report.skipped.append(f"{r.key}: its record's machine {name!r} is not a machine "
+                                  f"name (letters, digits and . _ + -, no path): give --machine")
+            continue
+        by_machine.setdefault(name, []).append(r)
+    values = {row.key: _values(row) for group in by_machine.values() for row in group}
+    for name, group in by_machine.items():  # every sample checked before any file is touched
         path = refs_dir / f"{name}.yaml"
         data = load_yaml(path, "references") if path.is_file() else {}
-        header = _header(path)
-        body = dict(data.get("references") or {})
-        changed = False
+        body = data.get("references") if isinstance(data, Mapping) else None
         for row in group:
-            samples = read_samples(row.run_dir)
-            for metric in _metrics_for(row, body):
-                values = [float(s[metric]) for s in samples
-                          if metric in s and math.isfinite(float(s[metric]))] or (
-                    [row.metrics[metric]] if metric in row.metrics and not samples else [])
-                if len(values) < MIN_SAMPLES:
-                    report.skipped.append(
-                        f"{row.key} {metric}: {len(values)} sample(s); a reference needs "
-                        f"{MIN_SAMPLES} or more: run it with repeats (--config repeats=N)")
-                    continue
-                old_runs = body.setdefault(row.key, {})
-                old = old_runs.get(metric)
-                effect = min_effect if min_effect is not None else _old_effect(old)
-                new = _entry(row, metric, values, effect, results, today)
-                merged = _merge(old, new)
-                old_runs[metric] = merged[0] if len(merged) == 1 else merged
-                report.updated.append(f"{name} {row.key} {metric}")
-                changed = True
-        if not changed:
-            continue
+            for metric in _metrics_for(row, body if isinstance(body, Mapping) else {}):
+                values[row.key](metric)
+    for name, group in by_machine.items():
         refs_dir.mkdir(parents=True, exist_ok=True)
-        text = header + f"# Updated {today} by `hopperlab references update {results}`.\n"
-        text += _dump(name, body)
-        write_text_atomic(path, text)
-        refs_mod.load_references(path)  # what it wrote must load (strict)
+        path = refs_dir / f"{name}.yaml"
+        with folder_held(refs_dir):
+            data = load_yaml(path, "references") if path.is_file() else {}
+            header = _header(path)
+            body = dict(data.get("references") or {})
+            changed = False
+            for row in group:
+                for metric in _metrics_for(row, body):
+                    got = values[row.key](metric)
+                    if len(got) < MIN_SAMPLES:
+                        report.skipped.append(
+                            f"{row.key} {metric}: {len(got)} sample(s); a reference needs "
+                            f"{MIN_SAMPLES} or more: run it with repeats (--config repeats=N)")
+                        continue
+                    old_runs = body.setdefault(row.key, {})
+                    old = old_runs.get(metric)
+                    floor = DEFAULT_MIN_EFFECT if min_effect is None else min_effect
+                    effect = min_effect_for(got, floor)
+                    new = _entry(row, metric, got, effect, results, today)
+                    merged = _merge(old, new)
+                    old_runs[metric] = merged[0] if len(merged) == 1 else merged
+                    report.updated.append(f"{name} {row.key} {metric}")
+                    changed = True
+            if not changed:
+                continue
+            text = header + f"# Updated {today} by `hopperlab references update {results}`.\n"
+            _replace_checked(path, text + _dump(name, body))
         report.written[name] = path
     return report
 
 
-def _old_effect(old: Any) -> float:
-    items = old if isinstance(old, list) else [old] if isinstance(old, Mapping) else []
-    for i in items:
-        if isinstance(i, Mapping) and i.get("min_effect") is not None:
-            return float(i["min_effect"])
-    return DEFAULT_MIN_EFFECT
+def _values(row: RunRow) -> Callable[[str], list[float]]:
+    """A metric's samples of ``row`` (its one value when it has none), each checked: a
+    sample that is not a finite positive number refuses the update (a reference of it would
+    never load, or would fail every later check)."""
+    samples = read_samples(row.run_dir)
+    where = Path(row.run_dir) / SAMPLES_FILE
+
+    def get(metric: str) -> list[float]:
+        if samples:
+            got = finite_samples(row.run_dir, samples, metric)
+        else:
+            one = row.metrics.get(metric)
+            got = [] if one is None else [float(one)]
+            if got and not math.isfinite(got[0]):
+                raise SpecError(f"{Path(row.run_dir) / 'metrics.json'}: {metric} is {one!r}, "
+                                f"not a finite number: no reference written")
+        bad = [v for v in got if v <= 0]
+        if bad:
+            raise SpecError(f"{where}: {metric}: {len(bad)} sample(s) <= 0 (the first "
+                            f"{bad[0]:g}): a reference is a positive figure; no reference "
+                            f"written, the references files are as they were")
+        return got
+
+    return get
+
+
+def _replace_checked(path: Path, text: str) -> None:
+    """``path`` replaced by ``text`` only if that loads as a references file (strictly, under
+    its final name, in a hidden folder beside it), then moved into place at once: a reader
+    sees the old file or the new one, never a broken or half-written one."""
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.stem}.update-", dir=path.parent))
+    try:
+        tmp = tmp_dir / path.name
+        write_text_atomic(tmp, text)
+        try:
+            refs_mod.load_references(tmp)
+        except SpecError as exc:
+            raise SpecError(f"{path}: not replaced: the updated references would not load: "
+                            f"{str(exc).replace(str(tmp), str(path))}") from None
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
 
 
 def _header(path: Path) -> str:

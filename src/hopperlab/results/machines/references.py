@@ -63,6 +63,9 @@ class Reference:
     def __post_init__(self) -> None:
         if not math.isfinite(self.value):
             raise ValueError(f"value is {self.value!r}, not a finite number")
+        if self.value <= 0:  # a band around it would fail every run, forever
+            raise ValueError(f"value is {self.value!r}: a reference is a positive figure (a "
+                             f"time, a rate, a size)")
         for name in ("lower", "upper"):
             bound = getattr(self, name)
             if bound is not None and not math.isfinite(bound):
@@ -198,6 +201,16 @@ def direction(family: str, metric: str) -> str | None:
         return None
 
 
+def judged(family: str, metric: str) -> bool:
+    """Whether the family's references judge ``metric`` (``FamilyInfo.judged``); a family that
+    declares none judges every metric its references name. Other metrics are diagnostics."""
+    try:
+        patterns = family_info(family).judged
+    except (KeyError, ImportError, AttributeError):
+        return True
+    return not patterns or any(fnmatch.fnmatchcase(metric, p) for p in patterns)
+
+
 def judge_value(value: float, ref: Reference, way: str | None) -> str:
     """A value against a reference's tolerance band (a reference without measured spread)."""
     low, high = ref.bounds
@@ -286,6 +299,8 @@ def judge_run(family: str, key: str, status: str, metrics: Mapping[str, float],
     assert refs is not None
     findings = []
     for metric, options in wanted.items():
+        if not judged(family, metric):
+            continue  # a diagnostic: recorded and charted, never judged
         ref = pick(options, cpu, cpu_driven(family, metric))
         if ref is None:
             known = ", ".join(sorted(str(r.host_cpu) for r in options))

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from hopperlab.core import rundir
 from hopperlab.core.errors import SpecError
-from hopperlab.results.report.collect import RunRow, collect_runs
+from hopperlab.results.rows import RunRow, collect_runs
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from hopperlab.core.stats import percentile
 from hopperlab.results.machines.cost import cheaper_words
-from hopperlab.results.report.marks import STAND_IN
+from hopperlab.results.marks import STAND_IN
 
 
 def machine_verdicts(lines: Sequence, reference: str) -> dict[str, list[str]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hopperlab.config.cost import CostSpec
 from hopperlab.results.machines.references import judge_rows
-from hopperlab.results.report.collect import collect_runs
+from hopperlab.results.rows import collect_runs
 from hopperlab.results.report.html import REPORT_FILE, write_html
 from hopperlab.results.report.pricing import reprice
 from hopperlab.results.report.summary import SUMMARY_FILE, write_summary

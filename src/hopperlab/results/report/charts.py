@@ -7,7 +7,7 @@ import io
 import math
 from typing import Any, Mapping, Sequence
 
-from hopperlab.results.report.collect import RunRow, baseline_name, baseline_run
+from hopperlab.results.rows import RunRow, baseline_name, baseline_run
 
 #: a run's status as a colour, the same in the charts and the page's badges
 STATUS_COLOURS = {

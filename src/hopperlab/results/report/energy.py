@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hopperlab.config.energy import NOT_MEASURED, node_name
+from hopperlab.core import energy_names as N
 from hopperlab.workloads import family_info
 
 #: the table's class (tests find it by it)
@@ -25,7 +26,7 @@ TRACE_FILE = Path("artifacts") / "energy" / "power_trace.csv"
 
 
 def has_energy(run: Any) -> bool:
-    return "energy.window" in run.tags
+    return N.TAG_WINDOW in run.tags
 
 
 def _e(text: Any) -> str:
@@ -64,23 +65,23 @@ def energy_table(runs: Sequence[Any]) -> str:
            + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for r in measured:
         m, t = r.metrics, r.tags
-        gpu_why, host_why = t.get("energy.gpu"), t.get("energy.host")
-        cells = [f"<td>{_e(r.variant)}</td>", f'<td class="num">{_num(m.get("energy_window_s"))}'
-                 "</td>", _measured(m.get("energy_gpu_j"), gpu_why),
-                 _measured(m.get("energy_host_j"), host_why),
-                 _measured(m.get("power_gpu_mean_w"), gpu_why),
-                 _measured(m.get("power_gpu_peak_w"), gpu_why)]
+        gpu_why, host_why = t.get(N.TAG_GPU), t.get(N.TAG_HOST)
+        cells = [f"<td>{_e(r.variant)}</td>", f'<td class="num">{_num(m.get(N.ENERGY_WINDOW_S))}'
+                 "</td>", _measured(m.get(N.ENERGY_GPU_J), gpu_why),
+                 _measured(m.get(N.ENERGY_HOST_J), host_why),
+                 _measured(m.get(N.POWER_GPU_MEAN_W), gpu_why),
+                 _measured(m.get(N.POWER_GPU_PEAK_W), gpu_why)]
         for u in units:
             joules = m.get(u.energy_name)
             node = m.get(node_name(u))
-            why = gpu_why if "energy_gpu_j" not in m else "no throughput for this unit"
+            why = gpu_why if N.ENERGY_GPU_J not in m else "no throughput for this unit"
             cell = _measured(joules, why)
             if node is not None:
                 cell = cell[:-5] + f"<br><small>{node:.4g} with host</small></td>"
             cells += [cell, _measured(m.get(u.work_per_j), why)]
-        how = "; ".join(f"{k.removeprefix('energy.')}: {v}" for k, v in sorted(t.items())
-                        if k.startswith("energy.") and k != "energy.sampler")
-        ratio = m.get("energy_gpu_trace_ratio")
+        how = "; ".join(f"{k.removeprefix(N.TAG_PREFIX)}: {v}" for k, v in sorted(t.items())
+                        if k.startswith(N.TAG_PREFIX) and k != N.TAG_SAMPLER)
+        ratio = m.get(N.TRACE_RATIO)
         if ratio is not None:
             how += f"; trace/counter {ratio:.3f}"
         cells.append(f'<td class="wrap">{_e(how)}</td>')
@@ -153,9 +154,9 @@ def energy_section(runs: Sequence[Any], charts: bool = True) -> str:
         return ""
     ok = [r for r in runs if r.status == "ok"]
     if ok and not any(r.metrics.get(k) is not None for r in ok
-                      for k in ("energy_gpu_j", "energy_host_j")):
+                      for k in (N.ENERGY_GPU_J, N.ENERGY_HOST_J)):
         # a table of "not measured" cells (a CPU machine) says less than one line
-        why = next((r.tags.get("energy.gpu") for r in ok if r.tags.get("energy.gpu")), None)
+        why = next((r.tags.get(N.TAG_GPU) for r in ok if r.tags.get(N.TAG_GPU)), None)
         return ('<p class="note">Energy: not measured for any run'
                 + (f" ({_e(why)})" if why else "") + ".</p>")
     png = power_chart(runs) if charts else None

@@ -25,8 +25,8 @@ from hopperlab.results.report.charts import (
 )
 from hopperlab.results.report.verdicts import family_verdicts
 from hopperlab.results.report.energy import energy_section
-from hopperlab.results.report import marks, scope
-from hopperlab.results.report.collect import (
+from hopperlab.results import marks, scope
+from hopperlab.results.rows import (
     RunRow,
     baseline_name,
     group_by_experiment,

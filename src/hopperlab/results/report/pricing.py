@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping
 
 from hopperlab.config.cost import COST_RATE, CostSpec, is_cost_metric, price
 from hopperlab.core import rundir
-from hopperlab.results.report.collect import RunRow
+from hopperlab.results.rows import RunRow
 from hopperlab.workloads import family_info
 
 #: record tags that say how a run was priced

@@ -7,9 +7,10 @@ import io
 from pathlib import Path
 from typing import Any, Sequence
 
+from hopperlab.core import energy_names as N
 from hopperlab.core import rundir as rec
 from hopperlab.core.stats import half_width
-from hopperlab.results.report.collect import (
+from hopperlab.results.rows import (
     RunRow,
     group_by_experiment,
     metric_names,
@@ -32,9 +33,9 @@ RATIO_SUFFIX = "_vs_baseline"
 HALF_WIDTH_SUFFIX = "_pm"
 #: how each run's energy was measured, or why not ("not measured: ..."): columns present when
 #: any run carries energy (``energy.*`` tags of the record)
-ENERGY_COLUMNS: tuple[tuple[str, str], ...] = (("energy_gpu", "energy.gpu"),
-                                               ("energy_host", "energy.host"),
-                                               ("energy_window", "energy.window"))
+ENERGY_COLUMNS: tuple[tuple[str, str], ...] = (("energy_gpu", N.TAG_GPU),
+                                               ("energy_host", N.TAG_HOST),
+                                               ("energy_window", N.TAG_WINDOW))
 
 
 def _cell(value: Any) -> str:
@@ -48,7 +49,7 @@ def _cell(value: Any) -> str:
 def summary_rows(runs: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     """The header and rows of ``summary.csv`` (cells as strings, empty for missing)."""
     metrics = metric_names(runs)
-    energy = [c for c in ENERGY_COLUMNS] if any("energy.window" in r.tags for r in runs) else []
+    energy = [c for c in ENERGY_COLUMNS] if any(N.TAG_WINDOW in r.tags for r in runs) else []
     pm = [m for m in metrics if any(half_width(r.metrics, m) is not None for r in runs)]
     header = [*SUMMARY_COLUMNS, *(c for c, _ in energy), *metrics,
               *(m + RATIO_SUFFIX for m in metrics), *(m + HALF_WIDTH_SUFFIX for m in pm)]

@@ -11,8 +11,8 @@ from typing import Sequence
 from hopperlab.core import effects
 from hopperlab.core.rundir import read_samples
 from hopperlab.results.machines.references import direction
-from hopperlab.results.report import marks
-from hopperlab.results.report.collect import RunRow, group_by_experiment, reference_run
+from hopperlab.results import marks
+from hopperlab.results.rows import RunRow, group_by_experiment, reference_run
 
 
 @dataclass(frozen=True)

@@ -260,6 +260,18 @@ def mlflow_client(tracking_uri: str):
     return retry(mlflow.MlflowClient, tracking_uri)
 
 
+@contextlib.contextmanager
+def reading(tracking_uri: str) -> Iterator[Any]:
+    """The client of every verb that reads a store (``compare --mlflow``, ``compare
+    family/experiment``, ``history``, ``machines --mlflow``): a server that does not answer
+    ``/health`` within ``HEALTH_TIMEOUT_S`` is ``TrackingUnavailable`` at once (one line, no
+    password), never minutes of MLflow's own retries ending in a traceback; every later
+    failure inside the block is translated the same way."""
+    with translate_errors(tracking_uri):
+        require_reachable(tracking_uri)
+        yield mlflow_client(tracking_uri)
+
+
 def is_reachable(tracking_uri: str, timeout: float = HEALTH_TIMEOUT_S) -> bool:
     """Quick check: ``GET /health`` for an http(s) server; True for local stores."""
     if not is_http(tracking_uri):

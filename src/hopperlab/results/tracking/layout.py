@@ -16,6 +16,7 @@ from hopperlab.results.tracking.client import (
     TrackingError,
     is_http,
     mlflow_client,
+    reading,
     require_reachable,
     retry,
     sqlite_path,
@@ -258,8 +259,7 @@ def experiment_compare_url(tracking_uri: str, family: str, experiment: str,
     folders uploaded to a shared server.
     """
     wanted = set(run_uids) if run_uids is not None else None
-    with translate_errors(tracking_uri):
-        client = mlflow_client(tracking_uri)
+    with reading(tracking_uri) as client:
         exp = retry(client.get_experiment_by_name, family)
         if exp is None:
             raise TrackingError(f"no MLflow experiment {family!r} at {redact_uri(tracking_uri)}")

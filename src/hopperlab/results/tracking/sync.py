@@ -67,9 +67,24 @@ class SyncReport:
         total = c["uploaded"] + present + c["failed"]
         text = (f"{total} run{'s' * (total != 1)}: {c['uploaded']} uploaded, {present} already "
                 f"in MLflow, {c['failed']} failed")
+        if self.failed:  # which, and why: "1 failed" alone leaves the user to guess
+            text += " (" + "; ".join(f"{run}: {_why(why)}" for run, why in
+                                     self.failed[:SHOWN_FAILURES])
+            more = len(self.failed) - SHOWN_FAILURES
+            text += f"; and {more} more)" if more > 0 else ")"
         if self.busy:
             text += f", {len(self.busy)} being uploaded by another uploader (left to it)"
         return text + (" (MLflow became unreachable)" if self.unavailable else "")
+
+
+#: failed runs a sync report names, with their reasons (the rest are counted)
+SHOWN_FAILURES = 3
+
+
+def _why(text: str) -> str:
+    """A failure's reason on one line: its first line, cut, without credentials."""
+    first = (scrub(str(text)).strip().splitlines() or ["no reason given"])[0]
+    return first if len(first) <= 200 else first[:199] + "…"
 
 
 #: folders under a run directory that hold no run of their own: its artifacts, its logs, and the

@@ -108,6 +108,7 @@ FAMILY = FamilyInfo(
     headline_metrics=HEADLINE_METRICS,
     charts="hopperlab.workloads.database.charts:charts",
     directions=METRIC_DIRECTIONS,
+    judged=("q*_time_ms",),
     work_units=WORK_UNITS,
     floors=FLOORS,
     check=check,

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from hopperlab.cuda.runtime import host_view
+from hopperlab.memory.pinned import pinned_copy
 from hopperlab.workloads.database.columns import Column, Table
 from hopperlab.workloads.database.encoding import Encoded, encode
 from hopperlab.workloads.database.fused import available as fused_available
@@ -196,7 +197,7 @@ class CopySource(_Streamed):
     def _place(self, enc: Encoded) -> Stored:
         host = torch.from_numpy(enc.data)
         if self.pinned and self.cuda:
-            host = host.pin_memory()
+            host = pinned_copy(host)
         return Stored(enc, host)
 
     def _buffer(self, slot: int, table: str, column: str) -> torch.Tensor:
@@ -257,8 +258,8 @@ class ZeroCopySource(_Streamed):
         host = torch.from_numpy(enc.data)
         if not self.cuda:
             return Stored(enc, host, alias=host)
-        host = host.pin_memory()
-        # Under unified virtual addressing a cudaHostAlloc'd pointer is valid on the device
+        host = pinned_copy(host, mapped=True)
+        # Under unified virtual addressing a mapped registered pointer is valid on the device
         # as is; torch checks that it is registered (cudaPointerGetAttributes) when wrapping.
         alias = cuda_alias(host.data_ptr(), host.numel(), enc.data.dtype, self.device)
         return Stored(enc, host, alias=alias)

@@ -3,8 +3,8 @@
 The study of the source talk (LoRA of Llama-2-7B on Dolly-15k: data-loader workers, activation
 offload, unified memory, FP8) and the slides' single-GPU 70B LoRA, as one training loop whose
 knobs dispatch to ``hopperlab.memory`` (``techniques.py``). Two backends: ``torch``
-(transformers + peft, this package) and ``nemo`` (NeMo in the site's ``nemo`` container,
-``nemo.py``). The family declares its knobs' values here (``FAMILY.supported_knobs``; the
+(transformers + peft, this package) and ``nemo`` (NVIDIA's megatron-core, in a child
+process: ``nemo.py``). The family declares its knobs' values here (``FAMILY.supported_knobs``; the
 ``offload`` knob with what each value offloads, ``OFFLOADS``). What each knob does:
 docs/benchmarks/finetune.md ("The family in one page").
 
@@ -14,12 +14,13 @@ This module is imported by the spec layer: it stays cheap (no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, Mapping, get_args
 
+from hopperlab.core.errors import SpecError
 from hopperlab.core.schema import bounded, settle_fields
 from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
                                       WorkUnit)
-from hopperlab.workloads.finetune.moe_config import check_assets
+from hopperlab.workloads.finetune.moe_config import check_model_asset
 
 # each choice declared once, as the params' type (core.schema checks it); the tuples for readers
 Backend = Literal["torch", "nemo", "sharded"]
@@ -53,7 +54,7 @@ HEADLINE_METRICS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class FinetuneParams:
-    #: "torch" (transformers + peft in this process) or "nemo" (the NeMo container)
+    #: "torch" (transformers + peft in this process) or "nemo" (megatron-core, nemo.py)
     backend: Backend = "torch"
     #: "lora" (frozen base, peft adapters) or "full" (every weight trained)
     method: Method = "lora"
@@ -143,15 +144,19 @@ class FinetuneParams:
     #: backend torch: the saved-tensor census (memory.saved_tensor_census) of one extra,
     #: unmeasured step after warm-up: census_* metrics, artifacts/census.json and census.csv
     census: bool = False
-    #: nemo backend: the NeMo recipe (a Llama-2-7B LoRA fine-tuning on Dolly by default)
     #: backend sharded: fsdp2 | fsdp2-cpu-offload | torchao-cpu-offload, over a random-weights
     #: Llama ``model_shape`` (SHAPES; ``num_layers`` overrides its layers) and random tokens;
     #: ``global_batch`` rows per optimizer step (0: micro_batch x world size)
     sharding: Sharding = "fsdp2"
+    #: backend sharded, fsdp2-cpu-offload: step each FSDP unit's CPU AdamW during backward as
+    #: its gradients land in host memory (the same update, hidden behind the GPU's backward;
+    #: cpu_adamw.py); false: one step after backward
+    overlap_optimizer: bool = False
     model_shape: ModelShape = "tiny"
     global_batch: int = bounded(0, at_least=0)
+    #: unused since backend nemo runs megatron-core (nemo.py), not the NeMo CLI: kept so that
+    #: the spec.json files of earlier runs (which carry them) still load
     nemo_recipe: str = "llama2_7b"
-    #: nemo backend: extra arguments appended to the command (key=value overrides)
     nemo_extra: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -173,6 +178,9 @@ class FinetuneParams:
         if self.recompute_elementwise and self.compile:
             raise ValueError("recompute_elementwise: not with compile (torch.compile's partitioner "
                              "chooses what to recompute in a compiled layer itself)")
+        if self.backend == "nemo" and self.method != "lora":
+            raise ValueError(f"method: {self.method}, but backend nemo builds NeMo's LoRA recipe "
+                             f"only (method: lora)")
         if self.method == "lora" and not self.lora_targets:
             raise ValueError("lora_targets: LoRA needs at least one target module name")
 
@@ -183,6 +191,10 @@ def check(knobs: Knobs, params: FinetuneParams) -> None:
     if params.oversubscribe and knobs.memory != "managed":
         raise Contradiction("memory", f"{knobs.memory!r}, but oversubscribe: needs the knob memory: "
                             f"managed (only managed memory can exceed the GPU's)")
+    if params.backend == "nemo" and knobs.memory == "managed":
+        raise Contradiction("memory", "managed, but backend: nemo has no managed-memory setting "
+                            "(NeMo allocates through its own caching allocator); use memory: "
+                            "device or backend: torch")
     if params.backend != "torch":
         return
     if knobs.memory == "managed":
@@ -200,13 +212,25 @@ def check(knobs: Knobs, params: FinetuneParams) -> None:
                             "or compile (torch.compile's partitioner chooses what to recompute)")
 
 
+def check_assets(params: FinetuneParams, knobs: Knobs, assets: Mapping[str, Any],
+                 where: str) -> None:
+    """The run against its model asset (``FamilyInfo.check_assets``): what a hopperlab-moe
+    config cannot take (moe_config.py), and parameter offload, which moves transformers'
+    decoder layers (our MoE decoder's layers are not those)."""
+    if check_model_asset(params, assets, where) and "parameters" in OFFLOADS[knobs.offload]:
+        raise SpecError(f"{where}.offload: {knobs.offload}, but parameter offload is not "
+                        f"implemented for the hopperlab-moe decoder (its layers are not "
+                        f"transformers layers); offload activations only")
+
+
 #: which way each figure is better, what a run's cost is divided by, and link floors
 METRIC_DIRECTIONS = {"tokens_per_s": HIGHER, "step_time_p50_s": LOWER, "peak_gpu_allocated_gib": LOWER,
               "mfu": HIGHER, "data_wait_fraction": LOWER, "loss_drop": HIGHER,
               "link_floor_s": LOWER, "step_over_link_floor": LOWER}
 WORK_UNITS = (WorkUnit("cost_per_1m_train_tokens", "per 1M training tokens", 1e6, "per_s",
                        "tokens_per_s", work_per_j="train_tokens_per_j",
-                       work_label="training tokens per joule"),)
+                       work_label="training tokens per joule",
+                       done=("measured_tokens",)),)
 FLOORS = {"step_time_p50_s": "link_floor_s"}
 
 FAMILY = FamilyInfo(
@@ -225,6 +249,7 @@ FAMILY = FamilyInfo(
     charts="hopperlab.workloads.finetune.charts:charts",
     tables="hopperlab.workloads.finetune.tables:tables",
     directions=METRIC_DIRECTIONS,
+    judged=("tokens_per_s", "step_time_p50_s"),
     work_units=WORK_UNITS,
     floors=FLOORS,
     check_assets=check_assets,

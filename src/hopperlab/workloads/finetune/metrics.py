@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from hopperlab.core.energy_names import SLOW_STEP_X, SLOW_STEPS
 from hopperlab.core.stats import percentile
 from hopperlab.workloads.finetune.model import ModelCounts
 
@@ -106,6 +107,20 @@ def summarize(steps: Sequence[StepRecord], *, flops_token: float,
     if peak:
         out["mfu"] = flops_token * statistics.median(rates) / peak
     return out
+
+
+def window_work(steps: Sequence[StepRecord]) -> dict[str, float]:
+    """Over every measured step of the run (all windows: one measured region): the tokens they
+    trained (``measured_tokens``, what the window's joules are divided by), the longest step and
+    how many took more than ``SLOW_STEP_X`` x the median (``slow_steps``: a stall inside the
+    window, which a p50 hides; issue 36 saw a 3.3 s step among 0.13 s ones)."""
+    measured = [s for s in steps if s.measured]
+    if not measured:
+        return {}
+    median = statistics.median(s.step_s for s in measured)
+    return {"measured_tokens": float(sum(s.tokens for s in measured)),
+            "step_time_max_s": max(s.step_s for s in measured),
+            SLOW_STEPS: float(sum(s.step_s > SLOW_STEP_X * median for s in measured))}
 
 
 def link_floors(final: dict[str, float], h2d_gbps: float, d2h_gbps: float, *,

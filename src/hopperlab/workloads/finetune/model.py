@@ -12,10 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hopperlab.assets.random_weights import (architecture_config, model_weights,
-                                             read_architecture, weights_tags)
-from hopperlab.workloads.finetune import FinetuneParams
-from hopperlab.workloads.finetune import moe
+from hopperlab.assets.random_weights import (
+    architecture_config,
+    model_weights,
+    read_architecture,
+    weights_tags,
+)
+from hopperlab.memory.pinned import pinned_copy
+from hopperlab.workloads.finetune import FinetuneParams, moe
 from hopperlab.workloads.finetune.moe_config import is_moe, moe_config
 
 
@@ -145,8 +149,11 @@ def to_host(module: Any, pin: bool) -> None:
 
     for tensor_owner in module.modules():
         for name, p in list(tensor_owner.named_parameters(recurse=False)):
-            host = torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin)
-            host.copy_(p.data)
+            if pin:  # exact size (memory.pinned), not PyTorch's power-of-two pinned blocks
+                host = pinned_copy(p.data)
+            else:
+                host = torch.empty(p.shape, dtype=p.dtype, device="cpu")
+                host.copy_(p.data)
             p.data = host
         for name, b in list(tensor_owner.named_buffers(recurse=False)):
             if b is not None:

@@ -102,8 +102,9 @@ def read_moe_config(path: Path | str, where: str | None = None) -> MoeConfig:
     return moe_config(json.loads(p.read_text()), where or str(p))
 
 
-def check_assets(params: Any, assets: Mapping[str, Any], where: str) -> None:
-    """Spec-time check of a finetune run against its model asset (``FamilyInfo.check_assets``).
+def check_model_asset(params: Any, assets: Mapping[str, Any], where: str) -> bool:
+    """Spec-time check of a finetune run against its model asset (``FamilyInfo.check_assets``);
+    True when the model is a hopperlab-moe config.
 
     ``assets`` maps each role to its asset spec. A model asset whose architecture file is a
     hopperlab-moe config is read and validated here, with the run's params that depend on it:
@@ -112,7 +113,7 @@ def check_assets(params: Any, assets: Mapping[str, Any], where: str) -> None:
     spec = assets.get("model")
     arch = getattr(spec, "architecture", None)
     if spec is None or not arch:
-        return
+        return False
     path = Path(arch) if Path(arch).is_absolute() else Path(getattr(spec, "root", ".")) / arch
     try:
         data = json.loads(path.read_text())
@@ -120,7 +121,7 @@ def check_assets(params: Any, assets: Mapping[str, Any], where: str) -> None:
         raise SpecError(f"{where}: assets.model {spec.name}: {arch}: not a readable JSON "
                         f"model config ({exc})") from None
     if not isinstance(data, dict) or not is_moe(data):
-        return
+        return False
     config = moe_config(data, f"{where}: assets.model {spec.name}: {arch}")
     backend = getattr(params, "backend", "torch")
     checks = {
@@ -141,3 +142,4 @@ def check_assets(params: Any, assets: Mapping[str, Any], where: str) -> None:
     if layers is not None and layers > config.num_hidden_layers:
         raise SpecError(f"{where}.params.num_layers: {layers} is more than the "
                         f"{config.num_hidden_layers} layers of {arch}")
+    return True

@@ -1,128 +1,189 @@
-"""``backend: nemo``: the same experiment run by NVIDIA NeMo 2 in the site's ``nemo`` image.
+"""``backend: nemo``: the LoRA fine-tuning run by NVIDIA's training stack (megatron-core).
 
-``nemo_command`` builds the NeMo-Run CLI call of a LoRA fine-tuning of Llama-2-7B on Dolly
-(``nemo llm finetune --factory llama2_7b`` with ``data=dolly``), the run's knobs mapped onto
-NeMo's own settings (the table: docs/benchmarks/finetune.md, "The NeMo backend"); ``memory:
-managed`` has no NeMo setting and is skipped. ``run_nemo`` runs it (in the image, or through the
-site's container runtime and ``containers/nemo.sif``), keeps the log, and ``parse_log`` turns its
-per-step lines into the torch backend's metrics (NeMo logs no data-loader waits). It cannot run
-on a machine without the image; tests check the command and the parser. Cheap to import (no
-torch): the nemo tests run without it.
+NeMo's LLM recipes moved to Megatron-Bridge over megatron-core; Megatron-Bridge 0.6.2 pins
+transformers <= 5.12.1 (the GPU image has 5.17) and TransformerEngine is 264 MiB (over the
+carry), so this backend builds megatron-core's own ``GPTModel`` with its non-TransformerEngine
+layer spec (``get_gpt_layer_local_spec``), the Llama shape of the run's model asset with random
+weights, and a LoRA on NeMo's targets for the torch backend's (q/k/v -> ``linear_qkv``, o ->
+``linear_proj``, same rank and alpha). One step is megatron-core's schedule
+(``get_forward_backward_func``). Megatron-core is a library with no trainer log, so the runner
+(``mcore_lora.py``, a child process: megatron's global parallel state stays out of the job)
+prints Megatron-LM's training-log lines (``iteration N/M | ... elapsed time per iteration (ms)``
+and ``memory (MB) | ... max allocated``), and ``parse_log`` reads them back into the torch
+backend's metrics; its markers around the measured steps open the measured window here, where
+the energy meter listens (``run_logged``); under ``profiler: nsys`` the child is traced too and
+opens the capture (``measured_region``) as the torch backend does. The knobs become megatron-core's settings (``mcore_settings``): checkpointing
+is its full uniform recompute; bf16 its ``bf16``/``params_dtype``; its CPU offloading of
+activations (``cpu_offloading`` and ``fine_grained_activation_offloading`` alike) and FP8 need
+TransformerEngine and are skipped, with that reason, where it is missing. Cheap to import (no
+torch, no megatron): the CPU tests (Python 3.11, no megatron-core) check the settings and the
+parser.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
 import statistics
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hopperlab.core.rundir import SkipRun
+from hopperlab.core.window import MEASURED, announce
 from hopperlab.core.stats import percentile
-from hopperlab.node.containers import find_runtime, image_path, job_exec_prefix
 from hopperlab.workloads.base import Recording, RunView
 from hopperlab.workloads.finetune import FinetuneParams
 
-NEMO_IMAGE = "nemo"
-#: Megatron needs cpu_offloading_num_layers < num_layers; Llama-2-7B has 32
-LLAMA2_7B_LAYERS = 32
+RUNNER = "hopperlab.workloads.finetune.mcore_lora"
+#: megatron-core's submodules that offload activations import TransformerEngine's cpu_offload
+TE_MODULE = "transformer_engine"
+MIB_PER_GIB = 1024.0
+#: the runner's lines around its measured steps (after the device is synchronised)
+WINDOW_START = "window: measured start"
+WINDOW_END = "window: measured end"
 
-_STEP_RE = re.compile(r"global_step[:=]\s*(?P<step>\d+(?:\.\d+)?)")
-_TIME_RE = re.compile(r"train_step_timing in s[:=]\s*(?P<t>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
-_LOSS_RE = re.compile(r"reduced_train_loss[:=]\s*(?P<loss>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+# Megatron-LM's training log: " [time] iteration    3/   13 | consumed samples: ... |
+# elapsed time per iteration (ms): 702.3 | ... | lm loss: 2.1E+00 | ..."
+_ITER_RE = re.compile(r"iteration\s+(?P<it>\d+)\s*/\s*(?P<of>\d+)\s*\|")
+_TIME_RE = re.compile(r"elapsed time per iteration \(ms\):\s*(?P<ms>[0-9.]+(?:[eE][-+]?\d+)?)")
+_LOSS_RE = re.compile(r"lm loss:\s*(?P<loss>[-0-9.]+(?:[eE][-+]?\d+)?)")
+# Megatron-LM's report_memory: "[Rank 0] (after 13 iterations) memory (MB) | allocated: ... |
+# max allocated: 35123.4 | reserved: ... | max reserved: ..."
+_MEM_RE = re.compile(r"memory \(MB\).*?\|\s*max allocated:\s*(?P<max>[0-9.]+)")
+_MAX_RESERVED_RE = re.compile(r"max reserved:\s*(?P<max>[0-9.]+)")
+
+#: peft module names -> megatron-core's (NeMo's LoRA target names)
+_TARGETS = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv",
+            "o_proj": "linear_proj", "gate_proj": "linear_fc1", "up_proj": "linear_fc1",
+            "down_proj": "linear_fc2"}
 
 
 @dataclass(frozen=True)
-class NemoStep:
+class MegatronStep:
     step: int
     step_s: float
     loss: float | None
 
 
-def nemo_command(params: FinetuneParams, knobs: Any, *, experiment_dir: str,
-                 restore_path: str | None = None, num_layers: int = LLAMA2_7B_LAYERS
-                 ) -> list[str]:
-    """The NeMo fine-tuning command for the run, as an argument list (no shell)."""
-    if params.method != "lora":
-        raise ValueError("backend nemo: only method: lora (NeMo's LoRA recipe) is built")
-    if knobs.memory == "managed":
-        raise ValueError("backend nemo: memory: managed has no NeMo setting")
-    steps = params.warmup_steps + params.measured_steps
-    cmd = ["nemo", "llm", "finetune", "--factory", f"{params.nemo_recipe}", "--yes",
-           "trainer.devices=1", "trainer.num_nodes=1",
-           f"trainer.max_steps={steps}", "trainer.limit_val_batches=0",
-           f"trainer.val_check_interval={steps + 1}", "trainer.log_every_n_steps=1",
-           f"log.log_dir={experiment_dir}",
-           "data=dolly", f"data.seq_length={params.seq_len}",
-           f"data.micro_batch_size={params.micro_batch}",
-           f"data.global_batch_size={params.micro_batch}",
-           f"data.num_workers={int(knobs.num_workers)}",
-           f"data.seed={params.seed}",
-           f"peft.dim={params.lora_rank}", f"peft.alpha={params.lora_alpha}",
-           f"peft.dropout={params.lora_dropout}",
-           "peft.target_modules=[" + ",".join(_nemo_targets(params.lora_targets)) + "]",
-           f"optim.config.lr={params.learning_rate}",
-           "model.config.tensor_model_parallel_size=1",
-           "model.config.pipeline_model_parallel_size=1"]
-    if restore_path:
-        cmd.append(f"resume.restore_config.path={restore_path}")
-    offload = knobs.offload
-    if offload != "none":
-        cmd += ["model.config.cpu_offloading=True",
-                f"model.config.cpu_offloading_num_layers={num_layers - 1}",
-                f"model.config.cpu_offloading_activations="
-                f"{offload in ('activations', 'both')}",
-                f"model.config.cpu_offloading_weights={offload in ('parameters', 'both')}"]
-    if params.checkpointing:
-        cmd += ["model.config.recompute_granularity=full",
-                "model.config.recompute_method=uniform", "model.config.recompute_num_layers=1"]
-    if knobs.precision == "fp8":
-        cmd.append("trainer.plugins=bf16_with_fp8_mixed")
-    else:
-        cmd.append("trainer.plugins=bf16_mixed")
-    return cmd + list(params.nemo_extra)
-
-
-def _nemo_targets(targets: Iterable[str]) -> list[str]:
-    """peft module names -> NeMo's: q/k/v are one fused ``linear_qkv``, o is ``linear_proj``,
-    gate/up are ``linear_fc1``, down is ``linear_fc2``."""
-    names = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv",
-             "o_proj": "linear_proj", "gate_proj": "linear_fc1", "up_proj": "linear_fc1",
-             "down_proj": "linear_fc2"}
+def mcore_targets(targets: Iterable[str]) -> list[str]:
+    """peft module names -> megatron-core's: q/k/v are one fused ``linear_qkv``, o is
+    ``linear_proj``, gate/up are ``linear_fc1``, down is ``linear_fc2``."""
     out: list[str] = []
     for t in targets:
-        if t not in names:
-            raise ValueError(f"lora_targets: {t!r} has no NeMo equivalent "
-                             f"(known: {', '.join(names)})")
-        if names[t] not in out:
-            out.append(names[t])
+        if t not in _TARGETS:
+            raise ValueError(f"lora_targets: {t!r} has no megatron-core equivalent "
+                             f"(known: {', '.join(_TARGETS)})")
+        if _TARGETS[t] not in out:
+            out.append(_TARGETS[t])
     return out
 
 
-def parse_log(lines: Iterable[str]) -> list[NemoStep]:
-    """Per-step figures from a NeMo log (one entry per global step, the last line wins)."""
-    steps: dict[int, NemoStep] = {}
+def model_shape(config: dict[str, Any]) -> dict[str, Any]:
+    """The Llama shape of a Hugging Face ``config.json`` in megatron-core's terms."""
+    try:
+        heads = int(config["num_attention_heads"])
+        return {"num_layers": int(config["num_hidden_layers"]),
+                "hidden_size": int(config["hidden_size"]),
+                "num_attention_heads": heads,
+                "num_query_groups": int(config.get("num_key_value_heads") or heads),
+                "ffn_hidden_size": int(config["intermediate_size"]),
+                "vocab_size": int(config["vocab_size"]),
+                "layernorm_epsilon": float(config.get("rms_norm_eps", 1e-5)),
+                "rotary_base": float(config.get("rope_theta", 10000.0))}
+    except KeyError as exc:
+        raise ValueError(f"model config.json: key {exc.args[0]!r} missing") from None
+
+
+def mcore_settings(params: FinetuneParams, knobs: Any, *, num_layers: int,
+                   te_available: bool) -> dict[str, Any]:
+    """The TransformerConfig settings the run's knobs and params map onto (ValueError: what
+    megatron-core cannot do here, the reason)."""
+    if params.method != "lora":
+        raise ValueError("backend nemo: only method: lora is built")
+    if params.weights != "random":
+        raise ValueError("backend nemo: weights: random only (loading Hugging Face weights into "
+                         "megatron-core is Megatron-Bridge's conversion, not importable here)")
+    if knobs.memory == "managed":
+        raise ValueError("backend nemo: memory: managed has no megatron-core setting")
+    if knobs.precision == "fp8":
+        raise ValueError("backend nemo: fp8 needs TransformerEngine's layer spec, and this "
+                         "backend builds megatron-core's local one" + (
+                             "" if te_available else " (TransformerEngine is not installed: "
+                             "its CUDA 13 wheel is 264 MiB, over the device's carry)"))
+    bf16 = params.dtype == "bfloat16"
+    out: dict[str, Any] = {"bf16": bf16, "params_dtype": params.dtype,
+                           "hidden_dropout": 0.0, "attention_dropout": 0.0}
+    if params.checkpointing:
+        out.update(recompute_granularity="full", recompute_method="uniform",
+                   recompute_num_layers=1)
+    if knobs.offload != "none":
+        if not te_available:
+            raise ValueError("backend nemo: megatron-core's CPU offloading of activations "
+                             "(cpu_offloading and fine_grained_activation_offloading alike) "
+                             "needs TransformerEngine's cpu_offload, which is not installed")
+        if params.checkpointing:
+            raise ValueError("backend nemo: megatron-core refuses CPU offloading with "
+                             "activation recomputation")
+        # megatron-core needs cpu_offloading_num_layers < num_layers
+        out.update(cpu_offloading=True, cpu_offloading_num_layers=num_layers - 1,
+                   cpu_offloading_activations=knobs.offload in ("activations", "both"),
+                   cpu_offloading_weights=knobs.offload in ("parameters", "both"))
+    return out
+
+
+def runner_config(params: FinetuneParams, knobs: Any, shape: dict[str, Any], *,
+                  tokens_path: str, te_available: bool) -> dict[str, Any]:
+    """Everything the runner needs, as JSON-able values (ValueError: see ``mcore_settings``)."""
+    return {"shape": shape,
+            "settings": mcore_settings(params, knobs, num_layers=shape["num_layers"],
+                                       te_available=te_available),
+            "lora": {"targets": mcore_targets(params.lora_targets), "rank": params.lora_rank,
+                     "alpha": params.lora_alpha},
+            "seq_len": params.seq_len, "micro_batch": params.micro_batch,
+            "warmup_steps": params.warmup_steps, "measured_steps": params.measured_steps,
+            "learning_rate": params.learning_rate, "weight_decay": params.weight_decay,
+            "seed": params.seed, "tokens": tokens_path}
+
+
+def parse_log(lines: Iterable[str]) -> list[MegatronStep]:
+    """Per-step figures from a Megatron-LM training log (iteration N is step N-1; the last line
+    of an iteration wins)."""
+    steps: dict[int, MegatronStep] = {}
     for line in lines:
-        t = _TIME_RE.search(line)
-        s = _STEP_RE.search(line)
-        if not (t and s):
+        it, t = _ITER_RE.search(line), _TIME_RE.search(line)
+        if not (it and t):
             continue
         loss = _LOSS_RE.search(line)
-        step = int(float(s.group("step")))
-        steps[step] = NemoStep(step=step, step_s=float(t.group("t")),
-                               loss=float(loss.group("loss")) if loss else None)
+        step = int(it.group("it")) - 1
+        steps[step] = MegatronStep(step=step, step_s=float(t.group("ms")) / 1000.0,
+                                   loss=float(loss.group("loss")) if loss else None)
     return [steps[k] for k in sorted(steps)]
 
 
-def summarize_log(steps: Sequence[NemoStep], *, warmup_steps: int,
+def parse_peak_gib(lines: Iterable[str]) -> dict[str, float]:
+    """The last ``memory (MB)`` line's max allocated (and max reserved), GiB; {} without one."""
+    out: dict[str, float] = {}
+    for line in lines:
+        m = _MEM_RE.search(line)
+        if m:
+            out["peak_gpu_allocated_gib"] = float(m.group("max")) / MIB_PER_GIB
+            r = _MAX_RESERVED_RE.search(line)
+            if r:
+                out["peak_gpu_reserved_gib"] = float(r.group("max")) / MIB_PER_GIB
+    return out
+
+
+def summarize_log(steps: Sequence[MegatronStep], *, warmup_steps: int,
                   tokens_per_step: int) -> dict[str, float]:
-    """The torch backend's figures from NeMo's steps (the first ``warmup_steps`` excluded)."""
+    """The torch backend's figures from the log's steps (the first ``warmup_steps`` excluded)."""
     measured = list(steps[warmup_steps:])
     if not measured:
-        raise ValueError(f"the NeMo log has {len(steps)} step line(s), none after the "
+        raise ValueError(f"the megatron log has {len(steps)} step line(s), none after the "
                          f"{warmup_steps} warm-up step(s)")
     times = [s.step_s for s in measured]
     out = {"tokens_per_s": statistics.median(tokens_per_step / t for t in times),
@@ -135,53 +196,125 @@ def summarize_log(steps: Sequence[NemoStep], *, warmup_steps: int,
     return out
 
 
-def container_prefix(spec: RunView) -> list[str] | None:
-    """What goes before the command: [] inside the nemo image already, the runtime's exec
-    prefix for ``containers/nemo.sif`` otherwise, None when neither is possible."""
-    if os.environ.get("HOPPERLAB_IMAGE") == NEMO_IMAGE:
-        return []
-    container = spec.site.container
-    images_dir = Path(container.image_file).parent if container.image_file else Path("containers")
-    image = image_path(NEMO_IMAGE, images_dir)
-    runtime = find_runtime(container.runtime)  # the site's setting: auto, or a runtime's name
-    if runtime is None or not image.is_file():
-        return None
-    return job_exec_prefix(runtime, image, [spec.run_dir, spec.site.assets_dir], container.binds,
-                           gpus=True)
+def missing_stack() -> str | None:
+    """Why megatron-core cannot run in this Python (None: it can be imported)."""
+    if importlib.util.find_spec("megatron") is None or \
+            importlib.util.find_spec("megatron.core") is None:
+        py = f"{sys.version_info.major}.{sys.version_info.minor}"
+        return (f"megatron-core is not importable in Python {py} (its releases since 0.17 need "
+                f"Python >= 3.12; the pinned wheel: requirements-nemo.txt)")
+    return None
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _child_env() -> dict[str, str]:
+    """The job's environment with hopperlab's source folder first on PYTHONPATH."""
+    src = str(Path(__file__).resolve().parents[3])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # megatron-core's advice for overlap
+    return env
 
 
 def run_nemo(spec: RunView, params: FinetuneParams, recorder: Recording) -> None:
+    why = missing_stack()
+    if why is not None:
+        raise SkipRun(f"backend nemo: {why}")
+    te = importlib.util.find_spec(TE_MODULE) is not None
+    config_json = Path(spec.asset_path("model")) / "config.json"
     try:
-        model_dir = spec.asset_path("model")
-    except Exception:  # noqa: BLE001 - NeMo can fetch the model itself
-        model_dir = None
-    restore = str(model_dir) if model_dir and (Path(model_dir) / "context").is_dir() else None
+        shape = model_shape(json.loads(config_json.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{config_json}: {exc}") from None
+    work = Path(spec.run_dir) / "nemo"
+    work.mkdir(parents=True, exist_ok=True)
     try:
-        cmd = nemo_command(params, spec.knobs, experiment_dir=str(Path(spec.run_dir) / "nemo"),
-                           restore_path=restore)
+        config = runner_config(params, spec.knobs, shape, tokens_path=str(work / "tokens.pt"),
+                               te_available=te)
     except ValueError as exc:
         raise SkipRun(str(exc)) from None
-    prefix = container_prefix(spec)
-    if prefix is None:
-        raise SkipRun("backend nemo: not inside the nemo image, and no container runtime with "
-                      "containers/nemo.sif here (build it: hopperlab containers "
-                      "build nemo)")
-    full = prefix + cmd
-    recorder.set_tag("nemo.command", " ".join(full))
+    if "recompute_granularity" in config["settings"] and not _cuda():
+        raise SkipRun("backend nemo: megatron-core's recompute saves and restores CUDA RNG "
+                      "states (tensor_parallel.checkpoint): it needs CUDA")
+    source = write_tokens(spec, params, shape["vocab_size"], Path(config["tokens"]))
+    recorder.set_tag("data.source", source)
+    (work / "config.json").write_text(json.dumps(config, indent=1))
+    cmd = [sys.executable, "-m", RUNNER, str(work / "config.json")]
+    recorder.set_tag("nemo.command", " ".join(cmd))
+    recorder.set_tag("nemo.stack", "megatron-core GPTModel, local (non-TE) layer spec")
     log_path = recorder.artifact_path("nemo.log")
-    with open(log_path, "w") as log:
-        proc = subprocess.run(full, stdout=log, stderr=subprocess.STDOUT, text=True)
+    returncode = run_logged(cmd, log_path)
     lines = log_path.read_text().splitlines()
-    if proc.returncode != 0:
+    if returncode != 0:
         tail = "\n".join(lines[-20:])
-        raise RuntimeError(f"NeMo exited with status {proc.returncode}; log tail:\n{tail}")
+        raise RuntimeError(f"megatron-core runner exited with status {returncode}; "
+                           f"log tail:\n{tail}")
+    for line in lines:
+        for key in ("versions", "device", "model"):
+            if line.startswith(f"{key}: "):
+                recorder.set_tag(f"nemo.{key}", line.split(": ", 1)[1].strip())
+        if line.startswith("device: "):
+            recorder.set_tag("finetune.gpu_measured", str(line.startswith("device: cuda")).lower())
     steps = parse_log(lines)
+    tokens_per_step = params.seq_len * params.micro_batch
     for s in steps:
-        figures = {"step_time_s": s.step_s,
-                   "tokens_per_s": params.seq_len * params.micro_batch / s.step_s}
+        figures = {"step_time_s": s.step_s, "tokens_per_s": tokens_per_step / s.step_s}
         if s.loss is not None:
             figures["loss"] = s.loss
         recorder.log_step(s.step, **figures)
     final = summarize_log(steps, warmup_steps=params.warmup_steps,
-                          tokens_per_step=params.seq_len * params.micro_batch)
+                          tokens_per_step=tokens_per_step)
+    final.update(parse_peak_gib(lines))
     recorder.log_metrics(final)
+
+
+def run_logged(cmd: list[str], log_path: Path) -> int:
+    """Run the runner with its output copied to ``log_path``; its window markers (``WINDOW_START``
+    / ``WINDOW_END``, printed around the measured steps) open and close the measured window in
+    this process, where the runner's energy meter listens. Returns the exit status."""
+    opened = False
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=_child_env())
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith(WINDOW_START) and not opened:
+                announce("start", MEASURED)
+                opened = True
+            elif line.startswith(WINDOW_END) and opened:
+                announce("end", MEASURED)
+                opened = False
+        returncode = proc.wait()
+    if opened:
+        announce("end", MEASURED)
+    return returncode
+
+
+def write_tokens(spec: RunView, params: FinetuneParams, vocab_size: int, path: Path) -> str:
+    """The run's batches (the torch backend's data source and loader, one worker-less pass),
+    shifted for megatron (labels are the next token; -100 where no loss), saved for the runner;
+    returns the source's description."""
+    import torch
+
+    from hopperlab.workloads.finetune import data
+
+    source = data.open_source(spec, params, vocab_size)
+    loader = data.make_loader(source, params, 0, pin_memory=False)
+    it = data.batches(loader)
+    ids, labels = [], []
+    for _ in range(params.warmup_steps + params.measured_steps):
+        batch = next(it)
+        x = torch.as_tensor(batch["input_ids"])
+        y = torch.as_tensor(batch.get("labels", x)).clone()
+        shifted = torch.full_like(y, -100)
+        shifted[:, :-1] = y[:, 1:]
+        ids.append(x)
+        labels.append(shifted)
+    torch.save({"input_ids": torch.stack(ids), "labels": torch.stack(labels)}, path)
+    return source.description

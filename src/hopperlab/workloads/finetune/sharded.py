@@ -34,7 +34,7 @@ from hopperlab.cuda.nvtx import measured_region
 from hopperlab.memory.pinned import pinned_empty
 from hopperlab.node.host_bandwidth import triad_gbps
 from hopperlab.workloads.base import Recording
-from hopperlab.workloads.finetune import host_need, shard_init, step_floor
+from hopperlab.workloads.finetune import cpu_adamw, host_need, shard_init, step_floor
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,23 @@ def build_sharded(shape: Shape, dtype: Any, mode: str, seed: int, device: Any, c
     return model, bases
 
 
+#: PyTorch's pinned host allocator (FSDP2's offloaded gradients, torchao's copies): plain
+#: memory whose pages 8 threads touch, then ``cudaHostRegister``; by default ``cudaHostAlloc``
+#: faults and clears every page on one thread (about 0.5 GB/s: most of the 51-81 s first steps
+#: of the 2026-11-28 offload runs, issue 35)
+PINNED_ALLOC_SETTINGS = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
+
+
+def fast_pinning() -> str:
+    """Switch the pinned host allocator to ``PINNED_ALLOC_SETTINGS`` (read at each new block);
+    returns what the run's blocks are made with, for its record."""
+    try:
+        torch.cuda.memory._set_allocator_settings(PINNED_ALLOC_SETTINGS)
+    except (RuntimeError, AttributeError, ValueError) as exc:
+        return f"cudaHostAlloc (the settings were refused: {type(exc).__name__}: {exc})"[:250]
+    return "malloc, pages touched by 8 threads, cudaHostRegister"
+
+
 def batch(step: int, micro: int, rank: int, world: int, seq_len: int, vocab: int, seed: int,
           device: Any) -> torch.Tensor:
     """Rank ``rank``'s micro batch ``micro`` of ``step``: rows of the global batch by rank."""
@@ -166,10 +183,16 @@ def shard(model: Llama, mode: str, cuda: bool) -> None:
     fully_shard(model, **kw)
 
 
-def make_optimizer(model: nn.Module, mode: str, lr: float, weight_decay: float) -> Any:
+def make_optimizer(model: nn.Module, mode: str, lr: float, weight_decay: float,
+                   device: Any = "cpu", threads: int | None = None) -> Any:
     """AdamW, fused on both sides: torchao fuses its CPU AdamW by default, so FSDP2's CPU step
     (parameters in host memory under CPUOffloadPolicy) must be fused too for a fair pair; the
-    unfused (foreach) step also makes whole-model temporaries a 125 GiB host cannot spare."""
+    unfused (foreach) step also makes whole-model temporaries a 125 GiB host cannot spare.
+    FSDP2 offload: one fused AdamW per FSDP unit (``cpu_adamw``), which may step during
+    backward (on ``threads``: None, torch's pool)."""
+    if mode == "fsdp2-cpu-offload":
+        return cpu_adamw.LayerwiseAdamW(cpu_adamw.fsdp_units(model), lr, weight_decay, device,
+                                        threads=threads)
     if mode == "torchao-cpu-offload":
         from torchao.optim import CPUOffloadOptimizer
 
@@ -179,35 +202,47 @@ def make_optimizer(model: nn.Module, mode: str, lr: float, weight_decay: float) 
 
 
 def accumulate(model: nn.Module, step: int, accum: int, rank: int, world: int, seq_len: int,
-               micro_batch: int, vocab: int, seed: int, device: Any) -> torch.Tensor:
+               micro_batch: int, vocab: int, seed: int, device: Any,
+               before_last_backward: Callable[[], None] | None = None) -> torch.Tensor:
     """Forward and backward of this rank's ``accum`` micro batches of ``step`` (gradients
-    accumulated); returns their mean loss (a device tensor: no sync)."""
+    accumulated); returns their mean loss (a device tensor: no sync). ``before_last_backward``
+    runs right before the last micro batch's backward (the layer-wise optimizer starts)."""
     total = torch.zeros((), device=device)
     for m in range(accum):
         rows = [batch(step, m * micro_batch + i, rank, world, seq_len, vocab, seed, device)
                 for i in range(micro_batch)]
         loss = loss_of(model, torch.cat(rows)) / accum
+        if m == accum - 1 and before_last_backward is not None:
+            before_last_backward()
         loss.backward()
         total += loss.detach()
     return total
 
 
 def train_step(model: nn.Module, opt: Any, step: int, accum: int, rank: int, world: int,
-               seq_len: int, micro_batch: int, vocab: int, seed: int, device: Any
-               ) -> tuple[float, float]:
+               seq_len: int, micro_batch: int, vocab: int, seed: int, device: Any,
+               overlap: bool = False) -> tuple[float, float, float]:
     """One optimizer step over ``accum`` micro batches of ``micro_batch`` rows on each rank;
-    returns (the global batch's mean loss, seconds in opt.step())."""
-    total = accumulate(model, step, accum, rank, world, seq_len, micro_batch, vocab, seed, device)
+    returns (the global batch's mean loss, seconds of the optimizer's own work, seconds of it
+    the step waited for after backward: the exposed part). ``overlap`` (a ``LayerwiseAdamW``):
+    each unit steps during backward as its gradients land in host memory."""
+    begin = opt.begin if overlap else None
+    total = accumulate(model, step, accum, rank, world, seq_len, micro_batch, vocab, seed, device,
+                       before_last_backward=begin)
     _sync(device)  # the optimizer step is timed alone, not with backward's tail on the GPU
     t0 = time.perf_counter()
-    opt.step()
+    if overlap:
+        opt.finish()
+    else:
+        opt.step()
     _sync(device)
-    opt_s = time.perf_counter() - t0
+    exposed_s = time.perf_counter() - t0
+    opt_s = getattr(opt, "busy_s", exposed_s)  # the layer-wise optimizer times its own steps
     opt.zero_grad(set_to_none=True)
     if world > 1:
         dist.all_reduce(total)
         total /= world
-    return float(total), opt_s
+    return float(total), opt_s, exposed_s
 
 
 def measure_compute(model: nn.Module, plan: "Plan", device: Any, accum: int) -> float:
@@ -264,6 +299,11 @@ class Plan:
     weight_decay: float
     seed: int
     checkpointing: bool
+    #: FSDP2 offload: step each unit's AdamW during backward as its gradients land in host
+    #: memory (``cpu_adamw``); one micro batch per step only (else after backward)
+    overlap_optimizer: bool = False
+    #: CPUs this rank was given (the job's thread plan); None: torch's current pool
+    cpus: int | None = None
 
 
 def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None) -> None:
@@ -351,22 +391,102 @@ def probe_compute(plan: Plan, device: Any, accum: int) -> float:
     return step_floor.extrapolate_layers(times[0], times[1], sizes[0], sizes[1], layers)
 
 
-def _host_triad_gbps(share_bytes: int, world: int) -> float:
-    """The host memory rate this rank's CPUs reach with every rank of the node streaming at
-    once (as their optimizer steps do): arrays a quarter of the rank's parameter bytes, 8 to
-    512 MiB each."""
-    if world > 1:
-        dist.barrier()
-    return triad_gbps(mib_per_array=max(8, min(512, share_bytes // 4 // 2**20)))
+@dataclass(frozen=True)
+class NodeTriad:
+    """The host memory rate with every rank of the node streaming at once."""
+
+    #: GB/s of all the ranks together (the rate their optimizer steps share) and of this one
+    node_gbps: float
+    rank_gbps: float
+    threads: int
+    ranks: int
+    #: wall-clock (start, end) of this rank's timed passes
+    windows: list[tuple[float, float]]
+
+
+def node_triad(share_bytes: int, threads: int, ranks_on_host: int) -> NodeTriad:
+    """The triad on ``threads`` threads in every rank of the node at once: each timed pass
+    starts at a barrier and counts at the slowest rank's time, so the node's rate is the sum
+    of what the ranks streamed over the time they all streamed. Arrays a quarter of the
+    rank's parameter bytes, 8 to 512 MiB each (well past the caches)."""
+    together = dist.is_initialized() and dist.get_world_size() > 1
+
+    def slowest(seconds: float) -> float:
+        t = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_cpu_group())
+        return float(t)
+
+    windows: list[tuple[float, float]] = []
+    mib = max(8, min(512, share_bytes // 4 // 2**20))
+    rank_gbps = triad_gbps(mib_per_array=mib, threads=threads, windows=windows,
+                           start=(lambda: dist.barrier(group=_cpu_group())) if together else None,
+                           slowest=slowest if together else None)
+    return NodeTriad(node_gbps=rank_gbps * ranks_on_host, rank_gbps=rank_gbps, threads=threads,
+                     ranks=ranks_on_host, windows=windows)
+
+
+_CPU_GROUP: list[Any] = []
+
+
+def _cpu_group() -> Any:
+    """A gloo group over the default group's ranks (CPU tensors under NCCL), made once."""
+    if not _CPU_GROUP:
+        backend = dist.get_backend()
+        _CPU_GROUP.append(None if backend == "gloo" else dist.new_group(backend="gloo"))
+    return _CPU_GROUP[0]
+
+
+def ranks_on_host(world: int) -> int:
+    """Ranks of this job on this host (one host per job here: the local world size when the
+    launcher says, else the world)."""
+    import os
+
+    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE")
+    return int(local) if local and local.isdigit() else world
+
+
+def matmul_rate_tflops(device: Any, dtype: Any) -> float:
+    """The dense matmul rate the compute floor divides by: the GPU's (``device_rates``, bf16
+    at 8192 cubed) or, on a CPU-only run, the CPU's in ``dtype`` on the job's threads."""
+    if getattr(device, "type", str(device)) == "cuda":
+        from hopperlab.cuda.device_rates import matmul_tflops
+
+        return matmul_tflops(device, dtype=dtype if dtype in (torch.bfloat16, torch.float16)
+                             else torch.bfloat16)
+    n = 512
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.matmul(a, b)
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best / 1e12
+
+
+def step_flops_of(model: Llama, plan: "Plan", world: int) -> float:
+    """FLOPs of this rank's step (``step_floor.step_flops``; global parameter sizes)."""
+    matmul = sum(p.numel() for name, p in model.named_parameters()
+                 if p.dim() == 2 and not name.startswith("embed"))
+    head = model.head.weight.numel()
+    tokens = plan.global_batch // world * plan.seq_len
+    return step_floor.step_flops(matmul, head, plan.shape.layers, plan.shape.hidden,
+                                 plan.seq_len, tokens, plan.checkpointing)
 
 
 def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None,
          model: Llama, device: Any, rank: int, world: int, accum: int) -> None:
     n_params = sum(p.numel() for p in model.parameters())  # global sizes, sharded or not
-    opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay)
+    threads = plan.cpus or torch.get_num_threads()
+    torch.set_num_threads(threads)  # the job's CPUs, whatever a launcher left in the pool
+    overlap = plan.overlap_optimizer and accum == 1 and plan.mode == "fsdp2-cpu-offload"
+    # stepping during backward, the optimizer leaves 2 of the rank's CPUs to the training
+    # thread's kernel launches and NCCL's threads (AdamW is memory bound: it loses little)
+    opt_threads = max(1, threads - 2) if overlap and threads >= 4 else threads
+    opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay, device, opt_threads)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    times, opt_times, losses = [], [], []
+    times, opt_times, exposed_times, losses = [], [], [], []
     recorder.mark_setup_done()  # set-up ends where the first step begins (setup_s)
     with ExitStack() as measured:  # the measured window: the steps after warm-up
         for step in range(plan.warmup + plan.steps):
@@ -374,14 +494,17 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
                 measured.enter_context(measured_region())
             _sync(device)
             t0 = time.perf_counter()
-            loss, opt_s = train_step(model, opt, step, accum, rank, world, plan.seq_len,
-                                     plan.micro_batch, plan.shape.vocab, plan.seed, device)
+            loss, opt_s, exposed_s = train_step(model, opt, step, accum, rank, world,
+                                                plan.seq_len, plan.micro_batch,
+                                                plan.shape.vocab, plan.seed, device, overlap)
             dt = time.perf_counter() - t0
-            recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s)
+            recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s,
+                              optimizer_exposed_s=exposed_s)
             losses.append(loss)
             if step >= plan.warmup:
                 times.append(dt)
                 opt_times.append(opt_s)
+                exposed_times.append(exposed_s)
     s_iter = percentile(times, 50)
     if world > 1:  # the run is as fast as its slowest rank
         t = torch.tensor([s_iter], dtype=torch.float64, device=device)
@@ -391,6 +514,9 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     elt = torch.finfo(plan.dtype).bits // 8
     figures = {"step_time_p50_s": s_iter, "s_per_iter": s_iter, "tokens_per_s": tokens / s_iter,
                "step_s": percentile(times, 50), "optimizer_step_s": percentile(opt_times, 50),
+               "optimizer_exposed_s": percentile(exposed_times, 50),
+               "optimizer_overlapped": float(overlap), "torch_threads": float(threads),
+               "optimizer_threads": float(opt_threads),
                "loss_first": losses[0], "loss_last": losses[-1], "loss_drop": losses[0] - losses[-1],
                "params_b": n_params / 1e9, "accumulation_steps": float(accum),
                "peak_host_mem_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
@@ -400,18 +526,28 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     pinned = pinned_host_gb() if cuda else None
     if pinned is not None:
         figures["pinned_host_peak_gb"] = pinned
-    # the floor's compute part is measured after the run (not in its set-up), on a probe model
-    compute_s = probe_compute(plan, device, accum)
+    # the floor from the hardware (step_floor): FLOPs at the measured matmul rate, the link's
+    # bytes at the pinned rates, the CPU optimizer's bytes at the node's triad (every rank at
+    # once, on the job's threads); the run's own parts stay beside it as diagnostics
+    local = ranks_on_host(world)
+    figures["matmul_tflops"] = matmul_rate_tflops(device, plan.dtype)
+    figures["compute_measured_s"] = probe_compute(plan, device, accum)  # diagnostic
+    host = None
+    if plan.mode in step_floor.OFFLOADED:
+        triad = node_triad(n_params * elt // world, threads, local)
+        host = triad.node_gbps
+        figures.update(host_triad_gbps=host, host_triad_rank_gbps=triad.rank_gbps,
+                       host_triad_threads=float(triad.threads), host_triad_ranks=float(local))
     rates = pinned_gbps if cuda and pinned_gbps else (None, None)
     floor = step_floor.step_floor(step_floor.FloorInputs(
-        mode=plan.mode, params=n_params, elt_bytes=elt, world=world, compute_s=compute_s,
-        optimizer_s=figures["optimizer_step_s"], h2d_gbps=rates[0], d2h_gbps=rates[1]))
-    figures.update(compute_s=compute_s, **floor, **step_floor.over_floor(s_iter, floor))
-    if plan.mode in step_floor.OFFLOADED:  # the CPU optimizer's floor, and the GH200 prediction's input
-        host = _host_triad_gbps(n_params * elt // world, world)
-        figures["host_triad_gbps"] = host
-        opt_floor = step_floor.optimizer_floor(plan.mode, n_params, elt, world, host)
-        figures.update(opt_floor)
-        if opt_floor.get("optimizer_floor_s", 0) > 0:
-            figures["optimizer_over_floor"] = figures["optimizer_step_s"] / opt_floor["optimizer_floor_s"]
+        mode=plan.mode, params=n_params, elt_bytes=elt, world=world,
+        flops=step_flops_of(model, plan, world), matmul_tflops=figures["matmul_tflops"],
+        host_gbps=host, ranks_on_host=local, h2d_gbps=rates[0], d2h_gbps=rates[1],
+        overlapped=overlap))
+    figures.update(**floor, **step_floor.over_floor(s_iter, floor))
+    if floor.get("optimizer_floor_s", 0) > 0:
+        figures["optimizer_over_floor"] = figures["optimizer_step_s"] / floor["optimizer_floor_s"]
+    if floor.get("floor_compute_s", 0) > 0:
+        figures["compute_measured_over_floor"] = (figures["compute_measured_s"]
+                                                  / floor["floor_compute_s"])
     recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})

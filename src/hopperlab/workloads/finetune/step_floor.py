@@ -1,12 +1,24 @@
-"""The per-step floor of a sharded fine-tuning step, from figures the run records.
+"""The per-step floor of a sharded fine-tuning step, from what the hardware does, never from
+the run's own parts (issue 35: a floor that adds the run's measured optimizer step is met by
+construction and hides a CPU step running at one core's rate).
 
-Why a floor: a step's time alone does not say how much of it the platform wasted. The floor is
-what the node allows for the same work: the GPU compute of this rank's micro batches measured
-alone (every weight on the GPU, no optimizer, no collectives), the bytes this rank's step moves
-over the host link at the node's measured pinned rate each way (compute and the two directions
-overlap, so the longest of the three counts), plus the optimizer step, which nothing overlaps
-(on the CPU under offload). NCCL traffic between GPUs (fsdp2 without offload) is not in it:
-the floor is a lower bound. No torch here: tests feed it recorded inputs.
+Parts, each the work over a rate the job measured on its node:
+
+- GPU compute: the step's FLOPs on this rank (``step_flops``: 6 per matmul parameter per
+  token, causal attention, and the forward again under checkpointing) over the GPU's measured
+  dense matmul rate (``cuda.device_rates.matmul_tflops``; on a CPU-only run, the CPU's);
+- host link (the offloaded modes): the bytes this rank moves each way at the measured pinned
+  rates; compute and the two directions overlap, so the longest counts;
+- CPU optimizer (the offloaded modes): the AdamW traffic of every rank on the host
+  (``ADAMW_TRAFFIC`` x their parameter shares) over the host triad of all the job's CPUs with
+  every rank streaming at once.
+
+``step_floor_s`` adds the CPU optimizer to the longest of compute and link when the optimizer
+step runs after backward (the default: nothing overlaps it), and takes the longest of the three
+when the run overlaps it with the GPU's work by design (``overlapped``); ``floor_rule`` says
+which. The run's measured parts (the compute probe, ``optimizer_step_s``) stay beside it as
+diagnostics. NCCL traffic between GPUs is not in it: the floor is a lower bound. No torch here:
+tests feed it recorded inputs.
 """
 
 from __future__ import annotations
@@ -25,13 +37,31 @@ class FloorInputs:
     params: int
     elt_bytes: int
     world: int
-    #: seconds of forward + backward of one step's micro batches on this rank, measured alone
-    compute_s: float
-    #: seconds of the optimizer step (median of the measured steps)
-    optimizer_s: float
+    #: FLOPs of this rank's step (``step_flops``) and the device's measured dense TFLOP/s
+    flops: float
+    matmul_tflops: float | None
+    #: GB/s of the host memory with every rank on the host streaming at once (all the job's
+    #: CPUs there), and how many ranks share it
+    host_gbps: float | None = None
+    ranks_on_host: int = 1
     #: the node's pinned host->device and device->host GB/s (None: not measured, e.g. no GPU)
     h2d_gbps: float | None = None
     d2h_gbps: float | None = None
+    #: the CPU optimizer overlaps the GPU's work by design (the parts' longest is the floor)
+    overlapped: bool = False
+
+
+def step_flops(matmul_params: int, head_params: int, layers: int, hidden: int, seq_len: int,
+               tokens: int, checkpointing: bool) -> float:
+    """FLOPs of one step over ``tokens`` of sequences of ``seq_len``: forward and backward
+    (6 per matmul parameter per token), causal attention (its score and value products: 2 x 2
+    x seq/2 x hidden per layer per token forward, twice that backward), and under activation
+    checkpointing the decoder layers' forward once more (the head is not recomputed)."""
+    attn_fwd = 2.0 * layers * hidden * seq_len  # 4 * hidden * (seq/2) per layer, causal
+    per_token = 6.0 * matmul_params + 3.0 * attn_fwd
+    if checkpointing:
+        per_token += 2.0 * (matmul_params - head_params) + attn_fwd
+    return per_token * tokens
 
 
 def link_bytes(mode: str, params: int, elt_bytes: int, world: int) -> tuple[float, float]:
@@ -46,36 +76,48 @@ def link_bytes(mode: str, params: int, elt_bytes: int, world: int) -> tuple[floa
     return share * (2 if mode == "fsdp2-cpu-offload" else 1), share
 
 
-def step_floor(x: FloorInputs) -> dict[str, float]:
-    """``step_floor_s`` and its parts (``link_floor_s`` and the bytes where the link counts)."""
-    h2d, d2h = link_bytes(x.mode, x.params, x.elt_bytes, x.world)
-    out: dict[str, float] = {"floor_compute_s": x.compute_s, "floor_optimizer_s": x.optimizer_s}
-    link = 0.0
-    if h2d or d2h:
-        out.update(h2d_gb_per_step=h2d / 1e9, d2h_gb_per_step=d2h / 1e9)
-        if x.h2d_gbps and x.d2h_gbps:
-            link = max(h2d / (x.h2d_gbps * 1e9), d2h / (x.d2h_gbps * 1e9))
-            out["link_floor_s"] = link
-    out["step_floor_s"] = max(x.compute_s, link) + x.optimizer_s
-    return out
-
-
 #: host-memory traffic of one AdamW step per parameter, in units of the element's size:
 #: parameter read and written, gradient read, both moments read and written
 ADAMW_TRAFFIC = 7
 
 
 def optimizer_floor(mode: str, params: int, elt_bytes: int, world: int,
-                    host_gbps: float | None) -> dict[str, float]:
-    """The CPU optimizer step's floor where it runs on the host (the offloaded modes): this
-    rank's AdamW traffic (``ADAMW_TRAFFIC`` x its parameter share) at the host memory rate the
-    job's CPUs reached (``node.host_bandwidth``). Empty elsewhere or without the rate."""
+                    host_gbps: float | None, ranks_on_host: int = 1) -> dict[str, float]:
+    """The CPU optimizer step's floor where it runs on the host (the offloaded modes): the
+    AdamW traffic of every rank on the host (``ADAMW_TRAFFIC`` x each one's parameter share)
+    at ``host_gbps``, the rate all the job's CPUs there reach streaming at once. Empty
+    elsewhere or without the rate."""
     if mode not in OFFLOADED or not host_gbps or host_gbps <= 0:
         return {}
     share = params * elt_bytes / (world if mode.startswith("fsdp2") else 1)
     traffic = ADAMW_TRAFFIC * share
     return {"optimizer_host_gb_per_step": traffic / 1e9,
-            "optimizer_floor_s": traffic / (host_gbps * 1e9)}
+            "optimizer_floor_s": traffic * max(1, ranks_on_host) / (host_gbps * 1e9)}
+
+
+def step_floor(x: FloorInputs) -> dict[str, float]:
+    """``step_floor_s`` and its parts: ``floor_compute_s``, ``link_floor_s`` (with the bytes)
+    and ``floor_optimizer_s`` (the CPU optimizer's, 0 where it runs on the GPU), and
+    ``floor_overlapped`` (1: the longest part is the floor, 0: the optimizer adds). Empty
+    without a measured matmul rate: a floor without its compute part would flatter the step."""
+    if not x.matmul_tflops or x.matmul_tflops <= 0:
+        return {}
+    compute = x.flops / (x.matmul_tflops * 1e12)
+    out: dict[str, float] = {"step_tflop": x.flops / 1e12, "floor_compute_s": compute}
+    h2d, d2h = link_bytes(x.mode, x.params, x.elt_bytes, x.world)
+    link = 0.0
+    if h2d or d2h:
+        out.update(h2d_gb_per_step=h2d / 1e9, d2h_gb_per_step=d2h / 1e9)
+        if x.h2d_gbps and x.d2h_gbps:
+            link = max(h2d / (x.h2d_gbps * 1e9), d2h / (x.d2h_gbps * 1e9))
+            out["link_floor_s"] = link
+    opt = optimizer_floor(x.mode, x.params, x.elt_bytes, x.world, x.host_gbps, x.ranks_on_host)
+    out.update(opt)
+    cpu = opt.get("optimizer_floor_s", 0.0)
+    out["floor_optimizer_s"] = cpu
+    out["floor_overlapped"] = float(x.overlapped)
+    out["step_floor_s"] = max(compute, link, cpu) if x.overlapped else max(compute, link) + cpu
+    return out
 
 
 def over_floor(step_s: float, floor: dict[str, float]) -> dict[str, float]:

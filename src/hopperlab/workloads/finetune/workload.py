@@ -1,6 +1,6 @@
 """finetune's entry: ``run(spec, recorder)``.
 
-``backend: nemo`` runs the NeMo command in the site's ``nemo`` container (``nemo.py``);
+``backend: nemo`` runs megatron-core's GPT with LoRA in a child process (``nemo.py``);
 ``backend: torch`` trains here: on ``cuda:0`` where torch sees CUDA and the run asks for a GPU
 (tag ``finetune.gpu_measured=true``), otherwise on the CPU with every technique's bookkeeping
 (the smoke test's figures, not a measurement of any technique's speed).
@@ -25,6 +25,7 @@ from hopperlab.memory.fp8 import Fp8Unavailable
 from hopperlab.memory.layers import decoder_layers
 from hopperlab.memory.managed_allocator import ManagedAllocatorError
 from hopperlab.memory.saved_tensor_census import CENSUS_CSV, CENSUS_JSON, SavedTensorCensus
+from hopperlab.node.threads import env_threads
 from hopperlab.workloads.base import Recording, RunView, no_cuda_reason, spec_params
 from hopperlab.workloads.finetune import HEADLINE_METRICS, SHAPES, FinetuneParams
 from hopperlab.workloads.finetune import data, loop, metrics, sharded
@@ -193,6 +194,7 @@ def train(run: TorchRun, *, optimizer: Any = None,
                 window, flops_token=flops_token, peak=metrics.peak_flops(gpu_name)),
                 **_per_step_extras(window)})
     final.update(_per_step_extras(records))
+    final.update(metrics.window_work(records))
     final.update(_memory_figures(run))
     final.update(_host_traffic(run, final))
     if tech.offloads_parameters or params.num_layers is not None:
@@ -338,6 +340,7 @@ def run_sharded(spec: RunView, params: FinetuneParams, recorder: Recording) -> N
     world = dist.get_world_size() if dist.is_initialized() else 1
     pinned = None
     if cuda and params.sharding != "fsdp2":
+        recorder.set_tag("finetune.pinned_alloc", sharded.fast_pinning())
         dev = torch.device("cuda", torch.cuda.current_device())
         pinned = (pinned_copy_gbps(dev, "h2d"), pinned_copy_gbps(dev, "d2h"))
         recorder.log_metrics(pinned_h2d_gbps=pinned[0], pinned_d2h_gbps=pinned[1])
@@ -346,6 +349,12 @@ def run_sharded(spec: RunView, params: FinetuneParams, recorder: Recording) -> N
         global_batch=params.global_batch or params.micro_batch * world,
         steps=params.measured_steps, warmup=params.warmup_steps,
         dtype=getattr(torch, params.dtype), lr=params.learning_rate,
-        weight_decay=params.weight_decay, seed=params.seed, checkpointing=params.checkpointing)
+        weight_decay=params.weight_decay, seed=params.seed, checkpointing=params.checkpointing,
+        overlap_optimizer=params.overlap_optimizer and params.sharding == "fsdp2-cpu-offload",
+        cpus=env_threads("OMP_NUM_THREADS"))  # what the runner's thread plan gave this rank
     recorder.set_tag("finetune.world_size", world)
+    if params.sharding in ("fsdp2-cpu-offload", "torchao-cpu-offload"):
+        recorder.set_tag("finetune.cpu_optimizer", (
+            "per FSDP unit during backward (same update as after backward)"
+            if plan.overlap_optimizer else "after backward"))
     sharded.run(plan, recorder, cuda, pinned)

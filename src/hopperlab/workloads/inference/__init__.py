@@ -129,6 +129,7 @@ FAMILY = FamilyInfo(
     params=InferenceParams,
     headline_metrics=HEADLINE_METRICS,
     directions=METRIC_DIRECTIONS,
+    judged=("request_latency_ms_p50", "ttft_ms_p50", "decode_tokens_per_s", "reload_gbps"),
     work_units=WORK_UNITS,
     check=check,
     # loading the model takes longer than serving its sessions: windows, each with its own

@@ -146,6 +146,7 @@ FAMILY = FamilyInfo(
     params=MembenchParams,
     headline_metrics=HEADLINE_METRICS,
     directions=METRIC_DIRECTIONS,
+    judged=("gbps_at_largest", "busbw_gbps_peak", "latency_us_small", "alloc_ms_at_largest"),
     work_units=WORK_UNITS,
     charts="hopperlab.workloads.membench.charts:charts",
     check=check,

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hopperlab.cuda.nvtx import nvtx_range
+from hopperlab.memory.pinned import pinned_copy
 from hopperlab.workloads.recommender import COMPONENTS
 from hopperlab.workloads.recommender.data import RecsysData
 from hopperlab.workloads.recommender.features import (NumpyAugmenter, PackedTables,
@@ -99,7 +100,7 @@ class Pipeline:
         self.streamed = cfg.item_embeddings == "host" and self.cuda
         if cfg.item_embeddings == "host":
             host = item_emb.detach().to("cpu").contiguous()
-            self.item_emb = host.pin_memory() if self.cuda else host
+            self.item_emb = pinned_copy(host) if self.cuda else host
             bounds = np.linspace(0, host.shape[0], cfg.host_chunks + 1).astype(int)
             self.chunks = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
             width = max(b - a for a, b in self.chunks)

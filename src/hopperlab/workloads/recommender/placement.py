@@ -9,6 +9,7 @@ half of it, unless Grace Hopper or the site allows oversubscription); over it, t
 
 from __future__ import annotations
 
+import math
 import platform
 from typing import Any
 
@@ -19,12 +20,16 @@ from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import GB
 from hopperlab.cuda import runtime as cr
 from hopperlab.cuda.managed_policy import managed_bytes_allowed
+from hopperlab.memory.pinned import host_buffer as pinned_host_buffer
 from hopperlab.node import hardware
 
 
 def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
-    """A host tensor for staging; page-locked when ``pinned`` (needs CUDA)."""
-    return torch.empty(shape, dtype=dtype, pin_memory=pinned and torch.cuda.is_available())
+    """A host tensor for staging; page-locked when ``pinned`` (needs CUDA), of its exact size
+    (``memory.pinned``: PyTorch's pinned allocator rounds up to a power of two)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = pinned_host_buffer(nbytes, pin=pinned and torch.cuda.is_available())
+    return buf.view(dtype).view(shape)
 
 
 class ManagedTables:

@@ -59,4 +59,5 @@ FAMILY = FamilyInfo(
     params=SelftestParams,
     headline_metrics=("value",),
     directions={"value": "higher"},
+    judged=("value",),
 )

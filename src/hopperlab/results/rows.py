@@ -1,5 +1,6 @@
-"""The report's rows: one ``RunRow`` per run directory under a results folder, and which
-run each row is compared with (the experiment's baseline, or the variant's ``compare_to``).
+"""The rows of a results folder: one ``RunRow`` per run directory, and which run each row is
+compared with (the experiment's baseline, or the variant's ``compare_to``). Here, beside
+report/ and machines/, because both read them (neither imports the other's rows).
 
 The report reads the run directories themselves (docs/run-directory.md), never MLflow: it works
 offline, on a half-finished matrix, and after MLflow is gone. Archived attempts

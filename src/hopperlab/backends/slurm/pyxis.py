@@ -1,4 +1,4 @@
-"""enroot + pyxis: Slurm starts the job's task inside the image (NVIDIA's DGX clusters' way).
+"""enroot + pyxis (the Slurm backend's): Slurm starts the job's task inside the image (NVIDIA's DGX clusters' way).
 
 pyxis is a SPANK plugin that gives ``srun`` the options ``--container-image``,
 ``--container-mounts`` and ``--container-workdir``; enroot unpacks the image and its NVIDIA hook
@@ -10,16 +10,14 @@ environment). How to make the image on the cluster: containers/README.md.
 
 from __future__ import annotations
 
+import functools
 import shlex
+import subprocess
 from typing import Mapping, Sequence
 
 from hopperlab.core.errors import SpecError
+from hopperlab.node.containers import PYXIS as RUNTIME  # noqa: F401 - the runtime's name
 
-RUNTIME = "pyxis"
-#: what must be on PATH where jobs are submitted (pyxis itself lives in slurmd and srun)
-BINARY = "srun"
-#: an enroot image file (``enroot import -o <name>.sqsh docker://...``)
-IMAGE_SUFFIX = ".sqsh"
 #: the option ``srun --help`` lists when the pyxis plugin is loaded
 IMAGE_OPTION = "--container-image"
 
@@ -54,3 +52,14 @@ def env_setup(env: Mapping[str, str]) -> list[str]:
 def has_plugin(srun_help: str) -> bool:
     """Whether ``srun --help`` output shows the pyxis options (the plugin is loaded)."""
     return IMAGE_OPTION in srun_help
+
+
+@functools.cache
+def srun_help() -> str:
+    """``srun --help`` of this machine (the pyxis plugin adds its options there); once."""
+    try:
+        done = subprocess.run(["srun", "--help"], capture_output=True, text=True, timeout=60,
+                              check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout + done.stderr

@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 from typing import Any, Sequence
 
-from hopperlab.results.report import marks
+from hopperlab.results import marks
 
 CSS = (".scope{background:#fff8e1;border-left:4px solid #f9a825;padding:.5em .8em;"
        "margin:.6em 0 1em}")

@@ -1,0 +1,114 @@
+"""FSDP2's offloaded AdamW stepped layer by layer during backward, hidden behind the GPU's work
+(issue 35, item 3).
+
+Under ``CPUOffloadPolicy`` each decoder layer's parameter shards and gradients live in host
+memory and the AdamW step runs on the CPU. Stepped after backward (``torch.optim.AdamW.step``),
+nothing overlaps it. Here one fused AdamW per FSDP unit (the decoder layers in backward order,
+then the root's embedding, norm and head) steps on a worker thread as soon as that unit's
+gradients are in host memory, while the GPU runs the backward of the layers before it: a
+layer's shards are not read again before the next step's forward, so the update is the same
+as the one after backward (tested against torch's reference AdamW), not a delayed one.
+``finish`` joins the worker before the next forward: its wait is the exposed CPU time.
+
+How a unit's gradients are known to be in host memory: FSDP2 sets ``.grad`` of each sharded
+parameter right after it enqueued the gradient's device-to-host copy, so once every parameter
+of the unit has one (the step starts with none: ``zero_grad(set_to_none=True)``), a device
+synchronisation by the worker covers the copies. Only for one micro batch per step: with
+gradient accumulation the run steps after backward (``overlapped`` false).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterable
+
+#: how long the worker sleeps between looks at a unit's gradients
+POLL_S = 0.0005
+
+
+class LayerwiseAdamW:
+    """One fused AdamW per unit of ``units`` (lists of parameters, in the order their
+    gradients land), stepped by a worker thread during backward (``begin`` / ``finish``) or all
+    at once (``step``). ``threads``: torch threads of the worker's steps (None: as set)."""
+
+    def __init__(self, units: Iterable[list[Any]], lr: float, weight_decay: float,
+                 device: Any, fused: bool = True, threads: int | None = None) -> None:
+        import torch
+
+        self.units = [u for u in units if u]
+        self.optimizers = [torch.optim.AdamW(u, lr=lr, weight_decay=weight_decay, fused=fused)
+                           for u in self.units]
+        self.device = device
+        self.threads = threads
+        self.busy_s = 0.0  # seconds in AdamW steps of the last step (the CPU optimizer's time)
+        self._worker: threading.Thread | None = None
+        self._backward_done = threading.Event()
+        self._error: BaseException | None = None
+
+    def begin(self) -> None:
+        """Start the worker: call right before the step's (last) backward."""
+        if self._worker is not None:
+            raise RuntimeError("LayerwiseAdamW.begin: the previous step was not finished")
+        self._backward_done.clear()
+        self._error = None
+        self.busy_s = 0.0
+        self._worker = threading.Thread(target=self._work, name="layerwise-adamw", daemon=True)
+        self._worker.start()
+
+    def finish(self) -> float:
+        """Wait for the worker (backward is over); returns the seconds waited: the exposed
+        CPU time. Re-raises what the worker raised."""
+        if self._worker is None:
+            raise RuntimeError("LayerwiseAdamW.finish without begin")
+        t0 = time.perf_counter()
+        self._backward_done.set()
+        self._worker.join()
+        self._worker = None
+        waited = time.perf_counter() - t0
+        if self._error is not None:
+            raise self._error
+        return waited
+
+    def step(self) -> None:
+        """Every unit at once, after backward (the sequential reference)."""
+        t0 = time.perf_counter()
+        for opt in self.optimizers:
+            opt.step()
+        self.busy_s = time.perf_counter() - t0
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def _landed(self, unit: list[Any]) -> bool:
+        return all(p.grad is not None for p in unit if p.requires_grad)
+
+    def _work(self) -> None:
+        import torch
+
+        try:
+            if self.threads:
+                torch.set_num_threads(self.threads)
+            cuda = getattr(self.device, "type", str(self.device)) == "cuda"
+            if cuda:
+                torch.cuda.set_device(self.device)
+            for unit, opt in zip(self.units, self.optimizers):
+                while not self._landed(unit) and not self._backward_done.is_set():
+                    time.sleep(POLL_S)
+                if cuda:  # the unit's device-to-host gradient copies were enqueued before .grad
+                    torch.cuda.synchronize(self.device)
+                t0 = time.perf_counter()
+                opt.step()
+                self.busy_s += time.perf_counter() - t0
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread by finish
+            self._error = exc
+
+
+def fsdp_units(model: Any) -> list[list[Any]]:
+    """The model's parameters by FSDP unit in the order backward finishes them: the decoder
+    layers last to first, then what the root unit holds (embedding, final norm, head)."""
+    layers = list(model.layers)
+    in_layers = {id(p) for layer in layers for p in layer.parameters()}
+    root = [p for p in model.parameters() if id(p) not in in_layers]
+    return [list(layer.parameters()) for layer in reversed(layers)] + [root]

@@ -1,0 +1,191 @@
+"""Issue 35 on CPU: the offloaded AdamW stepped per FSDP unit during backward gives torch's
+reference AdamW update; the host triad runs on the threads the job was given and, across the
+ranks of a node, with every rank streaming at once."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hopperlab.node.host_bandwidth import triad_gbps
+from hopperlab.workloads.finetune import cpu_adamw, sharded
+from tests.helpers import copy_project, edit_yaml, hopperlab
+from tests.infra.mlflow_fixture import free_port
+
+SHAPE = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
+LR, WD, SEQ, GLOBAL, STEPS = 1e-2, 0.1, 8, 4, 3
+
+
+def _sharded_steps(out: Path, overlap: bool) -> None:
+    """FSDP2 + CPU offload on this rank, ``STEPS`` steps of the run's own train_step."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, _ = sharded.build_sharded(SHAPE, torch.float64, "fsdp2-cpu-offload", 5, "cpu",
+                                     cuda=False)
+    opt = sharded.make_optimizer(model, "fsdp2-cpu-offload", LR, WD, "cpu")
+    assert isinstance(opt, cpu_adamw.LayerwiseAdamW)
+    exposed = []
+    for step in range(STEPS):
+        _, busy, waited = sharded.train_step(model, opt, step, 1, rank, world, SEQ,
+                                             GLOBAL // world, SHAPE.vocab, 5, "cpu", overlap)
+        assert busy > 0 and waited >= 0
+        exposed.append(waited)
+    weights = {n: p.detach().full_tensor().clone() for n, p in model.named_parameters()}
+    if rank == 0:
+        torch.save(weights, out / f"weights-{overlap}.pt")
+
+
+def _reference_steps() -> dict[str, torch.Tensor]:
+    """The whole model in one process, torch's reference (single-tensor, unfused) AdamW."""
+    model = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, foreach=False,
+                            fused=False)
+    for step in range(STEPS):
+        sharded.accumulate(model, step, 1, 0, 1, SEQ, GLOBAL, SHAPE.vocab, 5, "cpu")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _triad(out: Path) -> None:
+    rank = dist.get_rank()
+    got = sharded.node_triad(share_bytes=256 * 2**20, threads=1, ranks_on_host=2)  # 64 MiB arrays
+    (out / f"triad-{rank}.json").write_text(json.dumps({
+        "node": got.node_gbps, "rank": got.rank_gbps, "threads": got.threads,
+        "windows": got.windows}))
+
+
+def _worker(rank: int, world: int, port: int, out: str, job: str, overlap: bool) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        if job == "steps":
+            _sharded_steps(Path(out), overlap)
+        else:
+            _triad(Path(out))
+    finally:
+        dist.destroy_process_group()
+
+
+def _two(job: str, out: Path, overlap: bool = False) -> None:
+    mp.spawn(_worker, args=(2, free_port(), str(out), job, overlap), nprocs=2, join=True)
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["during-backward", "after-backward"])
+def test_the_offloaded_adamw_gives_torchs_reference_update(tmp_path, overlap):
+    """Two ranks of FSDP2 + CPU offload, each unit's fused AdamW stepped during backward (or
+    after it): after 3 steps, the same weights as torch's reference AdamW on the whole model
+    in one process. float64: the two ranks' gradients differ from one process's in their last
+    bits (summation order), which AdamW's normalisation blows up where a gradient is near 0;
+    the float32 check of the update itself is the next test. Not a delayed update."""
+    _two("steps", tmp_path, overlap)
+    got = torch.load(tmp_path / f"weights-{overlap}.pt")
+    ref = _reference_steps()
+    start = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5)
+    for name, value in ref.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-9, atol=1e-11)
+        assert not torch.equal(value, dict(start.named_parameters())[name].detach()), name
+
+
+def test_a_fixed_sample_gets_the_reference_update_in_float32_with_units_landing_late():
+    """Fixed float32 parameters and gradients: the units stepped by the worker as their
+    gradients arrive (after it started waiting) give torch's reference AdamW update."""
+    g = torch.Generator().manual_seed(7)
+    shapes = [(64, 32), (32,), (128, 16), (7,)]
+    start = [torch.randn(s, generator=g) for s in shapes]
+    grads = [torch.randn(s, generator=g) * 10.0 ** -k for k, s in enumerate(shapes)]
+    ref = [torch.nn.Parameter(t.clone()) for t in start]
+    ours = [torch.nn.Parameter(t.clone()) for t in start]
+    ref_opt = torch.optim.AdamW(ref, lr=LR, weight_decay=WD, foreach=False, fused=False)
+    opt = cpu_adamw.LayerwiseAdamW([ours[:2], ours[2:]], LR, WD, "cpu", threads=2)
+    for _ in range(STEPS):
+        for p, grad in zip(ref, grads):
+            p.grad = grad.clone()
+        ref_opt.step()
+        opt.begin()
+        for p, grad in zip(ours, grads):  # the gradients land while the worker waits
+            p.grad = grad.clone()
+        opt.finish()
+        ref_opt.zero_grad()
+        opt.zero_grad()
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1.3e-6, atol=1e-7)
+
+
+def test_a_unit_steps_only_once_its_gradients_are_there():
+    """The worker waits for a unit's gradients; finish re-raises what the worker raised."""
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = cpu_adamw.LayerwiseAdamW([[w]], lr=0.1, weight_decay=0.0, device="cpu")
+    opt.begin()
+    assert torch.equal(w.detach(), torch.ones(4))  # no gradient yet: not stepped
+    (w * 2).sum().backward()
+    opt.finish()
+    assert (w.detach() < 1).all() and opt.busy_s > 0
+    opt.zero_grad()
+
+    def broken() -> None:
+        raise ValueError("a step that fails")
+
+    opt.optimizers[0].step = broken
+    (w * 2).sum().backward()
+    opt.begin()
+    with pytest.raises(ValueError, match="a step that fails"):
+        opt.finish()
+
+
+def test_the_triad_runs_on_the_threads_it_is_given_and_puts_the_pool_back():
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    rate = triad_gbps(mib_per_array=4, repeats=2, threads=2,
+                      start=lambda: seen.append(torch.get_num_threads()))
+    assert rate > 0 and seen == [2, 2] and torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="thread count"):
+        triad_gbps(mib_per_array=4, threads=0)
+
+
+def test_two_ranks_stream_at_once_and_the_node_rate_is_their_sum(tmp_path):
+    _two("triad", tmp_path)
+    a, b = (json.loads((tmp_path / f"triad-{r}.json").read_text()) for r in (0, 1))
+    assert len(a["windows"]) == len(b["windows"]) == 5
+    for (s0, e0), (s1, e1) in zip(a["windows"], b["windows"]):
+        assert max(s0, s1) < min(e0, e1)  # each timed pass: both ranks streaming
+    assert a["rank"] == b["rank"]  # both counted at the slowest rank's time
+    assert a["node"] == pytest.approx(2 * a["rank"]) and a["threads"] == 1
+
+
+def test_a_job_given_two_cpus_measures_on_two_threads_whatever_its_launcher_said(tmp_path):
+    """Snakemake's shell: exports OMP_NUM_THREADS=1 to every job: the 13B runs' triad and CPU
+    AdamW ran on one thread while the record said 16. A job given 2 CPUs measures on 2."""
+    project = copy_project(tmp_path / "project")
+    key = "finetune/full-llama2-13b-sharded/fsdp2-offload-1gpu"
+    edit_yaml(project / "experiments/finetune.yaml", lambda d: d["experiments"][
+        "full-llama2-13b-sharded"]["scales"]["smoke"]["resources"].update(cpus=2))
+    out = hopperlab(["run", key, "--no-upload", "--config", "families=finetune"], project,
+                    env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    rec = json.loads((project / "results" / key / "metrics.json").read_text())
+    m = rec["metrics"]
+    assert m["host_triad_threads"] == 2 and m["torch_threads"] == 2, m
+    assert rec["hardware"]["threads"]["inherited_dropped"]["OMP_NUM_THREADS"] == "1"
+    assert m["optimizer_floor_s"] == pytest.approx(
+        m["optimizer_host_gb_per_step"] * m["host_triad_ranks"] / m["host_triad_gbps"])
+
+
+def test_pinning_says_what_it_got_when_the_allocator_refuses(monkeypatch):
+    """The pinned allocator's settings are a speed-up, never a failure: a torch without them
+    leaves cudaHostAlloc, and the record says so."""
+    def refuse(_settings: str) -> None:
+        raise RuntimeError("Unrecognized key")
+
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", refuse)
+    assert sharded.fast_pinning().startswith("cudaHostAlloc (the settings were refused")
+    seen = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", seen.append)
+    assert "cudaHostRegister" in sharded.fast_pinning()
+    assert seen == [sharded.PINNED_ALLOC_SETTINGS]
