@@ -437,12 +437,15 @@ def _cpu_group() -> Any:
 
 
 def ranks_on_host(world: int) -> int:
-    """Ranks of this job on this host (one host per job here: the local world size when the
-    launcher says, else the world)."""
-    import os
+    """Ranks of this job on this host, asked of the ranks themselves (each names its host over
+    the CPU group), so that no launcher's variables are read here (backends/ owns those)."""
+    import socket
 
-    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE")
-    return int(local) if local and local.isdigit() else world
+    if world <= 1 or not dist.is_initialized():
+        return max(1, world)
+    names: list[Any] = [None] * world
+    dist.all_gather_object(names, socket.gethostname(), group=_cpu_group())
+    return sum(1 for n in names if n == socket.gethostname())
 
 
 def matmul_rate_tflops(device: Any, dtype: Any) -> float:
