@@ -189,3 +189,14 @@ def test_pinning_says_what_it_got_when_the_allocator_refuses(monkeypatch):
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", seen.append)
     assert "cudaHostRegister" in sharded.fast_pinning()
     assert seen == [sharded.PINNED_ALLOC_SETTINGS]
+
+
+def test_the_optimizer_keeps_all_the_ranks_threads_where_the_host_has_cpus_beside_them():
+    """The 13B one-GPU row (16 of 32 CPUs given) stepped on 14 threads against a floor
+    measured on 16: it keeps its 16 now; two ranks of 16 on 32 CPUs still leave 2 each."""
+    assert cpu_adamw.optimizer_threads(16, True, host_cpus=32, ranks_on_host=1) == 16
+    assert cpu_adamw.optimizer_threads(16, True, host_cpus=32, ranks_on_host=2) == 14
+    assert cpu_adamw.optimizer_threads(16, True, host_cpus=17, ranks_on_host=1) == 14
+    assert cpu_adamw.optimizer_threads(16, True, host_cpus=18, ranks_on_host=1) == 16
+    assert cpu_adamw.optimizer_threads(16, False, host_cpus=16, ranks_on_host=1) == 16
+    assert cpu_adamw.optimizer_threads(3, True, host_cpus=3, ranks_on_host=1) == 3

@@ -26,6 +26,23 @@ from typing import Any, Iterable
 #: how long the worker sleeps between looks at a unit's gradients
 POLL_S = 0.0005
 
+#: CPUs left to the training thread's kernel launches and NCCL's threads while the worker
+#: steps during backward, where the rank's CPUs are all the host has for it
+RESERVED_CPUS = 2
+
+
+def optimizer_threads(threads: int, overlap: bool, host_cpus: int, ranks_on_host: int) -> int:
+    """Threads of the CPU AdamW stepping beside backward. It is memory bound, and on a host
+    where the rank's ``threads`` do not saturate the memory the floor's triad (measured on all
+    ``threads``) is thread bound, so every thread counts: the 13B one-GPU row on 14 of its 16
+    threads ran at 1.32x its floor (2026-11-28, 16 of 32 CPUs given). It leaves
+    ``RESERVED_CPUS`` to the training thread only where the host (``host_cpus`` in the
+    affinity mask, shared by ``ranks_on_host`` ranks) has no CPUs beside the ranks' own."""
+    if not overlap or threads < 2 * RESERVED_CPUS:
+        return threads
+    spare = host_cpus - threads * max(1, ranks_on_host)
+    return threads if spare >= RESERVED_CPUS else threads - RESERVED_CPUS
+
 
 class LayerwiseAdamW:
     """One fused AdamW per unit of ``units`` (lists of parameters, in the order their

@@ -16,6 +16,7 @@ rate, the optimizer step.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import time
 from contextlib import ExitStack
@@ -439,8 +440,6 @@ def _cpu_group() -> Any:
 def ranks_on_host(world: int) -> int:
     """Ranks of this job on this host (one host per job here: the local world size when the
     launcher says, else the world)."""
-    import os
-
     local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE")
     return int(local) if local and local.isdigit() else world
 
@@ -480,9 +479,10 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     threads = plan.cpus or torch.get_num_threads()
     torch.set_num_threads(threads)  # the job's CPUs, whatever a launcher left in the pool
     overlap = plan.overlap_optimizer and accum == 1 and plan.mode == "fsdp2-cpu-offload"
-    # stepping during backward, the optimizer leaves 2 of the rank's CPUs to the training
-    # thread's kernel launches and NCCL's threads (AdamW is memory bound: it loses little)
-    opt_threads = max(1, threads - 2) if overlap and threads >= 4 else threads
+    # stepping during backward, the optimizer leaves 2 CPUs to the training thread's kernel
+    # launches and NCCL's threads, from the rank's own only where the host has none beside them
+    opt_threads = cpu_adamw.optimizer_threads(threads, overlap, len(os.sched_getaffinity(0)),
+                                              ranks_on_host(world))
     opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay, device, opt_threads)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
