@@ -22,12 +22,12 @@ SHAPE = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
 LR, WD, SEQ, GLOBAL, STEPS = 1e-2, 0.1, 8, 4, 3
 
 
-def _sharded_steps(out: Path, overlap: bool) -> None:
+def _sharded_steps(out: Path, overlap: bool, delayed: bool = False) -> None:
     """FSDP2 + CPU offload on this rank, ``STEPS`` steps of the run's own train_step."""
     rank, world = dist.get_rank(), dist.get_world_size()
     model, _ = sharded.build_sharded(SHAPE, torch.float64, "fsdp2-cpu-offload", 5, "cpu",
                                      cuda=False)
-    opt = sharded.make_optimizer(model, "fsdp2-cpu-offload", LR, WD, "cpu")
+    opt = sharded.make_optimizer(model, "fsdp2-cpu-offload", LR, WD, "cpu", delayed=delayed)
     assert isinstance(opt, cpu_adamw.LayerwiseAdamW)
     exposed = []
     for step in range(STEPS):
@@ -37,17 +37,28 @@ def _sharded_steps(out: Path, overlap: bool) -> None:
         exposed.append(waited)
     weights = {n: p.detach().full_tensor().clone() for n, p in model.named_parameters()}
     if rank == 0:
-        torch.save(weights, out / f"weights-{overlap}.pt")
+        torch.save(weights, out / f"weights-{overlap}-{delayed}.pt")
 
 
-def _reference_steps() -> dict[str, torch.Tensor]:
-    """The whole model in one process, torch's reference (single-tensor, unfused) AdamW."""
+def _reference_steps(delayed: bool = False) -> dict[str, torch.Tensor]:
+    """The whole model in one process, torch's reference (single-tensor, unfused) AdamW;
+    ``delayed``: ZeRO-Offload's delayed update, by hand: each step's gradients, taken at the
+    weights of the step, update them at the next step (the first step updates nothing)."""
     model = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, foreach=False,
-                            fused=False)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=LR, weight_decay=WD, foreach=False, fused=False)
+    held = None
     for step in range(STEPS):
         sharded.accumulate(model, step, 1, 0, 1, SEQ, GLOBAL, SHAPE.vocab, 5, "cpu")
-        opt.step()
+        if delayed:
+            fresh = [p.grad.clone() for p in params]
+            if held is not None:
+                for p, grad in zip(params, held):
+                    p.grad = grad
+                opt.step()
+            held = fresh
+        else:
+            opt.step()
         opt.zero_grad(set_to_none=True)
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -60,37 +71,43 @@ def _triad(out: Path) -> None:
         "windows": got.windows}))
 
 
-def _worker(rank: int, world: int, port: int, out: str, job: str, overlap: bool) -> None:
+def _worker(rank: int, world: int, port: int, out: str, job: str, overlap: bool,
+            delayed: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         if job == "steps":
-            _sharded_steps(Path(out), overlap)
+            _sharded_steps(Path(out), overlap, delayed)
         else:
             _triad(Path(out))
     finally:
         dist.destroy_process_group()
 
 
-def _two(job: str, out: Path, overlap: bool = False) -> None:
-    mp.spawn(_worker, args=(2, free_port(), str(out), job, overlap), nprocs=2, join=True)
+def _two(job: str, out: Path, overlap: bool = False, delayed: bool = False) -> None:
+    mp.spawn(_worker, args=(2, free_port(), str(out), job, overlap, delayed), nprocs=2,
+             join=True)
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["during-backward", "after-backward"])
-def test_the_offloaded_adamw_gives_torchs_reference_update(tmp_path, overlap):
+@pytest.mark.parametrize(("overlap", "delayed"), [(True, False), (False, False), (True, True)],
+                         ids=["during-backward", "after-backward", "delayed-during-backward"])
+def test_the_offloaded_adamw_gives_torchs_reference_update(tmp_path, overlap, delayed):
     """Two ranks of FSDP2 + CPU offload, each unit's fused AdamW stepped during backward (or
     after it): after 3 steps, the same weights as torch's reference AdamW on the whole model
-    in one process. float64: the two ranks' gradients differ from one process's in their last
-    bits (summation order), which AdamW's normalisation blows up where a gradient is near 0;
-    the float32 check of the update itself is the next test. Not a delayed update."""
-    _two("steps", tmp_path, overlap)
-    got = torch.load(tmp_path / f"weights-{overlap}.pt")
-    ref = _reference_steps()
+    in one process (delayed: the reference delays each update by one step too). float64: the
+    two ranks' gradients differ from one process's in their last bits (summation order), which
+    AdamW's normalisation blows up where a gradient is near 0; the float32 check of the update
+    itself is the fixed-sample tests."""
+    _two("steps", tmp_path, overlap, delayed)
+    got = torch.load(tmp_path / f"weights-{overlap}-{delayed}.pt")
+    ref = _reference_steps(delayed)
+    other = _reference_steps(not delayed)
     start = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5)
     for name, value in ref.items():
         torch.testing.assert_close(got[name], value, rtol=1e-9, atol=1e-11)
         assert not torch.equal(value, dict(start.named_parameters())[name].detach()), name
+    assert any(not torch.allclose(got[n], other[n], rtol=1e-6, atol=1e-8) for n in ref)
 
 
 def test_a_fixed_sample_gets_the_reference_update_in_float32_with_units_landing_late():
@@ -116,6 +133,52 @@ def test_a_fixed_sample_gets_the_reference_update_in_float32_with_units_landing_
         opt.zero_grad()
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1.3e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("during_backward", [True, False], ids=["worker", "after-backward"])
+def test_the_delayed_update_applies_each_steps_gradients_one_step_later(during_backward):
+    """ZeRO-Offload's delayed update on fixed float32 parameters and a new gradient every
+    step: step 0 changes nothing, step t applies torch's reference AdamW update of step
+    t-1's gradients (a reference that delays by hand, to float32 tolerance), and the
+    gradients the step got stay in ``.grad`` until zero_grad."""
+    g = torch.Generator().manual_seed(11)
+    shapes = [(64, 32), (32,), (128, 16), (7,)]
+    start = [torch.randn(s, generator=g) for s in shapes]
+    grads = [[torch.randn(s, generator=g) * 10.0 ** -k for k, s in enumerate(shapes)]
+             for _ in range(STEPS + 1)]
+    ref = [torch.nn.Parameter(t.clone()) for t in start]
+    ours = [torch.nn.Parameter(t.clone()) for t in start]
+    ref_opt = torch.optim.AdamW(ref, lr=LR, weight_decay=WD, foreach=False, fused=False)
+    opt = cpu_adamw.LayerwiseAdamW([ours[:2], ours[2:]], LR, WD, "cpu", threads=2, delayed=True)
+    for step in range(STEPS + 1):
+        if during_backward:
+            opt.begin()
+        for p, grad in zip(ours, grads[step]):
+            p.grad = grad.clone()
+        opt.finish() if during_backward else opt.step()
+        assert all(torch.equal(p.grad, grad) for p, grad in zip(ours, grads[step]))
+        if step == 0:
+            assert all(torch.equal(p.detach(), t) for p, t in zip(ours, start))
+        else:
+            for p, grad in zip(ref, grads[step - 1]):
+                p.grad = grad.clone()
+            ref_opt.step()
+            ref_opt.zero_grad()
+        opt.zero_grad()
+        for a, b in zip(ours, ref):
+            torch.testing.assert_close(a.detach(), b.detach(), rtol=1.3e-6, atol=1e-7)
+    assert ref_opt.state[ref[0]]["step"] == STEPS  # STEPS updates in STEPS + 1 steps
+
+
+def test_the_delayed_update_is_fsdp2_offloads_only():
+    from hopperlab.workloads.finetune import FinetuneParams
+
+    with pytest.raises(ValueError, match="delayed_update: only with sharding fsdp2-cpu-offload"):
+        FinetuneParams(backend="sharded", method="full", sharding="torchao-cpu-offload",
+                       delayed_update=True)
+    model = sharded.build_model(SHAPE, torch.float32, "cpu", seed=5)
+    with pytest.raises(ValueError, match="delayed update is FSDP2 offload's"):
+        sharded.make_optimizer(model, "fsdp2", LR, WD, delayed=True)
 
 
 def test_a_unit_steps_only_once_its_gradients_are_there():
