@@ -110,29 +110,45 @@ def test_the_offloaded_adamw_gives_torchs_reference_update(tmp_path, overlap, de
     assert any(not torch.allclose(got[n], other[n], rtol=1e-6, atol=1e-8) for n in ref)
 
 
-def test_a_fixed_sample_gets_the_reference_update_in_float32_with_units_landing_late():
-    """Fixed float32 parameters and gradients: the units stepped by the worker as their
-    gradients arrive (after it started waiting) give torch's reference AdamW update."""
-    g = torch.Generator().manual_seed(7)
+def _fixed_sample(seed: int, steps: int, delayed: bool = False) -> tuple:
+    """Fixed float32 parameters, a set of gradients for each of ``steps`` steps (spanning 4
+    orders of magnitude), torch's reference AdamW on one copy and ours (2 units) on another."""
+    g = torch.Generator().manual_seed(seed)
     shapes = [(64, 32), (32,), (128, 16), (7,)]
     start = [torch.randn(s, generator=g) for s in shapes]
-    grads = [torch.randn(s, generator=g) * 10.0 ** -k for k, s in enumerate(shapes)]
+    grads = [[torch.randn(s, generator=g) * 10.0 ** -k for k, s in enumerate(shapes)]
+             for _ in range(steps)]
     ref = [torch.nn.Parameter(t.clone()) for t in start]
     ours = [torch.nn.Parameter(t.clone()) for t in start]
     ref_opt = torch.optim.AdamW(ref, lr=LR, weight_decay=WD, foreach=False, fused=False)
-    opt = cpu_adamw.LayerwiseAdamW([ours[:2], ours[2:]], LR, WD, "cpu", threads=2)
+    opt = cpu_adamw.LayerwiseAdamW([ours[:2], ours[2:]], LR, WD, "cpu", threads=2,
+                                   delayed=delayed)
+    return start, grads, ref, ours, ref_opt, opt
+
+
+def _give(params: list, grads: list) -> None:
+    for p, grad in zip(params, grads):
+        p.grad = grad.clone()
+
+
+def _same(ours: list, ref: list) -> None:
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1.3e-6, atol=1e-7)
+
+
+def test_a_fixed_sample_gets_the_reference_update_in_float32_with_units_landing_late():
+    """Fixed float32 parameters and gradients: the units stepped by the worker as their
+    gradients arrive (after it started waiting) give torch's reference AdamW update."""
+    _, (grads,), ref, ours, ref_opt, opt = _fixed_sample(7, 1)
     for _ in range(STEPS):
-        for p, grad in zip(ref, grads):
-            p.grad = grad.clone()
+        _give(ref, grads)
         ref_opt.step()
         opt.begin()
-        for p, grad in zip(ours, grads):  # the gradients land while the worker waits
-            p.grad = grad.clone()
+        _give(ours, grads)  # the gradients land while the worker waits
         opt.finish()
         ref_opt.zero_grad()
         opt.zero_grad()
-    for a, b in zip(ours, ref):
-        torch.testing.assert_close(a.detach(), b.detach(), rtol=1.3e-6, atol=1e-7)
+    _same(ours, ref)
 
 
 @pytest.mark.parametrize("during_backward", [True, False], ids=["worker", "after-backward"])
@@ -141,32 +157,21 @@ def test_the_delayed_update_applies_each_steps_gradients_one_step_later(during_b
     step: step 0 changes nothing, step t applies torch's reference AdamW update of step
     t-1's gradients (a reference that delays by hand, to float32 tolerance), and the
     gradients the step got stay in ``.grad`` until zero_grad."""
-    g = torch.Generator().manual_seed(11)
-    shapes = [(64, 32), (32,), (128, 16), (7,)]
-    start = [torch.randn(s, generator=g) for s in shapes]
-    grads = [[torch.randn(s, generator=g) * 10.0 ** -k for k, s in enumerate(shapes)]
-             for _ in range(STEPS + 1)]
-    ref = [torch.nn.Parameter(t.clone()) for t in start]
-    ours = [torch.nn.Parameter(t.clone()) for t in start]
-    ref_opt = torch.optim.AdamW(ref, lr=LR, weight_decay=WD, foreach=False, fused=False)
-    opt = cpu_adamw.LayerwiseAdamW([ours[:2], ours[2:]], LR, WD, "cpu", threads=2, delayed=True)
+    start, grads, ref, ours, ref_opt, opt = _fixed_sample(11, STEPS + 1, delayed=True)
     for step in range(STEPS + 1):
         if during_backward:
             opt.begin()
-        for p, grad in zip(ours, grads[step]):
-            p.grad = grad.clone()
+        _give(ours, grads[step])
         opt.finish() if during_backward else opt.step()
         assert all(torch.equal(p.grad, grad) for p, grad in zip(ours, grads[step]))
         if step == 0:
             assert all(torch.equal(p.detach(), t) for p, t in zip(ours, start))
         else:
-            for p, grad in zip(ref, grads[step - 1]):
-                p.grad = grad.clone()
+            _give(ref, grads[step - 1])
             ref_opt.step()
             ref_opt.zero_grad()
         opt.zero_grad()
-        for a, b in zip(ours, ref):
-            torch.testing.assert_close(a.detach(), b.detach(), rtol=1.3e-6, atol=1e-7)
+        _same(ours, ref)
     assert ref_opt.state[ref[0]]["step"] == STEPS  # STEPS updates in STEPS + 1 steps
 
 
