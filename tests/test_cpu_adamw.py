@@ -227,6 +227,7 @@ def test_two_ranks_stream_at_once_and_the_node_rate_is_their_sum(tmp_path):
     assert a["node"] == pytest.approx(2 * a["rank"]) and a["threads"] == 1
 
 
+@pytest.mark.integration
 def test_a_job_given_two_cpus_measures_on_two_threads_whatever_its_launcher_said(tmp_path):
     """Snakemake's shell: exports OMP_NUM_THREADS=1 to every job: the 13B runs' triad and CPU
     AdamW ran on one thread while the record said 16. A job given 2 CPUs measures on 2."""
@@ -243,6 +244,20 @@ def test_a_job_given_two_cpus_measures_on_two_threads_whatever_its_launcher_said
     assert rec["hardware"]["threads"]["inherited_dropped"]["OMP_NUM_THREADS"] == "1"
     assert m["optimizer_floor_s"] == pytest.approx(
         m["optimizer_host_gb_per_step"] * m["host_triad_ranks"] / m["host_triad_gbps"])
+
+
+@pytest.mark.integration
+def test_a_run_with_the_delayed_update_names_it_in_its_record(tmp_path):
+    project = copy_project(tmp_path / "project")
+    key = "finetune/full-llama2-13b-sharded/fsdp2-offload-1gpu"
+    edit_yaml(project / "experiments/finetune.yaml", lambda d: d["experiments"][
+        "full-llama2-13b-sharded"]["variants"]["fsdp2-offload-1gpu"]["params"].update(
+            delayed_update=True))
+    out = hopperlab(["run", key, "--no-upload", "--config", "families=finetune"], project)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    rec = json.loads((project / "results" / key / "metrics.json").read_text())
+    assert rec["metrics"]["optimizer_delayed"] == 1.0
+    assert "delayed by one step" in rec["tags"]["finetune.cpu_optimizer"]
 
 
 def test_pinning_says_what_it_got_when_the_allocator_refuses(monkeypatch):
