@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import statistics
 import subprocess
 import sys
 from dataclasses import replace
@@ -26,6 +27,9 @@ from hopperlab.workloads.finetune.nemo import (mcore_settings, mcore_targets, mo
 
 DATA = Path(__file__).parent / "data" / "finetune"
 CPU_LOG = DATA / "mcore_lora_tiny_cpu.log"
+H200_LOG = DATA / "mcore_lora_baseline_nvidiah200.log"
+#: the pre-fix full-recompute run: backward skipped (see README.md there)
+H200_DEFECT_LOG = DATA / "mcore_lora_checkpointing_nvidiah200.log"
 REAL_LOGS = sorted(DATA.glob("mcore_lora_*.log"))
 PARAMS = FinetuneParams(backend="nemo", weights="random", seq_len=2048, micro_batch=4,
                         warmup_steps=3, measured_steps=10, lora_rank=32, lora_alpha=64)
@@ -134,6 +138,37 @@ def test_parser_reads_the_cpu_log_of_the_runner():
     assert parse_peak_gib(lines) == {}  # no CUDA on that machine: no memory line
     with pytest.raises(ValueError, match="warm-up"):
         summarize_log(steps, warmup_steps=13, tokens_per_step=1)
+
+
+def test_parser_reads_the_h200_log_of_the_runner():
+    lines = H200_LOG.read_text().splitlines()
+    assert "device: cuda:0 NVIDIA H200" in lines
+    config = json.loads(H200_LOG.with_suffix(".config.json").read_text())
+    steps = parse_log(lines)
+    assert len(steps) == config["warmup_steps"] + config["measured_steps"]
+    times = [float(m.group(1)) / 1000 for ln in lines
+             if (m := re.search(r"per iteration \(ms\): ([0-9.]+)", ln))]
+    assert [s.step_s for s in steps] == times
+    tokens = config["seq_len"] * config["micro_batch"]
+    out = summarize_log(steps, warmup_steps=config["warmup_steps"], tokens_per_step=tokens)
+    assert out["measured_steps"] == config["measured_steps"]
+    assert out["step_time_p50_s"] == pytest.approx(statistics.median(times[3:]))
+    assert out["loss_drop"] > 0  # without recompute the adapters learn
+    mem = next(ln for ln in lines if "memory (MB)" in ln)
+    max_mb = float(re.search(r"max allocated: ([0-9.]+)", mem).group(1))
+    assert parse_peak_gib(lines)["peak_gpu_allocated_gib"] == pytest.approx(max_mb / 1024)
+    assert all(s.grad_norm is None for s in steps)  # printed only since the recompute fix
+
+
+def test_the_defective_recompute_log_shows_no_learning():
+    """The record of the defect the runner now refuses: same batches as the baseline, the
+    first loss equal, then no fall."""
+    base = parse_log(H200_LOG.read_text().splitlines())
+    bad = parse_log(H200_DEFECT_LOG.read_text().splitlines())
+    assert bad[0].loss == base[0].loss
+    out = summarize_log(bad, warmup_steps=3, tokens_per_step=8192)
+    assert out["loss_drop"] < 0 < summarize_log(base, warmup_steps=3,
+                                                 tokens_per_step=8192)["loss_drop"]
 
 
 @pytest.mark.parametrize("log", REAL_LOGS, ids=lambda p: p.name)
