@@ -102,8 +102,7 @@ def adapter_grad_norm(trainable: list[Any], step: int) -> float:
     if missing:
         raise RuntimeError(f"iteration {step}: {missing} of {len(trainable)} adapter tensors got "
                            f"no gradient (backward did not reach them)")
-    return float(torch.linalg.vector_norm(torch.stack(
-        [torch.linalg.vector_norm(p.grad.float()) for p in trainable])))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in trainable]))
 
 
 def sdpa_attention_class() -> type:
