@@ -180,7 +180,8 @@ def test_a_debug_site_runs_its_jobs_in_process_end_to_end(project, tmp_path):
     rec = json.loads((run_dir / "record.json").read_text())
     assert rec["status"] == "ok" and rec["slurm"] is None
     spec = json.loads((run_dir / "spec.json").read_text())
-    assert spec["site"]["executor"] == "debug" and "slurm" in spec["site"]
+    # only the site's own backend's settings enter the spec (issue 38): no Slurm block here
+    assert spec["site"]["executor"] == "debug" and "slurm" not in spec["site"]
     history = [json.loads(ln) for ln in (run_dir / "history.jsonl").read_text().splitlines()]
     assert [h["event"] for h in history if h.get("attempt") == 1][:1] == ["start"]
     assert not [h for h in history if h["event"] == "submitted"]  # nothing a scheduler holds

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import statistics
 import subprocess
 import sys
 from dataclasses import replace
@@ -26,6 +27,9 @@ from hopperlab.workloads.finetune.nemo import (mcore_settings, mcore_targets, mo
 
 DATA = Path(__file__).parent / "data" / "finetune"
 CPU_LOG = DATA / "mcore_lora_tiny_cpu.log"
+H200_LOG = DATA / "mcore_lora_baseline_nvidiah200.log"
+#: the pre-fix full-recompute run: backward skipped (see README.md there)
+H200_DEFECT_LOG = DATA / "mcore_lora_checkpointing_nvidiah200.log"
 REAL_LOGS = sorted(DATA.glob("mcore_lora_*.log"))
 PARAMS = FinetuneParams(backend="nemo", weights="random", seq_len=2048, micro_batch=4,
                         warmup_steps=3, measured_steps=10, lora_rank=32, lora_alpha=64)
@@ -68,7 +72,7 @@ def test_offload_needs_transformer_engine_and_maps_onto_cpu_offloading():
 @pytest.mark.parametrize("change, knobs, match", [
     ({}, {"precision": "fp8"}, "fp8 needs TransformerEngine"),
     ({}, {"memory": "managed"}, "managed"),
-    ({"method": "full"}, {}, "only method: lora"),
+    ({"method": "full"}, {}, r"only \(?method: lora"),  # FinetuneParams refuses it first
     ({"weights": "pretrained"}, {}, "weights: random only"),
 ])
 def test_what_megatron_core_cannot_do_here_is_refused_with_the_reason(change, knobs, match):
@@ -136,6 +140,37 @@ def test_parser_reads_the_cpu_log_of_the_runner():
         summarize_log(steps, warmup_steps=13, tokens_per_step=1)
 
 
+def test_parser_reads_the_h200_log_of_the_runner():
+    lines = H200_LOG.read_text().splitlines()
+    assert "device: cuda:0 NVIDIA H200" in lines
+    config = json.loads(H200_LOG.with_suffix(".config.json").read_text())
+    steps = parse_log(lines)
+    assert len(steps) == config["warmup_steps"] + config["measured_steps"]
+    times = [float(m.group(1)) / 1000 for ln in lines
+             if (m := re.search(r"per iteration \(ms\): ([0-9.]+)", ln))]
+    assert [s.step_s for s in steps] == times
+    tokens = config["seq_len"] * config["micro_batch"]
+    out = summarize_log(steps, warmup_steps=config["warmup_steps"], tokens_per_step=tokens)
+    assert out["measured_steps"] == config["measured_steps"]
+    assert out["step_time_p50_s"] == pytest.approx(statistics.median(times[3:]))
+    assert out["loss_drop"] > 0  # without recompute the adapters learn
+    mem = next(ln for ln in lines if "memory (MB)" in ln)
+    max_mb = float(re.search(r"max allocated: ([0-9.]+)", mem).group(1))
+    assert parse_peak_gib(lines)["peak_gpu_allocated_gib"] == pytest.approx(max_mb / 1024)
+    assert all(s.grad_norm is None for s in steps)  # printed only since the recompute fix
+
+
+def test_the_defective_recompute_log_shows_no_learning():
+    """The record of the defect the runner now refuses: same batches as the baseline, the
+    first loss equal, then no fall."""
+    base = parse_log(H200_LOG.read_text().splitlines())
+    bad = parse_log(H200_DEFECT_LOG.read_text().splitlines())
+    assert bad[0].loss == base[0].loss
+    out = summarize_log(bad, warmup_steps=3, tokens_per_step=8192)
+    assert out["loss_drop"] < 0 < summarize_log(base, warmup_steps=3,
+                                                 tokens_per_step=8192)["loss_drop"]
+
+
 @pytest.mark.parametrize("log", REAL_LOGS, ids=lambda p: p.name)
 def test_every_real_log_has_one_line_per_iteration(log):
     lines = log.read_text().splitlines()
@@ -161,8 +196,13 @@ def test_without_megatron_core_the_run_is_skipped_with_the_reason(tmp_path, monk
         run_nemo(spec, PARAMS, recorder=None)
 
 
-@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not importable (needs Python >= 3.12)")
-def test_the_runner_trains_adapters_of_a_tiny_megatron_gpt(tmp_path):
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not importable (needs Python >= 3.12; "
+                    "on 3.11 its cp312 wheel unpacked on PYTHONPATH imports)")
+def test_the_runner_trains_adapters_of_a_tiny_megatron_gpt_with_and_without_recompute(tmp_path):
+    """Under megatron's full recompute with a frozen base the loss used to have no graph and
+    megatron's backward_step skipped backward: no adapter gradient, no learning (the H200's
+    nemo-checkpointing run, 2026-11-28: 2x faster than no recompute, loss_drop -0.22). Recompute
+    changes no number: in float32 both runs see the same losses."""
     import torch
 
     torch.manual_seed(0)
@@ -173,19 +213,54 @@ def test_the_runner_trains_adapters_of_a_tiny_megatron_gpt(tmp_path):
     shape = model_shape({**LLAMA2_7B, "num_hidden_layers": 2, "hidden_size": 32,
                          "num_attention_heads": 4, "num_key_value_heads": 2,
                          "intermediate_size": 64, "vocab_size": 64})
-    params = replace(PARAMS, dtype="float32", seq_len=16, micro_batch=2, warmup_steps=1,
-                     measured_steps=4, lora_rank=4, lora_alpha=8, learning_rate=0.02)
-    cfg = runner_config(params, Knobs(), shape, tokens_path=str(tmp_path / "tokens.pt"),
-                        te_available=False)
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    proc = subprocess.run([sys.executable, "-m", nemo.RUNNER, str(tmp_path / "config.json")],
-                          capture_output=True, text=True, env=nemo._child_env(), timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
-    assert any("trainable in 4 adapters (linear_qkv,linear_proj, r=4)" in ln for ln in lines)
-    steps = parse_log(lines)
-    assert [s.step for s in steps] == list(range(5))
-    assert steps[-1].loss < steps[0].loss
+    runs = {}
+    for checkpointing in (False, True):
+        params = replace(PARAMS, dtype="float32", seq_len=16, micro_batch=2, warmup_steps=1,
+                         measured_steps=4, lora_rank=4, lora_alpha=8, learning_rate=0.02,
+                         checkpointing=checkpointing)
+        cfg = runner_config(params, Knobs(), shape, tokens_path=str(tmp_path / "tokens.pt"),
+                            te_available=False)
+        assert ("recompute_granularity" in cfg["settings"]) is checkpointing
+        config = tmp_path / f"config-{checkpointing}.json"
+        config.write_text(json.dumps(cfg))
+        proc = subprocess.run([sys.executable, "-m", nemo.RUNNER, str(config)],
+                              capture_output=True, text=True, env=nemo._child_env(), timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        lines = proc.stdout.splitlines()
+        assert any("trainable in 4 adapters (linear_qkv,linear_proj, r=4)" in ln for ln in lines)
+        steps = parse_log(lines)
+        assert [s.step for s in steps] == list(range(5))
+        assert all(s.grad_norm is not None and s.grad_norm > 0 for s in steps)
+        assert steps[-1].loss < steps[0].loss
+        runs[checkpointing] = steps
+    assert [s.loss for s in runs[True]] == pytest.approx([s.loss for s in runs[False]], rel=1e-5)
+    assert [s.grad_norm for s in runs[True]] == pytest.approx(
+        [s.grad_norm for s in runs[False]], rel=1e-3, abs=2e-3)
+
+
+def test_an_adapter_without_a_gradient_stops_the_run():
+    import torch
+
+    from hopperlab.workloads.finetune.mcore_lora import adapter_grad_norm
+
+    a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(RuntimeError, match="iteration 4: 2 of 2 adapter tensors got no gradient"):
+        adapter_grad_norm([a, b], 4)
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([0.0, 4.0, 0.0])
+    assert adapter_grad_norm([a, b], 4) == pytest.approx(5.0)
+    b.grad = None
+    with pytest.raises(RuntimeError, match="1 of 2"):
+        adapter_grad_norm([a, b], 5)
+
+
+def test_grad_norm_is_read_where_the_line_has_one():
+    line = (" [2026-11-28 06:00:00] iteration        2/      13 | consumed samples:            8 |"
+            " elapsed time per iteration (ms): 700.5 | learning rate: 1.000000E-04 | global batch"
+            " size:     4 | lm loss: 1.094736E+01 | loss scale: 1.0 | grad norm: 0.412 | number"
+            " of skipped iterations:   0 | number of nan iterations:   0 |")
+    (step,) = parse_log([line])
+    assert (step.step, step.step_s, step.loss, step.grad_norm) == (1, 0.7005, 10.94736, 0.412)
+    assert parse_log([line.replace("grad norm: 0.412 | ", "")])[0].grad_norm is None
 
 
 def test_the_runners_markers_open_the_measured_window_here(tmp_path):

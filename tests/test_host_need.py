@@ -61,3 +61,10 @@ def test_a_node_without_the_memory_skips_with_the_figures(tmp_path):
     assert 130 < rec.metrics["host_need_gb"] < 132
     node_256gib = "MemAvailable:   250000000 kB\n"
     sharded.check_host_memory(plan, 1, rec, "cpu", node_256gib)  # fits: no skip
+
+
+def test_the_delayed_update_holds_a_second_set_of_pinned_gradients():
+    sizes = _local(1)
+    plain = hn.host_bytes("fsdp2-cpu-offload", sizes, exact_params=True)
+    delayed = hn.host_bytes("fsdp2-cpu-offload", sizes, exact_params=True, delayed=True)
+    assert delayed - plain == sum(hn.pow2(n) for n in sizes)  # 47 GB more at 13B on one GPU

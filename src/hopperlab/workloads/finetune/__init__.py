@@ -152,6 +152,10 @@ class FinetuneParams:
     #: its gradients land in host memory (the same update, hidden behind the GPU's backward;
     #: cpu_adamw.py); false: one step after backward
     overlap_optimizer: bool = False
+    #: backend sharded, fsdp2-cpu-offload: ZeRO-Offload's one-step delayed parameter update
+    #: (each unit steps with the step before's gradients; other maths: the record's tag
+    #: finetune.cpu_optimizer says so; cpu_adamw.py)
+    delayed_update: bool = False
     model_shape: ModelShape = "tiny"
     global_batch: int = bounded(0, at_least=0)
     #: unused since backend nemo runs megatron-core (nemo.py), not the NeMo CLI: kept so that
@@ -166,6 +170,9 @@ class FinetuneParams:
         if self.master_weights and (self.method != "full" or self.dtype != "bfloat16"):
             raise ValueError("master_weights: float32 masters of bfloat16 weights: needs method "
                              "full and dtype bfloat16")
+        if self.delayed_update and self.sharding != "fsdp2-cpu-offload":
+            raise ValueError(f"delayed_update: only with sharding fsdp2-cpu-offload (its CPU "
+                             f"AdamW), not {self.sharding}")
         if self.census and self.backend != "torch":
             raise ValueError(f"census: only with backend torch (the hooks run in this process), "
                              f"not {self.backend}")

@@ -10,6 +10,14 @@ layer's shards are not read again before the next step's forward, so the update 
 as the one after backward (tested against torch's reference AdamW), not a delayed one.
 ``finish`` joins the worker before the next forward: its wait is the exposed CPU time.
 
+``delayed`` (off by default): ZeRO-Offload's one-step delayed parameter update, as an option
+that changes the maths: each unit steps with the gradients of the step before, so the update
+of step t's gradients lands at step t+1 (after that unit's backward there), step t+1's
+gradients are taken at weights without it, and the first step applies none. Under FSDP2's
+offload it hides no more than stepping as gradients land: the GPU reads the host shards again
+in backward, so a unit cannot step before its backward of the next step either. It holds one
+more set of gradients in host memory (``host_need``).
+
 How a unit's gradients are known to be in host memory: FSDP2 sets ``.grad`` of each sharded
 parameter right after it enqueued the gradient's device-to-host copy, so once every parameter
 of the unit has one (the step starts with none: ``zero_grad(set_to_none=True)``), a device
@@ -26,14 +34,33 @@ from typing import Any, Iterable
 #: how long the worker sleeps between looks at a unit's gradients
 POLL_S = 0.0005
 
+#: CPUs left to the training thread's kernel launches and NCCL's threads while the worker
+#: steps during backward, where the rank's CPUs are all the host has for it
+RESERVED_CPUS = 2
+
+
+def optimizer_threads(threads: int, overlap: bool, host_cpus: int, ranks_on_host: int) -> int:
+    """Threads of the CPU AdamW stepping beside backward. It is memory bound, and on a host
+    where the rank's ``threads`` do not saturate the memory the floor's triad (measured on all
+    ``threads``) is thread bound, so every thread counts: the 13B one-GPU row on 14 of its 16
+    threads ran at 1.32x its floor (2026-11-28, 16 of 32 CPUs given). It leaves
+    ``RESERVED_CPUS`` to the training thread only where the host (``host_cpus`` in the
+    affinity mask, shared by ``ranks_on_host`` ranks) has no CPUs beside the ranks' own."""
+    if not overlap or threads < 2 * RESERVED_CPUS:
+        return threads
+    spare = host_cpus - threads * max(1, ranks_on_host)
+    return threads if spare >= RESERVED_CPUS else threads - RESERVED_CPUS
+
 
 class LayerwiseAdamW:
     """One fused AdamW per unit of ``units`` (lists of parameters, in the order their
     gradients land), stepped by a worker thread during backward (``begin`` / ``finish``) or all
-    at once (``step``). ``threads``: torch threads of the worker's steps (None: as set)."""
+    at once (``step``). ``threads``: torch threads of the worker's steps (None: as set);
+    ``delayed``: each unit steps with its previous step's gradients (the module's doc)."""
 
     def __init__(self, units: Iterable[list[Any]], lr: float, weight_decay: float,
-                 device: Any, fused: bool = True, threads: int | None = None) -> None:
+                 device: Any, fused: bool = True, threads: int | None = None,
+                 delayed: bool = False) -> None:
         import torch
 
         self.units = [u for u in units if u]
@@ -41,6 +68,9 @@ class LayerwiseAdamW:
                            for u in self.units]
         self.device = device
         self.threads = threads
+        self.delayed = delayed
+        #: delayed: each unit's gradients of the step before, applied at this step
+        self._held: list[list[Any] | None] = [None] * len(self.units)
         self.busy_s = 0.0  # seconds in AdamW steps of the last step (the CPU optimizer's time)
         self._worker: threading.Thread | None = None
         self._backward_done = threading.Event()
@@ -73,13 +103,32 @@ class LayerwiseAdamW:
     def step(self) -> None:
         """Every unit at once, after backward (the sequential reference)."""
         t0 = time.perf_counter()
-        for opt in self.optimizers:
-            opt.step()
+        for i in range(len(self.units)):
+            self._step_unit(i)
         self.busy_s = time.perf_counter() - t0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=set_to_none)
+
+    def _step_unit(self, i: int) -> None:
+        """Unit ``i``'s AdamW step: with its gradients now, or (``delayed``) with those of the
+        step before, keeping the new ones for the next step (none before: no update)."""
+        if not self.delayed:
+            self.optimizers[i].step()
+            return
+        unit = self.units[i]
+        fresh = [p.grad for p in unit]
+        held, self._held[i] = self._held[i], fresh
+        if held is None:
+            return
+        for p, grad in zip(unit, held):
+            p.grad = grad
+        try:
+            self.optimizers[i].step()
+        finally:
+            for p, grad in zip(unit, fresh):
+                p.grad = grad
 
     def _landed(self, unit: list[Any]) -> bool:
         return all(p.grad is not None for p in unit if p.requires_grad)
@@ -93,13 +142,13 @@ class LayerwiseAdamW:
             cuda = getattr(self.device, "type", str(self.device)) == "cuda"
             if cuda:
                 torch.cuda.set_device(self.device)
-            for unit, opt in zip(self.units, self.optimizers):
+            for i, unit in enumerate(self.units):
                 while not self._landed(unit) and not self._backward_done.is_set():
                     time.sleep(POLL_S)
                 if cuda:  # the unit's device-to-host gradient copies were enqueued before .grad
                     torch.cuda.synchronize(self.device)
                 t0 = time.perf_counter()
-                opt.step()
+                self._step_unit(i)
                 self.busy_s += time.perf_counter() - t0
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread by finish
             self._error = exc

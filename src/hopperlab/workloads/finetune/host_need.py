@@ -22,14 +22,17 @@ def pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length()) if n > 0 else 0
 
 
-def host_bytes(mode: str, local_bytes: Iterable[int], exact_params: bool) -> int:
+def host_bytes(mode: str, local_bytes: Iterable[int], exact_params: bool,
+               delayed: bool = False) -> int:
     """Host bytes one rank of ``mode`` needs, from its parameters' local sizes in bytes
-    (``exact_params``: the parameter shards are in exact-size buffers, else rounded)."""
+    (``exact_params``: the parameter shards are in exact-size buffers, else rounded;
+    ``delayed``: FSDP2's delayed update holds the previous step's gradients too)."""
     sizes = list(local_bytes)
     states = 2 * sum(sizes)
     rounded = sum(pow2(n) for n in sizes)
     if mode == "fsdp2-cpu-offload":
-        return (sum(sizes) if exact_params else rounded) + rounded + states + PROCESS_BYTES
+        grads = rounded * (2 if delayed else 1)
+        return (sum(sizes) if exact_params else rounded) + grads + states + PROCESS_BYTES
     if mode == "torchao-cpu-offload":
         return 2 * rounded + states + PROCESS_BYTES
     return PROCESS_BYTES

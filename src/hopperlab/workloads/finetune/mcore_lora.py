@@ -9,9 +9,18 @@ no-pipelining schedule and AdamW, printing Megatron-LM's training-log lines that
 ``DotProductAttention`` materialises the float scores of every head ([b, heads, s, s], 1 GiB a
 layer at 4 x 2048), which NeMo never does (TransformerEngine's fused attention).
 
-On a machine without CUDA (the CPU test) the same model and adapters run with a plain
-forward/backward in place of the schedule, whose token counters live on ``cuda``; recompute and
-megatron's CUDA RNG tracker need CUDA too. Figures from the CPU are bookkeeping, not timings.
+Full recompute with a frozen base (``require_block_input_grad``): megatron's reentrant
+``CheckpointFunction`` only has a backward when one of its tensor inputs requires grad, and the
+adapters are not inputs; with the embedding frozen the first layer's input does not, so no
+layer's output does, the loss has no graph and megatron's ``backward_step`` skips backward
+silently (``if output_tensor.requires_grad``): the adapters never train. The block's input is
+made to require grad (Megatron-Bridge's PEFT does the same), and every step checks that each
+adapter got a gradient (``adapter_grad_norm``), printed as Megatron-LM's ``grad norm``.
+
+On a machine without CUDA (the CPU test) the same model and adapters run the forward step and
+megatron's ``backward_step`` in place of the schedule, whose token counters live on ``cuda``;
+megatron's CUDA RNG states are not saved around recompute there (dropout is 0: nothing random
+is replayed). Figures from the CPU are bookkeeping, not timings.
 """
 
 from __future__ import annotations
@@ -72,6 +81,28 @@ def add_lora(model: Any, targets: list[str], rank: int, alpha: int) -> int:
                 setattr(module, name, adapter(child, rank, alpha))
                 wrapped += 1
     return wrapped
+
+
+def require_block_input_grad(model: Any) -> Any:
+    """Make the embedding's output (the transformer block's input) require grad, so megatron's
+    recompute of each layer has a backward with a frozen base; returns the hook's handle."""
+
+    def hook(_module: Any, _inputs: Any, out: Any) -> Any:
+        return out if out.requires_grad else out.detach().requires_grad_(True)
+
+    return model.embedding.register_forward_hook(hook)
+
+
+def adapter_grad_norm(trainable: list[Any], step: int) -> float:
+    """The adapters' gradient norm; RuntimeError where backward left one without a gradient
+    (the loss was cut from the adapters: see ``require_block_input_grad``)."""
+    import torch
+
+    missing = sum(p.grad is None for p in trainable)
+    if missing:
+        raise RuntimeError(f"iteration {step}: {missing} of {len(trainable)} adapter tensors got "
+                           f"no gradient (backward did not reach them)")
+    return float(torch.nn.utils.get_total_norm([p.grad for p in trainable]))
 
 
 def sdpa_attention_class() -> type:
@@ -135,8 +166,13 @@ def init_megatron(seed: int, cuda: bool) -> None:
     if cuda:
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
     else:
+        from megatron.core.tensor_parallel import random as mrandom
+
         # megatron's RoPE moves its frequencies to torch.cuda.current_device() in forward
         torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+        # recompute saves and restores the CUDA RNG state around each layer: none here
+        mrandom._get_cuda_rng_state = lambda *_a, **_k: None
+        mrandom._set_cuda_rng_state = lambda *_a, **_k: None
 
 
 def forward_step(mask_by: Callable[[Any], Any]) -> Callable[..., Any]:
@@ -166,6 +202,7 @@ def train(cfg: dict[str, Any]) -> None:
     init_megatron(cfg["seed"], cuda)
     import megatron.core
     from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.pipeline_parallel.schedules import backward_step
 
     print(f"versions: megatron-core {megatron.core.__version__}, torch {torch.__version__}, "
           f"python {sys.version.split()[0]}", flush=True)
@@ -173,6 +210,8 @@ def train(cfg: dict[str, Any]) -> None:
     model = build_model(cfg, cuda)
     lora = cfg["lora"]
     wrapped = add_lora(model, lora["targets"], lora["rank"], lora["alpha"])
+    if cfg["settings"].get("recompute_granularity"):
+        require_block_input_grad(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     print(f"model: {sum(p.numel() for p in model.parameters())} parameters, "
           f"{sum(p.numel() for p in trainable)} trainable in {wrapped} adapters "
@@ -202,15 +241,17 @@ def train(cfg: dict[str, Any]) -> None:
                 out, loss_func = fwd(iter([batch]), model)
                 loss, n, parts = loss_func(out)
                 with nvtx_range(BACKWARD):
-                    (loss / n).backward()
+                    backward_step(None, loss / n, None, model.config)
                 summed = parts["lm loss"]
+            grad_norm = adapter_grad_norm(trainable, i + 1)
             opt.step()
             opt.zero_grad(set_to_none=True)
             lm_loss = float(summed[0] / summed[1])
         if cuda:
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000.0
-        print(log_line(i + 1, total, mb, ms, cfg["learning_rate"], lm_loss), flush=True)
+        print(log_line(i + 1, total, mb, ms, cfg["learning_rate"], lm_loss, grad_norm),
+              flush=True)
 
     for i in range(cfg["warmup_steps"]):
         one(i)
@@ -225,13 +266,14 @@ def train(cfg: dict[str, Any]) -> None:
         print(memory_line(total), flush=True)
 
 
-def log_line(it: int, total: int, mb: int, ms: float, lr: float, loss: float) -> str:
+def log_line(it: int, total: int, mb: int, ms: float, lr: float, loss: float,
+             grad_norm: float) -> str:
     """One line of Megatron-LM's training log."""
     now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     return (f" [{now}] iteration {it:8d}/{total:8d} | consumed samples: {it * mb:12d} | "
             f"elapsed time per iteration (ms): {ms:.1f} | learning rate: {lr:.6E} | "
             f"global batch size: {mb:5d} | lm loss: {loss:.6E} | loss scale: 1.0 | "
-            f"number of skipped iterations:   0 | number of nan iterations:   0 |")
+            f"grad norm: {grad_norm:.3f} | number of skipped iterations:   0 | number of nan iterations:   0 |")
 
 
 def memory_line(it: int) -> str:

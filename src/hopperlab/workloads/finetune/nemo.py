@@ -13,7 +13,8 @@ and ``memory (MB) | ... max allocated``), and ``parse_log`` reads them back into
 backend's metrics; its markers around the measured steps open the measured window here, where
 the energy meter listens (``run_logged``); under ``profiler: nsys`` the child is traced too and
 opens the capture (``measured_region``) as the torch backend does. The knobs become megatron-core's settings (``mcore_settings``): checkpointing
-is its full uniform recompute; bf16 its ``bf16``/``params_dtype``; its CPU offloading of
+is its full uniform recompute (with the block's input made to require grad: see
+``mcore_lora``); bf16 its ``bf16``/``params_dtype``; its CPU offloading of
 activations (``cpu_offloading`` and ``fine_grained_activation_offloading`` alike) and FP8 need
 TransformerEngine and are skipped, with that reason, where it is missing. Cheap to import (no
 torch, no megatron): the CPU tests (Python 3.11, no megatron-core) check the settings and the
@@ -52,6 +53,7 @@ WINDOW_END = "window: measured end"
 _ITER_RE = re.compile(r"iteration\s+(?P<it>\d+)\s*/\s*(?P<of>\d+)\s*\|")
 _TIME_RE = re.compile(r"elapsed time per iteration \(ms\):\s*(?P<ms>[0-9.]+(?:[eE][-+]?\d+)?)")
 _LOSS_RE = re.compile(r"lm loss:\s*(?P<loss>[-0-9.]+(?:[eE][-+]?\d+)?)")
+_GRAD_NORM_RE = re.compile(r"grad norm:\s*(?P<g>[-0-9.]+(?:[eE][-+]?\d+)?)")
 # Megatron-LM's report_memory: "[Rank 0] (after 13 iterations) memory (MB) | allocated: ... |
 # max allocated: 35123.4 | reserved: ... | max reserved: ..."
 _MEM_RE = re.compile(r"memory \(MB\).*?\|\s*max allocated:\s*(?P<max>[0-9.]+)")
@@ -68,6 +70,8 @@ class MegatronStep:
     step: int
     step_s: float
     loss: float | None
+    #: the adapters' gradient norm (runners before it was printed: None)
+    grad_norm: float | None = None
 
 
 def mcore_targets(targets: Iterable[str]) -> list[str]:
@@ -158,10 +162,11 @@ def parse_log(lines: Iterable[str]) -> list[MegatronStep]:
         it, t = _ITER_RE.search(line), _TIME_RE.search(line)
         if not (it and t):
             continue
-        loss = _LOSS_RE.search(line)
+        loss, grad = _LOSS_RE.search(line), _GRAD_NORM_RE.search(line)
         step = int(it.group("it")) - 1
         steps[step] = MegatronStep(step=step, step_s=float(t.group("ms")) / 1000.0,
-                                   loss=float(loss.group("loss")) if loss else None)
+                                   loss=float(loss.group("loss")) if loss else None,
+                                   grad_norm=float(grad.group("g")) if grad else None)
     return [steps[k] for k in sorted(steps)]
 
 
@@ -206,12 +211,6 @@ def missing_stack() -> str | None:
     return None
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _child_env() -> dict[str, str]:
     """The job's environment with hopperlab's source folder first on PYTHONPATH."""
     src = str(Path(__file__).resolve().parents[3])
@@ -238,9 +237,6 @@ def run_nemo(spec: RunView, params: FinetuneParams, recorder: Recording) -> None
                                te_available=te)
     except ValueError as exc:
         raise SkipRun(str(exc)) from None
-    if "recompute_granularity" in config["settings"] and not _cuda():
-        raise SkipRun("backend nemo: megatron-core's recompute saves and restores CUDA RNG "
-                      "states (tensor_parallel.checkpoint): it needs CUDA")
     source = write_tokens(spec, params, shape["vocab_size"], Path(config["tokens"]))
     recorder.set_tag("data.source", source)
     (work / "config.json").write_text(json.dumps(config, indent=1))
@@ -266,6 +262,8 @@ def run_nemo(spec: RunView, params: FinetuneParams, recorder: Recording) -> None
         figures = {"step_time_s": s.step_s, "tokens_per_s": tokens_per_step / s.step_s}
         if s.loss is not None:
             figures["loss"] = s.loss
+        if s.grad_norm is not None:
+            figures["grad_norm"] = s.grad_norm
         recorder.log_step(s.step, **figures)
     final = summarize_log(steps, warmup_steps=params.warmup_steps,
                           tokens_per_step=tokens_per_step)

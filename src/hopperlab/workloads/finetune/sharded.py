@@ -16,6 +16,7 @@ rate, the optimizer step.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import time
 from contextlib import ExitStack
@@ -184,15 +185,19 @@ def shard(model: Llama, mode: str, cuda: bool) -> None:
 
 
 def make_optimizer(model: nn.Module, mode: str, lr: float, weight_decay: float,
-                   device: Any = "cpu", threads: int | None = None) -> Any:
+                   device: Any = "cpu", threads: int | None = None,
+                   delayed: bool = False) -> Any:
     """AdamW, fused on both sides: torchao fuses its CPU AdamW by default, so FSDP2's CPU step
     (parameters in host memory under CPUOffloadPolicy) must be fused too for a fair pair; the
     unfused (foreach) step also makes whole-model temporaries a 125 GiB host cannot spare.
     FSDP2 offload: one fused AdamW per FSDP unit (``cpu_adamw``), which may step during
-    backward (on ``threads``: None, torch's pool)."""
+    backward (on ``threads``: None, torch's pool), with the step before's gradients where
+    ``delayed`` (ZeRO-Offload's delayed update)."""
     if mode == "fsdp2-cpu-offload":
         return cpu_adamw.LayerwiseAdamW(cpu_adamw.fsdp_units(model), lr, weight_decay, device,
-                                        threads=threads)
+                                        threads=threads, delayed=delayed)
+    if delayed:
+        raise ValueError(f"the delayed update is FSDP2 offload's (fsdp2-cpu-offload), not {mode}'s")
     if mode == "torchao-cpu-offload":
         from torchao.optim import CPUOffloadOptimizer
 
@@ -304,6 +309,8 @@ class Plan:
     overlap_optimizer: bool = False
     #: CPUs this rank was given (the job's thread plan); None: torch's current pool
     cpus: int | None = None
+    #: FSDP2 offload: ZeRO-Offload's one-step delayed update (``cpu_adamw``; other maths)
+    delayed_update: bool = False
 
 
 def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None) -> None:
@@ -353,7 +360,8 @@ def check_host_memory(plan: Plan, world: int, recorder: Recording, device: Any,
     split = world if plan.mode.startswith("fsdp2") else 1
     local = [-(-p.shape[0] // split) * (p.numel() // p.shape[0]) * elt
              for p in model.parameters()]
-    need = host_need.host_bytes(plan.mode, local, exact_params=True)
+    need = host_need.host_bytes(plan.mode, local, exact_params=True,
+                                delayed=plan.delayed_update)
     recorder.log_metric("host_need_gb", need / 1e9)
     need *= max(1, min(world, torch.cuda.device_count()))  # this node's ranks share its memory
     try:
@@ -437,12 +445,15 @@ def _cpu_group() -> Any:
 
 
 def ranks_on_host(world: int) -> int:
-    """Ranks of this job on this host (one host per job here: the local world size when the
-    launcher says, else the world)."""
-    import os
+    """Ranks of this job on this host, asked of the ranks themselves (each names its host over
+    the CPU group), so that no launcher's variables are read here (backends/ owns those)."""
+    import socket
 
-    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE")
-    return int(local) if local and local.isdigit() else world
+    if world <= 1 or not dist.is_initialized():
+        return max(1, world)
+    names: list[Any] = [None] * world
+    dist.all_gather_object(names, socket.gethostname(), group=_cpu_group())
+    return sum(1 for n in names if n == socket.gethostname())
 
 
 def matmul_rate_tflops(device: Any, dtype: Any) -> float:
@@ -480,10 +491,12 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     threads = plan.cpus or torch.get_num_threads()
     torch.set_num_threads(threads)  # the job's CPUs, whatever a launcher left in the pool
     overlap = plan.overlap_optimizer and accum == 1 and plan.mode == "fsdp2-cpu-offload"
-    # stepping during backward, the optimizer leaves 2 of the rank's CPUs to the training
-    # thread's kernel launches and NCCL's threads (AdamW is memory bound: it loses little)
-    opt_threads = max(1, threads - 2) if overlap and threads >= 4 else threads
-    opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay, device, opt_threads)
+    # stepping during backward, the optimizer leaves 2 CPUs to the training thread's kernel
+    # launches and NCCL's threads, from the rank's own only where the host has none beside them
+    opt_threads = cpu_adamw.optimizer_threads(threads, overlap, len(os.sched_getaffinity(0)),
+                                              ranks_on_host(world))
+    opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay, device, opt_threads,
+                         plan.delayed_update)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     times, opt_times, exposed_times, losses = [], [], [], []
@@ -516,6 +529,7 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
                "step_s": percentile(times, 50), "optimizer_step_s": percentile(opt_times, 50),
                "optimizer_exposed_s": percentile(exposed_times, 50),
                "optimizer_overlapped": float(overlap), "torch_threads": float(threads),
+               "optimizer_delayed": float(plan.delayed_update),
                "optimizer_threads": float(opt_threads),
                "loss_first": losses[0], "loss_last": losses[-1], "loss_drop": losses[0] - losses[-1],
                "params_b": n_params / 1e9, "accumulation_steps": float(accum),

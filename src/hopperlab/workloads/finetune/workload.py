@@ -351,10 +351,13 @@ def run_sharded(spec: RunView, params: FinetuneParams, recorder: Recording) -> N
         dtype=getattr(torch, params.dtype), lr=params.learning_rate,
         weight_decay=params.weight_decay, seed=params.seed, checkpointing=params.checkpointing,
         overlap_optimizer=params.overlap_optimizer and params.sharding == "fsdp2-cpu-offload",
+        delayed_update=params.delayed_update,
         cpus=env_threads("OMP_NUM_THREADS"))  # what the runner's thread plan gave this rank
     recorder.set_tag("finetune.world_size", world)
     if params.sharding in ("fsdp2-cpu-offload", "torchao-cpu-offload"):
         recorder.set_tag("finetune.cpu_optimizer", (
-            "per FSDP unit during backward (same update as after backward)"
-            if plan.overlap_optimizer else "after backward"))
+            "per FSDP unit during backward" if plan.overlap_optimizer else "after backward") + (
+            ", delayed by one step (ZeRO-Offload's: step t's gradients update the weights at "
+            "step t+1)" if plan.delayed_update else
+            (" (same update as after backward)" if plan.overlap_optimizer else "")))
     sharded.run(plan, recorder, cuda, pinned)
