@@ -14,6 +14,9 @@ from hopperlab.cli.main import main
 
 from .helpers import hopperlab, project_with_noisy_run
 
+# every test here judges real runs that a module fixture starts as jobs
+pytestmark = pytest.mark.integration
+
 NOISY = "selftest/noise/noisy"
 
 
