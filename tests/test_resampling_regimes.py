@@ -68,3 +68,24 @@ def test_checks_are_spread_over_the_run_and_leave_the_reference_its_windows():
     assert noise_gpu.check_windows(25, 20, 10) == noise_gpu.check_windows(25, 15, 10)
     assert len(noise_gpu.check_windows(25, 20, 10)) == 15
     assert noise_gpu.check_windows(10, 20, 10) == []
+
+
+def test_hopperlab_check_judges_the_shipped_h200_references_on_the_returned_windows():
+    """The shipped configs/references/h200-141g-pcie5-x86_64.yaml on one healthy and one loaded
+    window of each run of the GPU call (views written by noise_gpu.py --rejudge)."""
+    from hopperlab.results.machines import references as R
+    from hopperlab.results.rows import collect_runs
+
+    shipped = Path(__file__).resolve().parents[1] / "configs" / "references"
+    for folder, fails in (("healthy-05", False), ("loaded-03", True)):
+        rows = collect_runs(FIXTURES / "check" / folder)
+        judged = R.judge_rows(rows, shipped)
+        # the loaded views hold the counted runs only (the recommender was not counted)
+        assert len(rows) == (3 if fails else 4), folder
+        assert all(r.reference_check != R.NO_REFERENCE for r in rows), folder
+        bad = {f.key for f in R.regressions(judged)}
+        if fails:  # every counted run slowed by about 10 % is named
+            assert bad == {"finetune/lora-llama2-7b/fp8", "membench/copy/d2h-pinned",
+                           "membench/copy/h2d-pinned"}
+        else:
+            assert not bad
