@@ -88,3 +88,29 @@ def test_the_nemo_backend_records_the_tokens_of_its_window():
     basis = energy_basis({**out, N.ENERGY_GPU_J: 3958.0, N.ENERGY_WINDOW_S: 9.58},
                          family_info("finetune").work_units)
     assert basis.startswith("work done: 81920")
+
+
+def test_an_implausible_energy_is_marked_and_kept_out_of_the_comparison():
+    from types import SimpleNamespace
+
+    from hopperlab.results.machines import energy as E
+    from hopperlab.results.machines.compare import probe_for, probes_of
+    from hopperlab.results.machines.descriptions import load_descriptions
+
+    probes = probes_of(load_descriptions(Path(__file__).resolve().parents[1] / "configs"
+                                         / "machines"))
+    probe = probe_for(probes, "2xh200-141g-pcie5-x86_64")   # a node of two: its GPU's probe
+    assert probe is not None and probe.ceiling(False) == pytest.approx(0.968)
+    # full-1b bf16 of 2026-11-28 by the rate: 1.79 TFLOP per joule, above the probe's 0.968
+    by_rate = {"flops_per_token": 9.0e9, "train_tokens_per_j": 198.9,
+               "energy_per_1m_train_tokens_j": 5029.0}
+    by_work = {**by_rate, "train_tokens_per_j": 84.45, "energy_per_1m_train_tokens_j": 11841.0}
+    row = SimpleNamespace(key="finetune/full-1b/bf16-compile", family="finetune",
+                          metrics=by_rate)
+    bad = E.unit_energy(row, probe)
+    assert bad is not None and bad.implausible.startswith("implausible: 1.79 TFLOP")
+    good = E.unit_energy(SimpleNamespace(**{**vars(row), "metrics": by_work}), probe)
+    assert good is not None and good.implausible is None
+    assert E.less_energy(good, bad) is None and E.less_energy(bad, good) is None
+    assert E.less_energy(good, good) == pytest.approx(1.0)
+    assert E.unit_energy(row).implausible is None   # no probe: nothing to tell
