@@ -20,6 +20,7 @@ from pathlib import Path
 
 from hopperlab.config.energy import node_name, plausibility
 from hopperlab.core import energy_names as N
+from hopperlab.node.energy.arithmetic import AGREEMENT_MIN_S
 from hopperlab.results.rows import collect_runs
 from hopperlab.workloads import family_info
 
@@ -39,7 +40,7 @@ def lines(results: Path, probe: float | None = None, probe_fp8: float | None = N
     out = ["| run | status | window s | GPU J | host J | GPU W mean / peak | trace/counter | "
            "J per unit (GPU; +host) | work per J | TFLOP/J (probe) | how |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    agree, disagree, below, above = [], [], [], []
+    agree, disagree, below, above, unmatched = [], [], [], [], []
     for r in collect_runs(results):
         m, t = r.metrics, r.tags
         units = [u for u in family_info(r.family).work_units if u.energy_name in m]
@@ -63,9 +64,18 @@ def lines(results: Path, probe: float | None = None, probe_fp8: float | None = N
         if tflop is not None and ceiling:
             (above if gate else below).append(r.key)
         ratio = m.get(N.TRACE_RATIO)
+        trace = _f(ratio, 3)
         if ratio is not None:
             (agree if abs(ratio - 1) <= N.TRACE_TOLERANCE else disagree).append(
                 f"{r.key} {ratio:.3f}" + (f" ({t[N.TAG_TRACE]})" if N.TAG_TRACE in t else ""))
+        elif N.ENERGY_GPU_J in m:  # measured, not compared: say why (a record before the tag too)
+            window = m.get(N.ENERGY_WINDOW_S, 0.0)
+            why = t.get(N.TAG_TRACE) or (
+                f"{N.TRACE_NOT_COMPARED}: the window was {window:.2f} s, under "
+                f"{AGREEMENT_MIN_S:g} s" if window < AGREEMENT_MIN_S else
+                f"{N.TRACE_NOT_COMPARED}: {t.get(N.TAG_GPU, 'no counter')}")
+            trace = f"not compared ({window:.2f} s window)"
+            unmatched.append(f"{r.key}: {why}")
         how = "; ".join(f"{k.removeprefix(N.TAG_PREFIX)}: {v}" for k, v in sorted(t.items())
                         if k.startswith(N.TAG_PREFIX))
         if gate:
@@ -73,11 +83,13 @@ def lines(results: Path, probe: float | None = None, probe_fp8: float | None = N
         out.append(f"| {r.key} | {r.status} | {_f(m.get(N.ENERGY_WINDOW_S))} | "
                    f"{_f(m.get(N.ENERGY_GPU_J))} | {_f(m.get(N.ENERGY_HOST_J))} | "
                    f"{_f(m.get(N.POWER_GPU_MEAN_W))} / {_f(m.get(N.POWER_GPU_PEAK_W))} | "
-                   f"{_f(ratio, 3)} | {per} | {work} | {vs} | {how} |")
+                   f"{trace} | {per} | {work} | {vs} | {how} |")
     out.append("")
     out.append(f"counter vs trace within {N.TRACE_TOLERANCE:.0%}: {len(agree)} of "
                f"{len(agree) + len(disagree)}" + (f"; outside: {'; '.join(disagree)}"
-                                                  if disagree else ""))
+                                                  if disagree else "")
+               + (f"; not compared: {len(unmatched)} ({'; '.join(unmatched)})"
+                  if unmatched else ""))
     out.append(f"work per joule below the probe's: {len(below)} of {len(below) + len(above)}"
                + (f"; implausible: {', '.join(above)}" if above else "")
                + ("" if probe else " (no probe given)"))

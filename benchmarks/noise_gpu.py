@@ -9,10 +9,16 @@ out. The first CALIBRATION (or CALIBRATION_MAX) on/off cycles tune the co-runner
 the run's own step figures (on-phase over off-phase median) towards the TARGET slowdown; the
 later cycles count. Then:
 
-* the first REF healthy windows of each run become its references (``hopperlab references
-  update`` over a copy of the machine's shipped file);
-* each of the next HEALTHY healthy windows is one check of a healthy node (window i of every
-  run, judged by the check's own code; it fails on a regression);
+* HEALTHY healthy windows of each run, evenly spaced over the run, are the checks of a healthy
+  node (check i = the i-th of every run, judged by the check's own code; it fails on a
+  regression); every other healthy window (REF at least) becomes the run's reference
+  (``hopperlab references update`` over a copy of the machine's shipped file). Spread over the
+  run, the reference sees the slow regimes its checks will see: the GPU recommender's latency
+  sat at 0.8 ms, then 1.2 ms for seconds, in healthy windows (2026-11-28), which ten windows of
+  the first three seconds never showed;
+* a run whose reference's minimum effect (any judged metric) is above TARGET is
+  ``insensitive``: its noise hides a TARGET slowdown, so it is reported and judged (healthy
+  checks) but its loaded windows are not counted as detections;
 * each counted loaded window is one check of a slowed node, over the runs whose measured
   slowdown (loaded median over healthy median, every judged metric) is TARGET +- TOLERANCE; a
   run the co-runner cannot slow that much is reported as such and not counted.
@@ -22,6 +28,7 @@ the co-runner's duty, its calibration and the slowdown it really caused. From th
 root:
 
     python3 benchmarks/noise_gpu.py OUT [--runs KEY[:param=value;...],...] [--deadline-s 300]
+    python3 benchmarks/noise_gpu.py OUT --rejudge NOISE_JSON   # judge OUT/results again, offline
 
 docs/benchmarks/noise.md has the command the lead runs and what it measured.
 """
@@ -55,6 +62,7 @@ from hopperlab.core.rundir import (  # noqa: E402
     write_json_atomic,
 )
 from hopperlab.core.stats import percentile  # noqa: E402
+from hopperlab.node.hardware import host_cpu  # noqa: E402
 from hopperlab.results.machines import reference_update, references  # noqa: E402
 from hopperlab.results.rows import collect_runs  # noqa: E402
 
@@ -335,6 +343,15 @@ def split(run_dir: Path, phases: Sequence[Mapping[str, Any]], per_window: int | 
     return healthy, loaded
 
 
+def check_windows(n: int, count: int, ref: int) -> list[int]:
+    """Which of ``n`` healthy windows are the checks: ``count`` (fewer when ``ref`` must stay
+    for the reference) evenly spaced from the first to the last."""
+    count = max(0, min(count, n - ref))
+    if count <= 1:
+        return [n - 1] if count == 1 else []
+    return sorted({round(i * (n - 1) / (count - 1)) for i in range(count)})
+
+
 def judge(results: Path, out: Path, log: Mapping[str, Mapping[str, Any]], ref: int,
           healthy: int, loaded: int) -> dict[str, Any]:
     """References from the first ``ref`` healthy windows; a check per later window; the rates."""
@@ -350,8 +367,10 @@ def judge(results: Path, out: Path, log: Mapping[str, Mapping[str, Any]], ref: i
         if len(h) < ref + 1:
             info["left_out"] = f"{len(h)} healthy windows; references need {ref} and a check"
             continue
-        _view(row.run_dir, views / "ref" / key, h[:ref])
-        checks_h, checks_l = h[ref:ref + healthy], lo[:loaded]
+        picked = check_windows(len(h), healthy, ref)
+        _view(row.run_dir, views / "ref" / key, [s for i, s in enumerate(h) if i not in picked])
+        checks_h, checks_l = [h[i] for i in picked], lo[:loaded]
+        info["reference_windows"] = len(h) - len(picked)
         family = key.split("/")[0]
         slow: dict[str, float | None] = {}
         for metric in sorted({m for s in h for m in s}):
@@ -359,7 +378,7 @@ def judge(results: Path, out: Path, log: Mapping[str, Mapping[str, Any]], ref: i
                     references.direction(family, metric) is None:
                 continue
             slow[metric] = worse_ratio([s[metric] for s in checks_l if metric in s],
-                                       [s[metric] for s in h[ref:] if metric in s],
+                                       [s[metric] for s in h if metric in s],
                                        references.direction(family, metric))
         info["slowdown"] = slow
         ok = bool(slow) and all(v is not None and abs(v - TARGET) <= TOLERANCE
@@ -385,6 +404,23 @@ def judge(results: Path, out: Path, log: Mapping[str, Mapping[str, Any]], ref: i
         if shipped.is_file():  # the metrics the shipped check judges, per run (update keeps them)
             shutil.copy(shipped, refs_dir / shipped.name)
     reference_update.update(views / "ref", refs_dir)
+    for key, info in per_run.items():  # a run its own noise makes blind to TARGET: not counted
+        found, family = references.references_for(refs_dir, runs[key].machine), key.split("/")[0]
+        cpu = host_cpu(runs[key].hardware or {})
+        picked_refs = {m: references.pick(opts, cpu, references.cpu_driven(family, m))
+                       for m, opts in (found.candidates(key) if found else {}).items()}
+        effects_of = {m: r.effect_floor for m, r in picked_refs.items()
+                      if r is not None and m in info.get("slowdown", {})}
+        info["min_effect"] = effects_of
+        blind = {m: e for m, e in effects_of.items() if e > TARGET}
+        if blind and info.get("counted"):
+            info["counted"] = False
+            info["not_counted"] = "insensitive: its minimum effect " + ", ".join(
+                f"{m} {e:.1%}" for m, e in blind.items()) + f" is above {TARGET:.0%}"
+        elif blind:
+            info["insensitive"] = True
+            for folder in views.glob("loaded-*"):
+                shutil.rmtree(folder / key, ignore_errors=True)
     checks = []
     for kind, count in (("healthy", healthy), ("loaded", loaded)):
         for i in range(count):
@@ -392,6 +428,8 @@ def judge(results: Path, out: Path, log: Mapping[str, Mapping[str, Any]], ref: i
             if not folder.is_dir():
                 continue
             rows = collect_runs(folder)
+            if not rows:
+                continue
             judged = references.judge_rows(rows, refs_dir)
             bad = [f"{f.key} {f.metric}" for f in references.regressions(judged)]
             checks.append({"check": i, "loaded": kind == "loaded", "fails": bool(bad),
@@ -416,7 +454,8 @@ def main() -> int:
     ap.add_argument("--scale", default="full")
     ap.add_argument("--substitutes", default="dolly-15k:dolly-synthetic,"
                                              "llama-2-tokenizer:tiny-tokenizer")
-    ap.add_argument("--ref", type=int, default=10)
+    ap.add_argument("--ref", type=int, default=10,
+                    help="the fewest healthy windows left for a reference (all but the checks)")
     ap.add_argument("--healthy", type=int, default=20)
     ap.add_argument("--loaded", type=int, default=20)
     ap.add_argument("--windows", type=int, default=100,
@@ -426,10 +465,20 @@ def main() -> int:
     ap.add_argument("--loader", default=f"{sys.executable} benchmarks/gpu_loader.py {{flag}}")
     ap.add_argument("--deadline-s", type=float, default=300.0,
                     help="start no run after this long; what ran is judged")
+    ap.add_argument("--rejudge", type=Path, default=None,
+                    help="a noise.json: judge OUT/results again with its measure log (offline, "
+                         "no GPU: the returned runs of a GPU call, unpacked into OUT)")
     args = ap.parse_args()
     out = args.out.resolve()
     results = out / "results"
     out.mkdir(parents=True, exist_ok=True)
+    if args.rejudge:
+        before = json.loads(args.rejudge.read_text())
+        summary = {"when": before.get("when"), "rejudged": time.strftime(
+            "%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv, "target": TARGET,
+            "tolerance": TOLERANCE, "measure": before["measure"],
+            **judge(results, out, before["measure"], args.ref, args.healthy, args.loaded)}
+        return report(out, summary)
     flag = out / "loader.on"
     loader = subprocess.Popen(shlex.split(args.loader.format(flag=flag)), cwd=ROOT)
     t0, log = time.monotonic(), {}
@@ -456,6 +505,11 @@ def main() -> int:
     summary = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv,
                "target": TARGET, "tolerance": TOLERANCE, "measure": log,
                **judge(results, out, log, args.ref, args.healthy, args.loaded)}
+    return report(out, summary)
+
+
+def report(out: Path, summary: dict[str, Any]) -> int:
+    """Write ``OUT/noise.json`` and print the ``[noise]`` lines."""
     write_json_atomic(out / "noise.json", summary)
     for c in summary["checks"]:
         print(f"[noise] check {c['check']:2d} {'loaded ' if c['loaded'] else 'healthy'} "
@@ -465,8 +519,11 @@ def main() -> int:
                          if v is not None)
         verdict = "counted" if info.get("counted") else \
             f"NOT counted: {info.get('not_counted') or info.get('left_out')}"
+        effect = ", ".join(f"{m} {v:.1%}" for m, v in info.get("min_effect", {}).items())
+        blind = " (insensitive)" if info.get("insensitive") else ""
         print(f"[noise] run {key}: {info['healthy_windows']} healthy / {info['loaded_windows']} "
-              f"loaded windows; slowdown {slow or '-'}; {verdict}")
+              f"loaded windows; reference of {info.get('reference_windows', 0)}, min effect "
+              f"{effect or '-'}{blind}; slowdown {slow or '-'}; {verdict}")
     print(f"[noise] healthy checks failing: {summary['false_alarms']} of "
           f"{summary['healthy_checks']}; loaded checks failing (detected): "
           f"{summary['detected']} of {summary['loaded_checks']}")

@@ -14,7 +14,7 @@ from hopperlab.cli.main import main
 
 from .helpers import hopperlab, project_with_noisy_run
 
-#: every test reads folders of real runs (the module fixture runs jobs)
+# every test here judges real runs that a module fixture starts as jobs
 pytestmark = pytest.mark.integration
 
 NOISY = "selftest/noise/noisy"

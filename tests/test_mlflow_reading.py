@@ -107,6 +107,7 @@ def store(tmp_path_factory) -> tuple[Path, str]:
     return project, uri
 
 
+@pytest.mark.integration
 def test_compare_mlflow_takes_hash_prefixes(store, tmp_path):
     project, uri = store
     out = hopperlab(["compare", "--mlflow", uri, "aaaa1111", "tags.git_commit = 'aaaa2222'",
@@ -124,6 +125,7 @@ def test_compare_mlflow_takes_hash_prefixes(store, tmp_path):
     assert out.returncode == 2 and "runs whose git_commit starts with bbbb1111" in out.stderr
 
 
+@pytest.mark.integration
 def test_history_with_a_quote_in_its_filters_is_a_clear_error(store, tmp_path):
     project, uri = store
     out = hopperlab(["history", "--mlflow", uri, "--machine", "o'brien", "--out",
@@ -140,6 +142,7 @@ def test_history_with_a_quote_in_its_filters_is_a_clear_error(store, tmp_path):
     assert "selftest/noise/noisy value: 2 runs" in out.stdout
 
 
+@pytest.mark.integration
 def test_compare_family_experiment_on_a_sqlite_store_says_how_to_open_it(store):
     project, uri = store
     out = hopperlab(["compare", "selftest/noise", "--config", "families=selftest"], project)

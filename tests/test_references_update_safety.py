@@ -19,6 +19,9 @@ from hopperlab.results.machines import references as R
 
 from .helpers import project_with_noisy_run
 
+# every test here judges real runs that a module fixture starts as jobs
+pytestmark = pytest.mark.integration
+
 NOISY = "selftest/noise/noisy"
 MACHINE = "cpu-x86_64"
 

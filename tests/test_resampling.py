@@ -15,10 +15,10 @@ from hopperlab.results.machines.resampling import study
 FIXTURES = Path(__file__).parent / "fixtures" / "noise-h200"
 
 
-def _samples() -> dict[str, list[dict[str, float]]]:
-    return {"/".join(f.relative_to(FIXTURES).parts[:3]):
+def _samples(folder: Path = FIXTURES) -> dict[str, list[dict[str, float]]]:
+    return {"/".join(f.relative_to(folder).parts[:3]):
             [json.loads(line)["metrics"] for line in f.open()]
-            for f in sorted(FIXTURES.glob("*/*/*/samples.jsonl"))}
+            for f in sorted(folder.glob("*/*/*/samples.jsonl"))}
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ def _copy_with_record(project: Path, name: str, **record) -> Path:
     return dest
 
 
-@pytest.mark.integration  # reads the module's real runs
+@pytest.mark.integration
 def test_run_prints_the_values_it_measured(project):
     proj, stdout = project
     line = [x for x in stdout.splitlines() if " measured " in x]
@@ -80,7 +80,7 @@ def test_a_site_priced_at_nan_is_one_line(tmp_path):
                                        "finite number"), out.stderr
 
 
-@pytest.mark.integration  # reads the module's real runs
+@pytest.mark.integration
 def test_machines_on_a_record_whose_variant_is_a_path_is_one_line(project, tmp_path, capsys):
     proj, _ = project
     evil = _copy_with_record(proj, "results-evil", variant="../../x", machine="other-m")
@@ -92,7 +92,7 @@ def test_machines_on_a_record_whose_variant_is_a_path_is_one_line(project, tmp_p
            f"experiment or variant is a name, without '/'" in err
 
 
-@pytest.mark.integration  # reads the module's real runs
+@pytest.mark.integration
 def test_sync_names_the_run_that_failed_and_why(project):
     proj, _ = project
     broken = proj / "results-broken"
@@ -108,7 +108,7 @@ def test_sync_names_the_run_that_failed_and_why(project):
     assert f"{broken / NOISY}: " in line and "\n" not in line
 
 
-@pytest.mark.integration  # reads the module's real runs
+@pytest.mark.integration
 def test_junit_is_valid_xml_when_a_reason_holds_ansi_escapes_and_nul(project, tmp_path):
     proj, _ = project
     results = _copy_with_record(proj, "results-ansi", status="failed",

@@ -130,12 +130,29 @@ def noise_of(samples: Sequence[float]) -> float:
     return max(sd, robust if math.isfinite(robust) else 0.0)
 
 
+def widest_deviation(samples: Sequence[float]) -> float:
+    """How far the reference's own farthest sample lies from its median, relative, either way
+    (the larger of max/median - 1 and median/min - 1; NaN for fewer than 2 samples).
+
+    Distribution-free: a new sample of the same noise lies beyond the farthest of ``n`` in at
+    most 2/(n+1) of draws whatever the noise's shape, where ``NOISE_K`` x noise holds only for
+    noise near normal. A change no bigger than a healthy sample already showed is no evidence."""
+    xs = check_samples(samples, "samples")
+    if len(xs) < 2 or min(xs) <= 0:
+        return math.nan
+    med = percentile(xs, 50)
+    return max(max(xs) / med, med / min(xs)) - 1
+
+
 def min_effect_for(samples: Sequence[float], floor: float = DEFAULT_MIN_EFFECT) -> float:
-    """The minimum effect a reference from ``samples`` judges by: ``NOISE_K`` x their noise,
-    never below ``floor`` (the change worth reporting) nor above ``MAX_MIN_EFFECT``."""
-    noise = noise_of(samples)
-    k_noise = NOISE_K * noise if math.isfinite(noise) else MAX_MIN_EFFECT
-    return min(MAX_MIN_EFFECT, max(floor, k_noise))
+    """The minimum effect a reference from ``samples`` judges by: the larger of ``NOISE_K`` x
+    their noise (normal noise) and their widest deviation (any noise: regimes, a long tail;
+    ``widest_deviation``), never below ``floor`` (the change worth reporting) nor above
+    ``MAX_MIN_EFFECT``. A healthy check fails only when both rules call the change real."""
+    noise, wide = noise_of(samples), widest_deviation(samples)
+    if not (math.isfinite(noise) and math.isfinite(wide)):
+        return MAX_MIN_EFFECT
+    return min(MAX_MIN_EFFECT, max(floor, NOISE_K * noise, wide))
 
 
 def _side_spread(samples: Sequence[float]) -> float | None:

@@ -31,7 +31,7 @@ TAG_WINDOW = "energy.window"
 TAG_SAMPLER = "energy.sampler"
 TAG_GPUS = "energy.gpus"
 TAG_ERRORS = "energy.errors"
-#: why the trace and the counter disagree by more than TRACE_TOLERANCE
+#: why the trace and the counter disagree by more than TRACE_TOLERANCE, or were not compared
 TAG_TRACE = "energy.trace"
 #: how J per unit was divided: by the work done inside the window, or by a rate
 TAG_BASIS = "energy.basis"
@@ -40,6 +40,8 @@ TAG_SLOW = "energy.slow_steps"
 #: "implausible: ..." when the run's work per joule beats the node's own matmul probe
 TAG_PLAUSIBLE = "energy.plausible"
 TRACE_TOLERANCE = 0.05
+#: how TAG_TRACE starts when the window was too short to compare counter and trace
+TRACE_NOT_COMPARED = "not compared"
 #: work per joule above the probe's by more than this marks the energy implausible
 PLAUSIBLE_MARGIN = 0.10
 

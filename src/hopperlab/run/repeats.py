@@ -72,3 +72,17 @@ def measure(workload: Callable[[Any, Recorder], None], spec: Any, rec: Recorder,
             _release_memory()
         rec.repeat = None
     rec.metrics.update(aggregate_samples(rec.samples, stat_metrics(spec, info)))
+    rec.metrics.update(work_done_totals(rec.samples, info))
+
+
+def work_done_totals(samples: list[dict[str, float]], info: FamilyInfo) -> dict[str, float]:
+    """The work done inside the measured windows (``WorkUnit.done``) summed over the samples
+    that carry it: the meter adds every window's joules, so J per unit divides by every
+    window's work, not by one sample's (the median ``aggregate_samples`` gives)."""
+    names = {n for u in info.work_units for n in u.done}
+    out: dict[str, float] = {}
+    for name in names:
+        values = [float(s[name]) for s in samples if name in s]
+        if values and len(values) == len(samples):
+            out[name] = sum(values)
+    return out

@@ -25,6 +25,7 @@ from hopperlab.core.window import MEASURED
 from hopperlab.core import energy_names as N
 from hopperlab.node.energy.arithmetic import (
     AGREEMENT_MIN_S,
+    COUNTER_UPDATE_S,
     NVML_WRAP_MJ,
     Accumulator,
     Energy,
@@ -261,6 +262,8 @@ class EnergyMeter:
                 metrics[prefix + N.POWER_GPU_MEAN_W] = sum(means) / len(means)
             if peaks:
                 metrics[prefix + N.POWER_GPU_PEAK_W] = max(peaks)
+            if not missing and seconds < AGREEMENT_MIN_S:
+                tags[prefix + N.TAG_TRACE] = _too_short(seconds)
             if not missing and seconds >= AGREEMENT_MIN_S and all(
                     e.source == "counter" for e in per.values()):
                 traced = [self._trace_j(wins, lambda s, u=u: s.gpu_w.get(u)) for u in per]
@@ -367,6 +370,15 @@ def _trace_why(ratio: float, gap: float, rate_hz: float) -> str:
                        f"low-power stretches, so the trace is biased; the counter is the figure")
     return head + (f"the sampler kept its rate (largest gap {gap:.2f} s): power changed faster "
                    f"than {rate_hz:g} Hz sees; the counter is the figure")
+
+
+def _too_short(seconds: float) -> str:
+    """Why counter and trace were not compared: the window is too short for 5 %."""
+    return (f"{N.TRACE_NOT_COMPARED}: the window was {seconds:.2f} s, under "
+            f"{AGREEMENT_MIN_S:g} s: the counter updates every 20-100 ms, so each edge alone "
+            f"may be off by up to {COUNTER_UPDATE_S:g} s of the window's power "
+            f"({2 * COUNTER_UPDATE_S / max(seconds, 1e-9):.0%} of it for both); a longer "
+            f"window (more measured steps) gets the comparison")
 
 
 def _cell(value: float | None) -> str:

@@ -26,10 +26,11 @@ from hopperlab.core import effects
 from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import read_samples, utc_now, write_text_atomic
 from hopperlab.core.stats import half_width, money
+from hopperlab.node.naming import split_gpu_count
 from hopperlab.results.machines import ab
 from hopperlab.results.machines import cost as costs
 from hopperlab.results.machines import energy as energies
-from hopperlab.results.machines.descriptions import MachineDescription
+from hopperlab.results.machines.descriptions import MachineDescription, MatmulProbe
 from hopperlab.results.machines.predict import Prediction, predict
 from hopperlab.results.machines.references import direction
 from hopperlab.results.machines.runs import MachineRuns
@@ -147,11 +148,22 @@ class _Against:
     value: float | None = None
 
 
-def _against(reference: str, ref_row: RunRow | None) -> _Against:
+def _against(reference: str, ref_row: RunRow | None, probe: MatmulProbe | None) -> _Against:
     ok = ref_row is not None and ref_row.status == "ok"
     return _Against(reference, ref_row,
                     {u.metric: u for u in costs.unit_costs(ref_row)} if ref_row else {},
-                    energies.unit_energy(ref_row) if ok else None)
+                    energies.unit_energy(ref_row, probe) if ok else None)
+
+
+def probes_of(descriptions: Mapping[str, MachineDescription]) -> dict[str, MatmulProbe]:
+    """Each described machine's matmul probe, by its name and its aliases (a node of several
+    of its GPUs, ``2x<name>``, is looked up by ``probe_for``)."""
+    out: dict[str, MatmulProbe] = {}
+    for desc in descriptions.values():
+        if desc.matmul_tflop_per_j is not None:
+            for name in (desc.name, *desc.aliases):
+                out[name] = desc.matmul_tflop_per_j
+    return out
 
 
 def _floors(family: str) -> Mapping[str, str]:
@@ -161,8 +173,16 @@ def _floors(family: str) -> Mapping[str, str]:
         return {}
 
 
-def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
-    """The comparison, one Line per (run, headline metric) any machine recorded."""
+def probe_for(probes: Mapping[str, MatmulProbe], machine: str) -> MatmulProbe | None:
+    """The machine's probe; for ``<n>x<name>`` its GPU's (TFLOP per joule does not add up)."""
+    return probes.get(machine) or probes.get(split_gpu_count(machine)[1])
+
+
+def build_lines(groups: Sequence[MachineRuns], reference: str,
+                probes: Mapping[str, MatmulProbe] | None = None) -> list[Line]:
+    """The comparison, one Line per (run, headline metric) any machine recorded; ``probes``:
+    each machine's matmul probe, which keeps an implausible energy out of the comparison."""
+    probes = probes or {}
     ref_group = next(g for g in groups if g.machine == reference)
     lines = []
     for key in sorted({k for g in groups for k in g.runs}):
@@ -172,20 +192,20 @@ def build_lines(groups: Sequence[MachineRuns], reference: str) -> list[Line]:
                             f"experiment or variant is a name, without '/'")
         family, experiment, variant = key.split("/")
         floors = _floors(family)
-        base = _against(reference, ref_group.runs.get(key))
+        base = _against(reference, ref_group.runs.get(key), probe_for(probes, reference))
         for metric in _headline(groups, key) or ["-"]:
             way = direction(family, metric)
             ref = base.row
             against = replace(base, value=ref.metrics.get(metric)
                               if ref is not None and ref.status == "ok" else None)
-            cells = [_cell(g.machine, g.runs.get(key), metric, way, against, floors)
-                     for g in groups]
+            cells = [_cell(g.machine, g.runs.get(key), metric, way, against, floors,
+                           probe_for(probes, g.machine)) for g in groups]
             lines.append(Line(family, experiment, variant, metric, way, cells))
     return lines
 
 
 def _cell(machine: str, row: RunRow | None, metric: str, way: str | None, ref: _Against,
-          floors: Mapping[str, str]) -> Cell:
+          floors: Mapping[str, str], probe: MatmulProbe | None = None) -> Cell:
     """One machine's cell of one run's metric, against the reference machine's."""
     if row is None:
         return Cell(machine, None, None)
@@ -210,7 +230,7 @@ def _cell(machine: str, row: RunRow | None, metric: str, way: str | None, ref: _
         cell.unit = units[0]
         cell.cheaper = costs.cheaper(ref.units.get(units[0].metric), units[0])
     if row.status == "ok":
-        cell.energy = energies.unit_energy(row)
+        cell.energy = energies.unit_energy(row, probe)
         cell.less_energy = energies.less_energy(ref.energy, cell.energy)
     return cell
 
@@ -240,7 +260,7 @@ def write_csv(lines: Sequence[Line], reference: str, path: Path) -> Path:
                         c.unit.label if c.unit else "", _num(c.unit.value if c.unit else None),
                         _num(c.cheaper), c.check or "",
                         c.energy.label if c.energy else "",
-                        _num(c.energy.joules) if c.energy else "not measured",
+                        _energy_csv(c.energy),
                         _num(c.energy.node_joules if c.energy else None),
                         _num(c.less_energy), _num(c.energy.work_per_j if c.energy else None),
                         c.energy.work_label if c.energy else ""])
@@ -361,7 +381,9 @@ def _cell_html(c: Cell, reference: str) -> str:
         parts.append(txt + example)
     elif c.cost_run is not None:
         parts.append(f"run {_e(money(c.cost_run, c.currency))}" + example)
-    if c.energy is not None:
+    if c.energy is not None and c.energy.implausible:
+        parts.append(f'<span class="nodata">energy {_e(c.energy.implausible)}</span>')
+    elif c.energy is not None:
         txt = f"{c.energy.joules:.4g} J {_e(c.energy.label)}"
         if c.energy.node_joules is not None:
             txt += f" ({c.energy.node_joules:.4g} J with host)"
@@ -375,6 +397,13 @@ def _cell_html(c: Cell, reference: str) -> str:
     if c.check and c.check != "no-reference":
         parts.append(f'<span class="{_e(c.check)}">check: {_e(c.check)}</span>')
     return "<td>" + "<br>".join(parts) + "</td>"
+
+
+def _energy_csv(energy: energies.UnitEnergy | None) -> str:
+    """The CSV's J per unit: the figure, "implausible" (kept out) or "not measured"."""
+    if energy is None:
+        return "not measured"
+    return "implausible" if energy.implausible else _num(energy.joules)
 
 
 def _cheaper_text(times: float) -> str:
@@ -548,7 +577,7 @@ def compare(groups: Sequence[MachineRuns], out_dir: Path, *, reference: str | No
     if reference not in names:
         raise SpecError(f"--reference {reference}: not one of the compared machines "
                         f"({', '.join(names)})")
-    lines = build_lines(groups, reference)
+    lines = build_lines(groups, reference, probes_of(descriptions or {}))
     preds = all_predictions(groups, descriptions or {}, targets)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -59,6 +59,20 @@ class HostLink:
 
 
 @dataclass(frozen=True)
+class MatmulProbe:
+    """The node's own matmul loop in TFLOP per joule (``benchmarks/energy_probe.py``, measured):
+    no model does more work per joule, so a run above it by more than 10 % has joules or work
+    that are wrong (``config.energy.plausibility``). fp8 runs are held to the fp8 figure."""
+
+    bf16: Figure
+    fp8: Figure | None = None
+
+    def ceiling(self, fp8: bool) -> float | None:
+        figure = self.fp8 if fp8 and self.fp8 is not None else self.bf16
+        return figure.value
+
+
+@dataclass(frozen=True)
 class MachineDescription:
     name: str
     description: str
@@ -76,6 +90,9 @@ class MachineDescription:
     #: the module's (GH200: CPU + GPU + memory) or board's power in W, for energy predictions;
     #: optional: a description without it predicts no energy and says so
     module_power_w: Figure | None = None
+    #: the node's matmul probe (TFLOP per joule), for the energy plausibility gate; optional:
+    #: without it a comparison cannot tell an implausible energy and says nothing of it
+    matmul_tflop_per_j: MatmulProbe | None = None
     source_file: str = ""
 
     def figure(self, path: str) -> Figure:

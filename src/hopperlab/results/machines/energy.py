@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hopperlab.config.cost import units_per_s
-from hopperlab.config.energy import node_name
-from hopperlab.results.machines.descriptions import MachineDescription
+from hopperlab.config.energy import node_name, plausibility
+from hopperlab.results.machines.descriptions import MachineDescription, MatmulProbe
 from hopperlab.results.rows import RunRow
 from hopperlab.workloads import family_info
 from hopperlab.workloads.base import WorkUnit
@@ -28,6 +28,9 @@ class UnitEnergy:
     node_joules: float | None = None  # GPU + host, where the host was measured
     work_per_j: float | None = None
     work_label: str = ""
+    #: "implausible: ..." (``config.energy.plausibility`` against the machine's matmul probe):
+    #: shown, never compared
+    implausible: str | None = None
 
 
 def _units(family: str) -> tuple[WorkUnit, ...]:
@@ -37,20 +40,26 @@ def _units(family: str) -> tuple[WorkUnit, ...]:
         return ()
 
 
-def unit_energy(row: RunRow) -> UnitEnergy | None:
-    """The run's energy per unit of its family's first unit it measured (None: none)."""
+def unit_energy(row: RunRow, probe: MatmulProbe | None = None) -> UnitEnergy | None:
+    """The run's energy per unit of its family's first unit it measured (None: none), marked
+    implausible where its work per joule beats the machine's matmul ``probe`` (issue 36)."""
+    ceiling = probe.ceiling("fp8" in row.key) if probe is not None else None
+    gate = plausibility(row.metrics, ceiling)
     for u in _units(row.family):
         if u.window or u.energy_name not in row.metrics:
             continue
         return UnitEnergy(u.energy_name, u.label, row.metrics[u.energy_name],
                           row.metrics.get(node_name(u)),
-                          row.metrics.get(u.work_per_j) if u.work_per_j else None, u.work_label)
+                          row.metrics.get(u.work_per_j) if u.work_per_j else None, u.work_label,
+                          gate)
     return None
 
 
 def less_energy(reference: UnitEnergy | None, this: UnitEnergy | None) -> float | None:
     """How many times less energy per unit ``this`` uses than ``reference``."""
     if reference is None or this is None or this.joules <= 0 or reference.metric != this.metric:
+        return None
+    if reference.implausible or this.implausible:  # kept out of comparisons
         return None
     return reference.joules / this.joules
 

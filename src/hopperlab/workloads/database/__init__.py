@@ -85,10 +85,11 @@ METRIC_DIRECTIONS = {**{f"{q}_time_ms": LOWER for q in QUERIES},
               **{f"{q}_gbps": HIGHER for q in QUERIES}, "all_correct": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1k_queries", "per 1000 queries", 1e3, "count_per_ms",
                        time_suffix="_time_ms", work_per_j="queries_per_j",
-                       work_label="queries per joule"),
+                       work_label="queries per joule", done=("measured_queries",)),
               WorkUnit("cost_per_tb_scanned", "per TB scanned", 1e12, "sum_per_ms",
                        "_bytes_read", time_suffix="_time_ms", work_per_j="gb_scanned_per_j",
-                       work_label="GB scanned per joule", work_scale=1e9),
+                       work_label="GB scanned per joule", work_scale=1e9,
+                       done=("measured_bytes_scanned",)),
               # the DuckDB peer on the host's cores, in its own energy window (energy only)
               WorkUnit("cost_per_1k_duckdb_queries", "per 1000 DuckDB queries", 1e3,
                        "count_per_ms", time_suffix="_duckdb_ms",

@@ -148,6 +148,7 @@ def run(spec: RunView, recorder: Recording) -> None:
     failures: list[str] = []
     windows = spec.repeats
     step = 0
+    executed, scanned = 0, 0  # inside the measured window, warm-ups included: J per unit
     try:
         with _profiling(profiler, device, recorder):
             for w in range(windows):  # repeat_unit "windows": each after its warm-up
@@ -160,6 +161,8 @@ def run(spec: RunView, recorder: Recording) -> None:
                         step += 1
 
                     result = run_query(source, q, params.warmup, params.repeats, sample)
+                    executed += params.warmup + params.repeats
+                    scanned += (params.warmup + params.repeats) * result.bytes_read
                     diffs = compare(expected[q], result.rows)
                     figures = QueryFigures(q, result.time_ms, result.bytes_read, duck_ms[q],
                                            correct=not diffs,
@@ -178,6 +181,8 @@ def run(spec: RunView, recorder: Recording) -> None:
     finally:
         source.close()
     recorder.log_metric("all_correct", 0.0 if failures else 1.0)
+    recorder.log_metrics({"measured_queries": float(executed),
+                          "measured_bytes_scanned": float(scanned)})
     with open(recorder.artifact_path("answers.json"), "w") as fh:
         json.dump(answers, fh, indent=1)
     if failures:

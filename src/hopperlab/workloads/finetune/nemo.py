@@ -194,6 +194,8 @@ def summarize_log(steps: Sequence[MegatronStep], *, warmup_steps: int,
     out = {"tokens_per_s": statistics.median(tokens_per_step / t for t in times),
            "step_time_p50_s": percentile(times, 50), "step_time_p90_s": percentile(times, 90),
            "step_time_mean_s": statistics.fmean(times), "measured_steps": float(len(measured)),
+           # the steps between the runner's window markers: what the window's joules paid for
+           "measured_tokens": float(len(measured) * tokens_per_step),
            "tokens_per_step": float(tokens_per_step)}
     losses = [s.loss for s in steps if s.loss is not None]
     if len(losses) >= 2:

@@ -527,6 +527,8 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     elt = torch.finfo(plan.dtype).bits // 8
     figures = {"step_time_p50_s": s_iter, "s_per_iter": s_iter, "tokens_per_s": tokens / s_iter,
                "step_s": percentile(times, 50), "optimizer_step_s": percentile(opt_times, 50),
+               # the tokens of the steps inside the measured window (every rank's): J per unit
+               "measured_tokens": float(len(times) * tokens),
                "optimizer_exposed_s": percentile(exposed_times, 50),
                "optimizer_overlapped": float(overlap), "torch_threads": float(threads),
                "optimizer_delayed": float(plan.delayed_update),

@@ -113,10 +113,11 @@ METRIC_DIRECTIONS = {"request_latency_ms_p50": LOWER, "allreduce_share": LOWER,
               "reload_gbps": HIGHER, "floor_fraction": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1m_generated_tokens", "per 1M generated tokens", 1e6, "per_s",
                        "decode_tokens_per_s", work_per_j="generated_tokens_per_j",
-                       work_label="generated tokens per joule"),
+                       work_label="generated tokens per joule",
+                       done=("measured_generated_tokens",)),
               WorkUnit("cost_per_1k_first_tokens", "per 1000 first tokens", 1e3, "ms_each",
                        "ttft_ms_p50", work_per_j="first_tokens_per_j",
-                       work_label="first tokens per joule"))
+                       work_label="first tokens per joule", done=("measured_first_tokens",)))
 
 FAMILY = FamilyInfo(
     name="inference",

@@ -211,6 +211,10 @@ def run_kv_cache(model: Any, rt: Runtime, p: InferenceParams, recorder: Recordin
     recorder.log_metric("sessions_served", len({r.session for r in records
                                                 if r.round == p.rounds - 1}))
     recorder.log_metric("rounds_served", len(records))
+    # the work inside this window's measured region (the warm-up sessions ran before it):
+    # what its joules are divided by (a repeated run's windows are summed)
+    recorder.log_metrics({"measured_generated_tokens": float(decode_tokens),
+                          "measured_first_tokens": float(len(records))})
     replies = {str(c.session): [r.reply for r in records if r.session == c.session]
                for c in convs}
     recorder.artifact_path("replies.json").write_text(json.dumps(replies) + "\n")
@@ -262,6 +266,7 @@ def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: 
     points = sorted(((f, b) for f in p.resident_fractions for b in p.batch_sizes),
                     key=lambda fb: (-fb[0], fb[1]))
     step = 0
+    generated = firsts = 0  # inside the measured window, each point's warm-up included
     hardest = None  # the smallest share resident at the smallest batch: the headline point
     with profiling(rt, profiler, recorder):
         for fraction in sorted(set(p.resident_fractions), reverse=True):
@@ -278,6 +283,8 @@ def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: 
                     continue
                 m = measure_point(model, rt, batch, p.prompt_tokens, p.decode_tokens, p.warmup,
                                   vocab, p.seed)
+                generated += batch * (p.decode_tokens + 1 + (p.warmup + 1 if p.warmup else 0))
+                firsts += batch * (2 if p.warmup else 1)
                 floor_s = (streamed / (link_gbps * GB) if streamed and math.isfinite(link_gbps)
                            else math.nan)
                 m.update({"resident_fraction": fraction, "resident_layers": resident,
@@ -304,3 +311,5 @@ def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: 
         _finite(recorder, "bytes_streamed_per_forward", hardest["bytes_streamed_per_forward"])
         _finite(recorder, "prefill_ms", hardest["prefill_ms"])
     recorder.log_metric("host_pinned_bytes_reserved", arena.reserved_bytes)
+    recorder.log_metrics({"measured_generated_tokens": float(generated),
+                          "measured_first_tokens": float(firsts)})

@@ -106,6 +106,7 @@ METRIC_DIRECTIONS = {"lat_e2e_p50_ms": LOWER, "qps": HIGHER,
               "recall_at_k": HIGHER, "rank_auc": HIGHER}
 WORK_UNITS = (WorkUnit("cost_per_1m_recommendations", "per 1M recommendations", 1e6, "per_s",
                        "qps", scale_param="top_n", work_per_j="recommendations_per_j",
+                       done=("measured_queries",),
                        work_label="recommendations per joule"),)
 
 FAMILY = FamilyInfo(

@@ -137,6 +137,8 @@ def run(spec: RunView, recorder: Recording) -> None:
                     recorder.add_sample(summarize(results[-p.queries:]))
         recorder.repeat = None
         recorder.log_metrics(summarize(results))
+        # every query inside the measured window (all windows): what its joules are divided by
+        recorder.log_metric("measured_queries", float(len(results)))
         if device == "cuda":
             recorder.log_metric("check_same_topn", _agreement(
                 data, trained, p, pipe, users[p.warmup:p.warmup + CHECK_QUERIES], cfg))
