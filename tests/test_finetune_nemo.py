@@ -28,8 +28,10 @@ from hopperlab.workloads.finetune.nemo import (mcore_settings, mcore_targets, mo
 DATA = Path(__file__).parent / "data" / "finetune"
 CPU_LOG = DATA / "mcore_lora_tiny_cpu.log"
 H200_LOG = DATA / "mcore_lora_baseline_nvidiah200.log"
+#: full recompute with the fix, from the same workflow call as H200_LOG
+H200_RECOMPUTE_LOG = DATA / "mcore_lora_checkpointing_nvidiah200.log"
 #: the pre-fix full-recompute run: backward skipped (see README.md there)
-H200_DEFECT_LOG = DATA / "mcore_lora_checkpointing_nvidiah200.log"
+H200_DEFECT_LOG = DATA / "mcore_lora_checkpointing_defect_nvidiah200.log"
 REAL_LOGS = sorted(DATA.glob("mcore_lora_*.log"))
 PARAMS = FinetuneParams(backend="nemo", weights="random", seq_len=2048, micro_batch=4,
                         warmup_steps=3, measured_steps=10, lora_rank=32, lora_alpha=64)
@@ -157,7 +159,28 @@ def test_parser_reads_the_h200_log_of_the_runner():
     mem = next(ln for ln in lines if "memory (MB)" in ln)
     max_mb = float(re.search(r"max allocated: ([0-9.]+)", mem).group(1))
     assert parse_peak_gib(lines)["peak_gpu_allocated_gib"] == pytest.approx(max_mb / 1024)
-    assert all(s.grad_norm is None for s in steps)  # printed only since the recompute fix
+    assert all(s.grad_norm is not None and s.grad_norm > 0 for s in steps)
+
+
+def test_the_fixed_recompute_log_learns_like_the_baseline():
+    """Full recompute on the H200 after the fix: every adapter gets a gradient, and recompute
+    changes no number (same batches, same seed: losses and grad norms equal the baseline's)."""
+    lines = H200_RECOMPUTE_LOG.read_text().splitlines()
+    config = json.loads(H200_RECOMPUTE_LOG.with_suffix(".config.json").read_text())
+    assert config["settings"]["recompute_granularity"] == "full"
+    steps = parse_log(lines)
+    assert len(steps) == config["warmup_steps"] + config["measured_steps"]
+    times = [float(m.group(1)) / 1000 for ln in lines
+             if (m := re.search(r"per iteration \(ms\): ([0-9.]+)", ln))]
+    assert [s.step_s for s in steps] == times and all(t > 0 for t in times)
+    assert all(s.grad_norm is not None and s.grad_norm > 0 for s in steps)
+    tokens = config["seq_len"] * config["micro_batch"]
+    out = summarize_log(steps, warmup_steps=config["warmup_steps"], tokens_per_step=tokens)
+    assert out["loss_drop"] > 0 and steps[-1].loss < steps[0].loss
+    assert out["step_time_p50_s"] == pytest.approx(statistics.median(times[3:]))
+    base = parse_log(H200_LOG.read_text().splitlines())
+    assert [s.loss for s in steps] == [s.loss for s in base]
+    assert [s.grad_norm for s in steps] == [s.grad_norm for s in base]
 
 
 def test_the_defective_recompute_log_shows_no_learning():
