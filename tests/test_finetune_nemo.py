@@ -213,7 +213,9 @@ def test_memory_line_in_gib():
 
 
 def test_without_megatron_core_the_run_is_skipped_with_the_reason(tmp_path, monkeypatch):
-    monkeypatch.setattr(nemo.importlib.util, "find_spec", lambda name: None)
+    # a None in sys.modules makes the import fail, as where megatron-core is not installed
+    monkeypatch.setitem(sys.modules, "megatron", None)
+    monkeypatch.setitem(sys.modules, "megatron.core", None)
     spec = fake_run(PARAMS, run_dir=tmp_path)
     with pytest.raises(SkipRun, match="megatron-core is not importable in Python 3"):
         run_nemo(spec, PARAMS, recorder=None)

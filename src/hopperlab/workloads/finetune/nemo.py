@@ -23,7 +23,6 @@ parser.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from hopperlab.core.rundir import SkipRun
 from hopperlab.core.window import MEASURED, announce
 from hopperlab.core.stats import percentile
 from hopperlab.workloads.base import Recording, RunView
+from hopperlab.workloads.finetune import data
 from hopperlab.workloads.finetune import FinetuneParams
 
 RUNNER = "hopperlab.workloads.finetune.mcore_lora"
@@ -205,12 +205,22 @@ def summarize_log(steps: Sequence[MegatronStep], *, warmup_steps: int,
 
 def missing_stack() -> str | None:
     """Why megatron-core cannot run in this Python (None: it can be imported)."""
-    if importlib.util.find_spec("megatron") is None or \
-            importlib.util.find_spec("megatron.core") is None:
+    try:
+        import megatron.core  # noqa: F401  (the check is the import itself)
+    except ImportError:
         py = f"{sys.version_info.major}.{sys.version_info.minor}"
         return (f"megatron-core is not importable in Python {py} (its releases since 0.17 need "
                 f"Python >= 3.12; the pinned wheel: requirements-nemo.txt)")
     return None
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` imports here (the family registry alone uses importlib)."""
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
 
 
 def _child_env() -> dict[str, str]:
@@ -226,7 +236,7 @@ def run_nemo(spec: RunView, params: FinetuneParams, recorder: Recording) -> None
     why = missing_stack()
     if why is not None:
         raise SkipRun(f"backend nemo: {why}")
-    te = importlib.util.find_spec(TE_MODULE) is not None
+    te = _importable(TE_MODULE)
     config_json = Path(spec.asset_path("model")) / "config.json"
     try:
         shape = model_shape(json.loads(config_json.read_text()))
@@ -301,8 +311,6 @@ def write_tokens(spec: RunView, params: FinetuneParams, vocab_size: int, path: P
     shifted for megatron (labels are the next token; -100 where no loss), saved for the runner;
     returns the source's description."""
     import torch
-
-    from hopperlab.workloads.finetune import data
 
     source = data.open_source(spec, params, vocab_size)
     loader = data.make_loader(source, params, 0, pin_memory=False)

@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import percentile
+from hopperlab.cuda.device_rates import matmul_tflops
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.memory.pinned import pinned_empty
 from hopperlab.node.host_bandwidth import triad_gbps
@@ -460,8 +461,6 @@ def matmul_rate_tflops(device: Any, dtype: Any) -> float:
     """The dense matmul rate the compute floor divides by: the GPU's (``device_rates``, bf16
     at 8192 cubed) or, on a CPU-only run, the CPU's in ``dtype`` on the job's threads."""
     if getattr(device, "type", str(device)) == "cuda":
-        from hopperlab.cuda.device_rates import matmul_tflops
-
         return matmul_tflops(device, dtype=dtype if dtype in (torch.bfloat16, torch.float16)
                              else torch.bfloat16)
     n = 512
