@@ -1,5 +1,5 @@
 // Drives the managed allocator's C entry points the way PyTorch's pluggable allocator does and
-// prints what happened, one "name value" line per fact, for tests/test_memory_managed.py.
+// prints what happened, one "name value" line per fact, for tests/memory/test_memory_managed.py.
 #include <cstdio>
 #include <c10/util/Exception.h>
 #include "cuda_runtime_api.h"

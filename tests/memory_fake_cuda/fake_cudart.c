@@ -1,7 +1,7 @@
 /* A stand-in libcudart for the ctypes binding (hopperlab.cuda.runtime), for CPU-only CI.
  * Device attributes come from the environment (FAKE_CUDA_ATTR_<number>=<value>, default 0), so
  * a test decides what the "device" reports; managed memory is host malloc; advice and prefetch
- * calls are counted (fake_calls). Built by tests/test_system_memory.py with the C compiler. */
+ * calls are counted (fake_calls). Built by tests/cuda/test_system_memory.py with the C compiler. */
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -365,7 +365,7 @@ def build_command(def_path: Path | str, sif_path: Path | str, runtime: str,
     spython 0.3.x exposes no command builder apart from running it, so this mirrors what it
     assembles for ``build(recipe, image, sudo=False, options=[...])`` on a client that is
     neither quiet nor debug (as :func:`build` makes it): ``binary build [options] image recipe``.
-    tests/test_containers.py checks it against the command spython really starts.
+    tests/node/test_containers.py checks it against the command spython really starts.
     """
     if runtime not in RUNTIMES:
         raise SpecError(f"unknown container runtime {runtime!r}; expected {' or '.join(RUNTIMES)}")

@@ -182,7 +182,7 @@ def frame_variants(fig: Any, ax: Any, variants: Sequence[str], right: float = 0.
 
 
 # -- the family contract: what a family's ``run(spec, recorder)`` reads and calls ---------------
-# config.spec.RunSpec and core.rundir.Recorder provide these (tests/test_family_contract.py
+# config.spec.RunSpec and core.rundir.Recorder provide these (tests/workloads/test_family_contract.py
 # checks it); workloads sit below config and see a run only through them (rule 3).
 
 @runtime_checkable

@@ -8,7 +8,7 @@ random weights: a performance study needs the architecture, not the weights, and
 as data. Every variant is built on the meta device and each rank materialises its own shard
 only, drawn where it will live (``shard_init``): the same seed gives the same model and batches
 whatever the world size, so a sharded step can be checked against one process
-(tests/test_distributed_workloads.py). Each run logs its step against the step's floor
+(tests/workloads/test_distributed_workloads.py). Each run logs its step against the step's floor
 (``step_floor``): GPU compute measured alone on a probe, host-link bytes at the measured pinned
 rate, the optimizer step.
 """
