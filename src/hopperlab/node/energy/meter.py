@@ -228,81 +228,115 @@ class EnergyMeter:
 
     def _figures(self, wins: list[Window], prefix: str) -> tuple[dict[str, float],
                                                                  dict[str, str]]:
-        metrics: dict[str, float] = {}
-        tags: dict[str, str] = {}
+        """The figures of the windows ``wins`` (one name), every key led by ``prefix``."""
         seconds = sum((w.t1 or w.t0) - w.t0 for w in wins)
-        metrics[prefix + N.ENERGY_WINDOW_S] = seconds
-        # GPUs
+        metrics: dict[str, float] = {N.ENERGY_WINDOW_S: seconds}
+        gpu_metrics, tags = self._gpu_figures(wins, seconds)
+        host_metrics, host_tags = self._host_figures(wins, seconds)
+        metrics.update(gpu_metrics)
+        metrics.update(host_metrics)
+        tags.update(host_tags)
+        return ({prefix + k: v for k, v in metrics.items()},
+                {prefix + k: v for k, v in tags.items()})
+
+    # -- GPU figures --------------------------------------------------------------------------
+    def _gpu_figures(self, wins: list[Window], seconds: float
+                     ) -> tuple[dict[str, float], dict[str, str]]:
+        """The GPUs' energy and power, and whether the trace agrees with the counters."""
         if not self.gpus:
-            tags[prefix + N.TAG_GPU] = f"not measured: {self.gpu_reason or 'no NVML'}"
-        else:
-            per = {u: self._gpu_energy(wins, u, seconds) for u in self._owned_uuids()}
-            missing = [u for u, e in per.items() if e.joules is None]
-            if missing:
-                tags[prefix + N.TAG_GPU] = "not measured: " + "; ".join(
-                    f"{u}: {per[u].note}" for u in missing)
-            else:
-                metrics[prefix + N.ENERGY_GPU_J] = sum(e.joules for e in per.values())  # type: ignore[misc]
-                sources = sorted({e.source for e in per.values()})
-                notes = sorted({e.note for e in per.values() if e.note})
-                tags[prefix + N.TAG_GPU] = "+".join(sources) + (
-                    f" ({'; '.join(notes)})" if notes else "")
-            means, peaks = [], []
-            for n, (u, e) in enumerate(per.items()):
-                pts = [s.gpu_w.get(u) for s in self.samples
-                       if any(w.t0 <= s.t <= (w.t1 or w.t0) for w in wins)]
-                pts = [p for p in pts if p is not None]
-                if e.joules is not None and seconds > 0:
-                    metrics[f"{prefix}power_gpu{n}_mean_w"] = e.joules / seconds
-                    means.append(e.joules / seconds)
-                if pts:
-                    metrics[f"{prefix}power_gpu{n}_peak_w"] = max(pts)
-                    peaks.append(max(pts))
-            if means and len(means) == len(per):
-                metrics[prefix + N.POWER_GPU_MEAN_W] = sum(means) / len(means)
-            if peaks:
-                metrics[prefix + N.POWER_GPU_PEAK_W] = max(peaks)
-            if not missing and seconds < AGREEMENT_MIN_S:
-                tags[prefix + N.TAG_TRACE] = _too_short(seconds)
-            if not missing and seconds >= AGREEMENT_MIN_S and all(
-                    e.source == "counter" for e in per.values()):
-                traced = [self._trace_j(wins, lambda s, u=u: s.gpu_w.get(u)) for u in per]
-                if all(t is not None for t in traced):
-                    metrics[prefix + N.TRACE_RATIO] = (
-                        sum(traced) / metrics[prefix + N.ENERGY_GPU_J])  # type: ignore[arg-type]
-                    gap = self._max_gap(wins)
-                    metrics[prefix + N.TRACE_MAX_GAP_S] = gap
-                    ratio = metrics[prefix + N.TRACE_RATIO]
-                    if abs(ratio - 1) > N.TRACE_TOLERANCE:
-                        tags[prefix + N.TAG_TRACE] = _trace_why(ratio, gap, self.rate_hz)
-        # host
-        if not self.host:
-            tags[prefix + N.TAG_HOST] = f"not measured: {self.host_reason or 'no sensor'}"
-        else:
-            by_kind: dict[str, float | None] = {}
-            for s in self.host:
-                if s.counter:
-                    j: float | None = sum(w.host1.get(s.name, 0.0) - w.host0.get(s.name, 0.0)
-                                          for w in wins)
-                else:
-                    j = self._trace_j(wins, lambda smp, k=s.kind: smp.host_w.get(k))
-                    if s.kind in by_kind:
-                        continue  # power sensors of a kind are summed in the samples already
-                prev = by_kind.get(s.kind, 0.0)
-                by_kind[s.kind] = None if j is None or prev is None else prev + j
-            host = [by_kind[k] for k in HOST_KINDS if k in by_kind]
-            if host and all(h is not None for h in host):
-                metrics[prefix + N.ENERGY_HOST_J] = sum(host)  # type: ignore[arg-type]
-                if seconds > 0:
-                    metrics[prefix + N.POWER_HOST_MEAN_W] = metrics[prefix + N.ENERGY_HOST_J] \
-                        / seconds
-                tags[prefix + N.TAG_HOST] = ", ".join(
-                    sorted({s.kind for s in self.host if s.kind in HOST_KINDS}))
-            else:
-                tags[prefix + N.TAG_HOST] = "not measured: a host sensor gave no reading"
-            if by_kind.get("module") is not None:
-                metrics[prefix + N.ENERGY_MODULE_J] = by_kind["module"]  # type: ignore[assignment]
+            return {}, {N.TAG_GPU: f"not measured: {self.gpu_reason or 'no NVML'}"}
+        per = {u: self._gpu_energy(wins, u, seconds) for u in self._owned_uuids()}
+        total, tag = _gpu_total(per)
+        metrics: dict[str, float] = {} if total is None else {N.ENERGY_GPU_J: total}
+        tags = {N.TAG_GPU: tag}
+        metrics.update(self._gpu_power(wins, per, seconds))
+        if total is not None:
+            agree_metrics, agree_tags = self._agreement(wins, per, seconds, total)
+            metrics.update(agree_metrics)
+            tags.update(agree_tags)
         return metrics, tags
+
+    def _gpu_power(self, wins: list[Window], per: dict[str, Energy], seconds: float
+                   ) -> dict[str, float]:
+        """Each GPU's mean (its joules over the window) and peak (its largest sample) power,
+        then the mean over the GPUs (only when every GPU has one) and the peak of them all."""
+        metrics: dict[str, float] = {}
+        means, peaks = [], []
+        for n, (u, e) in enumerate(per.items()):
+            pts = self._gpu_watts(wins, u)
+            if e.joules is not None and seconds > 0:
+                metrics[f"power_gpu{n}_mean_w"] = e.joules / seconds
+                means.append(e.joules / seconds)
+            if pts:
+                metrics[f"power_gpu{n}_peak_w"] = max(pts)
+                peaks.append(max(pts))
+        if means and len(means) == len(per):
+            metrics[N.POWER_GPU_MEAN_W] = sum(means) / len(means)
+        if peaks:
+            metrics[N.POWER_GPU_PEAK_W] = max(peaks)
+        return metrics
+
+    def _gpu_watts(self, wins: list[Window], uuid: str) -> list[float]:
+        """The GPU's power samples that fall inside one of ``wins``."""
+        pts = [s.gpu_w.get(uuid) for s in self.samples
+               if any(w.t0 <= s.t <= (w.t1 or w.t0) for w in wins)]
+        return [p for p in pts if p is not None]
+
+    def _agreement(self, wins: list[Window], per: dict[str, Energy], seconds: float,
+                   total: float) -> tuple[dict[str, float], dict[str, str]]:
+        """The integrated trace over the counters (when every GPU's figure is its counter and
+        the window is long enough to compare), the sampler's largest gap, and why they
+        disagree beyond the tolerance."""
+        if seconds < AGREEMENT_MIN_S:
+            return {}, {N.TAG_TRACE: _too_short(seconds)}
+        if not all(e.source == "counter" for e in per.values()):
+            return {}, {}
+        traced = [self._trace_j(wins, lambda s, u=u: s.gpu_w.get(u)) for u in per]
+        if not all(t is not None for t in traced):
+            return {}, {}
+        ratio = sum(traced) / total  # type: ignore[arg-type]
+        gap = self._max_gap(wins)
+        metrics = {N.TRACE_RATIO: ratio, N.TRACE_MAX_GAP_S: gap}
+        if abs(ratio - 1) > N.TRACE_TOLERANCE:
+            return metrics, {N.TAG_TRACE: _trace_why(ratio, gap, self.rate_hz)}
+        return metrics, {}
+
+    # -- host figures -------------------------------------------------------------------------
+    def _host_figures(self, wins: list[Window], seconds: float
+                      ) -> tuple[dict[str, float], dict[str, str]]:
+        """The host's energy (the kinds of ``HOST_KINDS``, summed), its mean power, and the
+        Grace module's energy on its own."""
+        if not self.host:
+            return {}, {N.TAG_HOST: f"not measured: {self.host_reason or 'no sensor'}"}
+        by_kind = self._host_by_kind(wins)
+        metrics: dict[str, float] = {}
+        host = [by_kind[k] for k in HOST_KINDS if k in by_kind]
+        if host and all(h is not None for h in host):
+            metrics[N.ENERGY_HOST_J] = sum(host)  # type: ignore[arg-type]
+            if seconds > 0:
+                metrics[N.POWER_HOST_MEAN_W] = metrics[N.ENERGY_HOST_J] / seconds
+            tag = ", ".join(sorted({s.kind for s in self.host if s.kind in HOST_KINDS}))
+        else:
+            tag = "not measured: a host sensor gave no reading"
+        if by_kind.get("module") is not None:
+            metrics[N.ENERGY_MODULE_J] = by_kind["module"]  # type: ignore[assignment]
+        return metrics, {N.TAG_HOST: tag}
+
+    def _host_by_kind(self, wins: list[Window]) -> dict[str, float | None]:
+        """Joules per sensor kind over ``wins``: counters by their edge readings, power sensors
+        by the trace (None: a kind with a sensor that gave no reading)."""
+        by_kind: dict[str, float | None] = {}
+        for s in self.host:
+            if s.counter:
+                j: float | None = sum(w.host1.get(s.name, 0.0) - w.host0.get(s.name, 0.0)
+                                      for w in wins)
+            else:
+                j = self._trace_j(wins, lambda smp, k=s.kind: smp.host_w.get(k))
+                if s.kind in by_kind:
+                    continue  # power sensors of a kind are summed in the samples already
+            prev = by_kind.get(s.kind, 0.0)
+            by_kind[s.kind] = None if j is None or prev is None else prev + j
+        return by_kind
 
     def _max_gap(self, wins: list[Window]) -> float:
         """The largest gap between power samples (or a window's edge) inside ``wins``."""
@@ -359,6 +393,18 @@ class EnergyMeter:
                  "end_s": (w.t1 or w.t0) - self.t_start, "gpu_counter_mj_start": w.gpu0,
                  "gpu_counter_mj_end": w.gpu1, "host_j_start": w.host0, "host_j_end": w.host1}
                 for w in self.windows]
+
+
+def _gpu_total(per: dict[str, Energy]) -> tuple[float | None, str]:
+    """The GPUs' joules (None unless every GPU has a figure) and the tag that says where the
+    figures came from, or which GPUs have none and why."""
+    missing = [u for u, e in per.items() if e.joules is None]
+    if missing:
+        return None, "not measured: " + "; ".join(f"{u}: {per[u].note}" for u in missing)
+    sources = sorted({e.source for e in per.values()})
+    notes = sorted({e.note for e in per.values() if e.note})
+    return (sum(e.joules for e in per.values()),  # type: ignore[misc]
+            "+".join(sources) + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def _trace_why(ratio: float, gap: float, rate_hz: float) -> str:
