@@ -205,9 +205,11 @@ def test_missing_data_becomes_synthetic_only_when_allowed(assets, tmp_path):
 
 
 def test_nemo_backend_without_megatron_core_is_skipped(assets, tmp_path, monkeypatch):
-    from hopperlab.workloads.finetune import nemo
+    import sys
 
-    monkeypatch.setattr(nemo.importlib.util, "find_spec", lambda name: None)
+    # a None in sys.modules makes the import fail, as where megatron-core is not installed
+    monkeypatch.setitem(sys.modules, "megatron", None)
+    monkeypatch.setitem(sys.modules, "megatron.core", None)
     s = spec(assets, replace(SMOKE, backend="nemo"), tmp_path)
     s.site = FakeSite(assets_dir=str(assets))
     with pytest.raises(SkipRun, match="megatron-core is not importable"):
