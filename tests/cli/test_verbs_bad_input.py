@@ -121,6 +121,7 @@ def test_junit_is_valid_xml_when_a_reason_holds_ansi_escapes_and_nul(project, tm
     assert failure.text == "CUDA error: bad \\x00 byte \\x07"
 
 
+@pytest.mark.integration  # renders the machines pages, 2 s
 def test_machines_reference_takes_an_alias(tmp_path, capsys):
     assert main(["--root", str(REPO), "machines", str(FIX / "results-h200"),
                  str(FIX / "results-h100"), "--reference", "h100", "--out",

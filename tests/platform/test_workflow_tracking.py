@@ -125,6 +125,7 @@ def _one_line_error(out, *needles: str) -> None:
         assert needle in lines[0], lines[0]
 
 
+@pytest.mark.integration  # waits on MLflow URIs that do not answer, 4 s
 def test_sync_says_in_one_line_what_is_wrong_with_mlflow(tmp_path):
     project = copy_project(tmp_path / "project")
     run_dir = make_run(project / "results", "fam", "copy", "h2d")

@@ -47,6 +47,7 @@ def _one_line_down(out, port_uri: str) -> None:
     ["history", "--mlflow", "{uri}", "--machine", "cpu-x86_64", "--run", "a/b/c"],
     ["machines", "--mlflow", "{uri}"],
 ], ids=["compare-filters", "compare-hashes", "history", "history-filtered", "machines"])
+@pytest.mark.integration  # waits out a closed port, 0.3-2.4 s each
 def test_a_server_that_is_down_is_one_line_without_its_password(verb, down_uri, tmp_path):
     args = [a.replace("{uri}", down_uri) for a in verb]
     out = hopperlab(["--root", str(REPO), *args, "--out", str(tmp_path)], tmp_path,

@@ -90,6 +90,7 @@ def _two(job: str, out: Path, overlap: bool = False, delayed: bool = False) -> N
              join=True)
 
 
+@pytest.mark.integration  # two gloo processes of FSDP2, 4-5 s each
 @pytest.mark.parametrize(("overlap", "delayed"), [(True, False), (False, False), (True, True)],
                          ids=["during-backward", "after-backward", "delayed-during-backward"])
 def test_the_offloaded_adamw_gives_torchs_reference_update(tmp_path, overlap, delayed):
@@ -217,6 +218,7 @@ def test_the_triad_runs_on_the_threads_it_is_given_and_puts_the_pool_back():
         triad_gbps(mib_per_array=4, threads=0)
 
 
+@pytest.mark.integration  # two processes streaming, 4 s
 def test_two_ranks_stream_at_once_and_the_node_rate_is_their_sum(tmp_path):
     _two("triad", tmp_path)
     a, b = (json.loads((tmp_path / f"triad-{r}.json").read_text()) for r in (0, 1))
