@@ -9,7 +9,6 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -287,8 +286,7 @@ def test_a_container_that_did_not_start_leaves_a_one_line_reason(project, tmp_pa
     spec = _matrix(project, "local-charliecloud").get(KEY)
     err = tmp_path / "job.err"
     err.write_text("ch-run[4242]: error: can't bind: source not found: /nope (ch_core.c:104)\n")
-    outcome = SimpleNamespace(stderr=err, stdout=None, timed_out=False, reason=None,
-                              state="FAILED", job_id=None)
+    outcome = launch.JobOutcome(job_id=None, state="FAILED", stderr=err)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     rec = submit._settle_record(run_dir, spec, 1, outcome)
@@ -306,8 +304,7 @@ def test_records_carry_the_image_digest_and_runtime(project, tmp_path):
     (image / "ch").mkdir(parents=True)
     (image / charliecloud.META_FILE).write_text(json.dumps({"digest": "sha256:feed"}))
     spec = _matrix(project, "cc-digest", container_image=str(image)).get(KEY)
-    outcome = SimpleNamespace(stderr=None, stdout=None, timed_out=False, reason=None,
-                              state="COMPLETED", job_id=None)
+    outcome = launch.JobOutcome(job_id=None, state="COMPLETED")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     rec = submit._settle_record(run_dir, spec, 1, outcome)

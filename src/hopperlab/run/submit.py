@@ -334,7 +334,7 @@ def _scheduler_verdict(rec: dict[str, Any], spec: RunSpec, outcome: launch.JobOu
         rec = {**rec, "status": "oom",
                "reason": f"{killed_for_memory} (memory asked: {spec.resources.mem_gb:g} GB per "
                          f"task; raise resources.mem_gb)"}
-    kernel_oom = getattr(outcome, "kernel_oom", None)
+    kernel_oom = outcome.kernel_oom
     if kernel_oom and not killed_for_memory and rec.get("status") in FAILING_STATUSES \
             and not rec.get("started_at"):  # the job left no record of its own: it was killed
         rec = {**rec, "status": "oom", "reason": _kernel_oom_reason(outcome, kernel_oom)}
