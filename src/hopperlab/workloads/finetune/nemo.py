@@ -205,13 +205,11 @@ def summarize_log(steps: Sequence[MegatronStep], *, warmup_steps: int,
 
 def missing_stack() -> str | None:
     """Why megatron-core cannot run in this Python (None: it can be imported)."""
-    try:
-        import megatron.core  # noqa: F401  (the check is the import itself)
-    except ImportError:
-        py = f"{sys.version_info.major}.{sys.version_info.minor}"
-        return (f"megatron-core is not importable in Python {py} (its releases since 0.17 need "
-                f"Python >= 3.12; the pinned wheel: requirements-nemo.txt)")
-    return None
+    if _importable("megatron.core"):
+        return None
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return (f"megatron-core is not importable in Python {py} (its releases since 0.17 need "
+            f"Python >= 3.12; the pinned wheel: requirements-nemo.txt)")
 
 
 def _importable(module: str) -> bool:
