@@ -604,6 +604,10 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
                 times.append(dt)
                 opt_times.append(opt_s)
                 exposed_times.append(exposed_s)
+    if plan.compile:  # dynamo's graphs so far (the layers share one; the probe adds none)
+        from torch._dynamo.utils import counters
+
+        recorder.log_metric("compile_graphs", float(counters["stats"]["unique_graphs"]))
     if plan.diagnose_step:
         diagnose(plan, recorder, cuda, model, opt, device, rank, world, accum, overlap)
     if hasattr(opt, "wait_kind"):
