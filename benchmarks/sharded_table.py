@@ -16,7 +16,8 @@ from pathlib import Path
 
 from hopperlab.results.rows import collect_runs
 
-COLUMNS = (("setup_s", "set-up s"), ("build_s", "build s"), ("s_per_iter", "step s"),
+COLUMNS = (("setup_s", "set-up s"), ("build_s", "build s"), ("warmup_s", "warm-up s"),
+           ("compile_graphs", "graphs"), ("s_per_iter", "step s"),
            ("step_floor_s", "floor s"), ("step_over_floor", "step/floor"),
            ("floor_overlapped", "overlapped"), ("floor_compute_s", "compute floor s"),
            ("compute_measured_s", "compute measured s"), ("matmul_tflops", "matmul TFLOP/s"),

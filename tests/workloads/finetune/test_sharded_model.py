@@ -86,3 +86,29 @@ def test_a_cpu_run_with_compile_traces_with_the_eager_backend_and_says_so(monkey
     assert "no kernels" in tags["finetune.compile_skipped"]
     assert "inductor" in sharded.compile_model(model, plan, cuda=True)["finetune.compile"]
     assert seen == ["eager", "inductor"]
+
+
+@pytest.mark.integration  # a job through the runner, ~15 s
+def test_a_cpu_run_with_compile_and_the_profiled_step_says_what_it_left_out(tmp_path):
+    """Smoke scale with the full scale's compile and checkpointing and the profiled step: the
+    layers traced by dynamo's eager backend in one graph, each said in the record; the
+    profiled step is the GPU's and is skipped on a CPU, with the reason."""
+    import json
+
+    from tests.helpers import copy_project, edit_yaml, hopperlab
+
+    project = copy_project(tmp_path / "project")
+    key = "finetune/full-llama2-13b-sharded/fsdp2-offload-1gpu"
+    edit_yaml(project / "experiments/finetune.yaml", lambda d: d["experiments"][
+        "full-llama2-13b-sharded"]["scales"]["smoke"]["params"].update(
+            compile=True, checkpointing=True, diagnose_step=True))
+    out = hopperlab(["run", key, "--no-upload", "--config", "families=finetune"], project)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    rec = json.loads((project / "results" / key / "metrics.json").read_text())
+    assert rec["status"] == "ok", rec.get("reason")
+    tags, m = rec["tags"], rec["metrics"]
+    assert tags["finetune.compile"].startswith("each decoder layer (2, eager")
+    assert "no kernels" in tags["finetune.compile_skipped"]
+    assert tags["finetune.step_profile"].startswith("skipped")
+    assert m["compile_graphs"] == 1 and m["warmup_s"] > 0
+    assert not any(k.startswith("diag_") for k in m)

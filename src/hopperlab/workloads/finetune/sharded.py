@@ -585,7 +585,7 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
                          plan.delayed_update)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    times, opt_times, exposed_times, losses = [], [], [], []
+    times, opt_times, exposed_times, losses, warmup_s = [], [], [], [], 0.0
     recorder.mark_setup_done()  # set-up ends where the first step begins (setup_s)
     with ExitStack() as measured:  # the measured window: the steps after warm-up
         for step in range(plan.warmup + plan.steps):
@@ -600,11 +600,14 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
             recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s,
                               optimizer_exposed_s=exposed_s)
             losses.append(loss)
+            if step < plan.warmup:  # first kernels, allocator, pinned blocks, compilation
+                warmup_s += dt
             if step >= plan.warmup:
                 times.append(dt)
                 opt_times.append(opt_s)
                 exposed_times.append(exposed_s)
-    if plan.compile:  # dynamo's graphs so far (the layers share one; the probe adds none)
+    if plan.compile:  # dynamo's graphs so far: the run's layers share one (the probe's plain
+        # layers, measured later, add their own)
         from torch._dynamo.utils import counters
 
         recorder.log_metric("compile_graphs", float(counters["stats"]["unique_graphs"]))
@@ -626,7 +629,7 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
                "optimizer_exposed_s": percentile(exposed_times, 50),
                "optimizer_overlapped": float(overlap), "torch_threads": float(threads),
                "optimizer_delayed": float(plan.delayed_update),
-               "optimizer_threads": float(opt_threads),
+               "optimizer_threads": float(opt_threads), "warmup_s": warmup_s,
                "loss_first": losses[0], "loss_last": losses[-1], "loss_drop": losses[0] - losses[-1],
                "params_b": n_params / 1e9, "accumulation_steps": float(accum),
                "peak_host_mem_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
