@@ -81,6 +81,21 @@ def _matmuls_step(shapes: list[tuple[int, int]], tokens: int, dtype: Any,
     return step
 
 
+def _agreement(eager: Any, compiled: Any, x: Any, cos: Any, sin: Any,
+               grad: Any) -> dict[str, float]:
+    """How far the compiled layer's output and input gradient are from eager's, as
+    |a - b| / |b| (norms): a miscompile would show here, rounding differences stay small."""
+    results = []
+    for b in (eager, compiled):
+        x.grad = None
+        y = b(x, cos, sin)
+        y.backward(grad)
+        results.append((y.detach().float(), x.grad.detach().float()))
+    (ye, ge), (yc, gc) = results
+    return {"output_rel_diff": float((yc - ye).norm() / ye.norm()),
+            "input_grad_rel_diff": float((gc - ge).norm() / ge.norm())}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -121,7 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.warmup):
         step()
     out["eager_ms"] = time_it(step, args.iters) * 1e3
-    del eager, step
+    del step
 
     mm = _matmuls_step([(3 * hidden, hidden), (hidden, hidden), (2 * ffn, hidden), (hidden, ffn)],
                        tokens, dtype, device)
@@ -130,6 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     del mm
 
     compiled = block()
+    compiled.load_state_dict(eager.state_dict())  # the same weights: outputs comparable
     compiled.forward = torch.compile(compiled.forward, backend=args.backend, fullgraph=True)
     step = _layer_step(compiled, x, cos, sin, grad)
     t0 = time.perf_counter()
@@ -140,6 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.warmup):
         step()
     out["compiled_ms"] = time_it(step, args.iters) * 1e3
+    out.update(_agreement(eager, compiled, x, cos, sin, grad))
     for key in ("eager", "matmuls_only", "compiled"):
         out[f"{key}_over_floor"] = out[f"{key}_ms"] / out["floor_ms"]
     out["compiled_speedup"] = out["eager_ms"] / out["compiled_ms"]
@@ -174,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                        ("matmuls_only", "its matmuls alone")):
         print(f"  {label:<22} {out[f'{key}_ms']:9.2f} ms  {out[f'{key}_over_floor']:.2f}x floor")
     print(f"  compile {out['compile_s']:.1f} s; compiled / eager speed-up "
-          f"{out['compiled_speedup']:.2f}x")
+          f"{out['compiled_speedup']:.2f}x; compiled vs eager: output "
+          f"{out['output_rel_diff']:.1e}, input gradient {out['input_grad_rel_diff']:.1e} "
+          f"(relative norms)")
     print(json.dumps(out))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
