@@ -37,21 +37,27 @@ def _tp_logits(out: Path) -> None:
     torch.save({"prefill": full, "decode": step}, out / f"tp-{rank}.pt")
 
 
-def _ft_step(out: Path, mode: str, world: int) -> None:
+def _ft_step(out: Path, tag: str, world: int) -> None:
     """One step from the model of seed 5: the whole model at world size 1, and at 2 the meta
-    build that materialises only this rank's shard (``build_sharded``)."""
+    build that materialises only this rank's shard (``build_sharded``). ``tag``: the mode,
+    with "+ckpt" for activation checkpointing (inside each layer, FSDP2's hooks outside it),
+    "+compile" for each layer compiled (AOTAutograd's graphs, the ``aot_eager`` backend)."""
+    mode, *flags = tag.split("+")
+    ckpt = "ckpt" in flags
     if world > 1:
         # under offload, the shard is made in buffers of its own allocator (pinned on a GPU
         # node; plain here): the parameters must live in them, not in copies
         alloc = (lambda n: torch.empty(n, dtype=torch.uint8)) if "offload" in mode else None
         model, bases = sharded.build_sharded(FT_SHAPE, torch.float64, mode, 5, "cpu",
-                                             cuda=False, host_alloc=alloc)
+                                             cuda=False, checkpointing=ckpt, host_alloc=alloc)
         if alloc:
             from hopperlab.workloads.finetune.shard_init import share_in
             # uneven rows (world 3): FSDP2 pads those shards into tensors of its own
             assert share_in(model, bases) == 1.0 or world == 3
     else:
-        model = sharded.build_model(FT_SHAPE, torch.float64, "cpu", seed=5)
+        model = sharded.build_model(FT_SHAPE, torch.float64, "cpu", seed=5, checkpointing=ckpt)
+    if "compile" in flags:
+        sharded.compile_layers(model, backend="aot_eager")
     rank = dist.get_rank() if dist.is_initialized() else 0
     full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t  # noqa: E731
     local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
@@ -74,7 +80,7 @@ def _ft_step(out: Path, mode: str, world: int) -> None:
         total /= world
     if rank == 0:
         torch.save({"loss": total, "grads": grads, "weights": weights, "init": init,
-                    "held": held}, out / f"ft-{mode}-{world}.pt")
+                    "held": held}, out / f"ft-{tag}-{world}.pt")
 
 
 def _worker(rank: int, world: int, port: int, out: str, job: str, mode: str) -> None:
@@ -108,7 +114,8 @@ def test_tensor_parallel_logits_equal_one_process(tmp_path):
 
 
 @pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
-@pytest.mark.parametrize("mode", ["fsdp2", "fsdp2-cpu-offload"])
+@pytest.mark.parametrize("mode", ["fsdp2", "fsdp2-cpu-offload", "fsdp2-cpu-offload+ckpt",
+                                  "fsdp2+ckpt+compile"])
 def test_sharded_fine_tune_step_equals_one_process(tmp_path, mode):
     """The meta-device build of 2 ranks holds the same model, bit for bit, as the whole model
     of one process (each rank only its half of it), and its step gives the same step."""

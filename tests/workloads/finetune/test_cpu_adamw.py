@@ -276,12 +276,49 @@ def test_pinning_says_what_it_got_when_the_allocator_refuses(monkeypatch):
     assert seen == [sharded.PINNED_ALLOC_SETTINGS]
 
 
-def test_the_optimizer_keeps_all_the_ranks_threads_where_the_host_has_cpus_beside_them():
-    """The 13B one-GPU row (16 of 32 CPUs given) stepped on 14 threads against a floor
-    measured on 16: it keeps its 16 now; two ranks of 16 on 32 CPUs still leave 2 each."""
-    assert cpu_adamw.optimizer_threads(16, True, host_cpus=32, ranks_on_host=1) == 16
-    assert cpu_adamw.optimizer_threads(16, True, host_cpus=32, ranks_on_host=2) == 14
-    assert cpu_adamw.optimizer_threads(16, True, host_cpus=17, ranks_on_host=1) == 14
-    assert cpu_adamw.optimizer_threads(16, True, host_cpus=18, ranks_on_host=1) == 16
-    assert cpu_adamw.optimizer_threads(16, False, host_cpus=16, ranks_on_host=1) == 16
-    assert cpu_adamw.optimizer_threads(3, True, host_cpus=3, ranks_on_host=1) == 3
+def test_beside_backward_the_optimizer_leaves_cpus_of_the_rank_to_the_training_thread():
+    """Stepping during backward, the AdamW takes the rank's CPUs minus what the training
+    thread (kernel launches) and the driver's helpers need, whatever else the host has; after
+    backward it takes them all."""
+    assert cpu_adamw.optimizer_threads(16, True) == 16 - cpu_adamw.RESERVED_CPUS
+    assert cpu_adamw.optimizer_threads(16, False) == 16  # after backward: nothing else runs
+    assert cpu_adamw.optimizer_threads(3, True) == 3  # too few to give any away
+
+
+def test_the_worker_waits_on_the_units_own_gradient_copies(monkeypatch):
+    """FSDP2 records an event after each gradient's device-to-host copy: the wait of a unit
+    synchronises its own parameters' events (none of another unit's), and skips those FSDP2
+    already waited for (None). A model without FSDP2 has none: None (device synchronize)."""
+    from torch.distributed import HashStore
+
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        model, _ = sharded.build_sharded(SHAPE, torch.float32, "fsdp2-cpu-offload", 5, "cpu",
+                                         cuda=False)
+        units = cpu_adamw.fsdp_units(model)
+        waits = cpu_adamw.copy_waits(model, units)
+        assert waits is not None and len(waits) == len(units) == SHAPE.layers + 1
+        seen: list[str] = []
+
+        class Event:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def synchronize(self) -> None:
+                seen.append(self.name)
+
+        by_id = {}
+        for module in model.modules():
+            if hasattr(module, "_get_fsdp_state"):
+                group = module._get_fsdp_state()._fsdp_param_group
+                for fp in group.fsdp_params:
+                    by_id[id(fp.sharded_param)] = fp
+        for i, unit in enumerate(units):
+            for j, p in enumerate(unit):
+                by_id[id(p)].grad_offload_event = Event(f"{i}.{j}") if j else None
+        waits[1]()
+        assert seen == [f"1.{j}" for j in range(1, len(units[1]))]
+    finally:
+        dist.destroy_process_group()
+    plain = sharded.build_model(SHAPE, torch.float32, "cpu", seed=5)
+    assert cpu_adamw.copy_waits(plain, cpu_adamw.fsdp_units(plain)) is None

@@ -128,7 +128,8 @@ class FinetuneParams:
     #: offload: parameters|both: decoder layers kept resident on the GPU, and layers prefetched
     resident_layers: int = bounded(0, at_least=0)
     prefetch_layers: int = bounded(1, at_least=1, why="the layer being fetched while one computes")
-    #: torch.compile each decoder layer (the bf16 + compile baseline of fp8; fp8 always compiles)
+    #: torch.compile each decoder layer (the bf16 + compile baseline of fp8; fp8 always compiles;
+    #: backend sharded: each layer's forward with its checkpoint inside, sharded.compile_layers)
     compile: bool = False
     #: only the first N decoder layers of the architecture (None: all): for a 70B run on a host
     #: too small for all 80 layers; runs tag the layer count and report per-layer figures
@@ -156,6 +157,10 @@ class FinetuneParams:
     #: (each unit steps with the step before's gradients; other maths: the record's tag
     #: finetune.cpu_optimizer says so; cpu_adamw.py)
     delayed_update: bool = False
+    #: backend sharded: one extra step after the measured ones under torch.profiler, reduced
+    #: to where the GPU's time went (diag_* figures: busy, idle, kernels by kind, copies and
+    #: their rate; step_profile.py); GPU runs only
+    diagnose_step: bool = False
     model_shape: ModelShape = "tiny"
     global_batch: int = bounded(0, at_least=0)
     #: unused since backend nemo runs megatron-core (nemo.py), not the NeMo CLI: kept so that
@@ -173,6 +178,9 @@ class FinetuneParams:
         if self.delayed_update and self.sharding != "fsdp2-cpu-offload":
             raise ValueError(f"delayed_update: only with sharding fsdp2-cpu-offload (its CPU "
                              f"AdamW), not {self.sharding}")
+        if self.diagnose_step and self.backend != "sharded":
+            raise ValueError(f"diagnose_step: only with backend sharded (its step), not "
+                             f"{self.backend}")
         if self.census and self.backend != "torch":
             raise ValueError(f"census: only with backend torch (the hooks run in this process), "
                              f"not {self.backend}")

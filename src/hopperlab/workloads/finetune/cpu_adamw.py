@@ -18,11 +18,16 @@ offload it hides no more than stepping as gradients land: the GPU reads the host
 in backward, so a unit cannot step before its backward of the next step either. It holds one
 more set of gradients in host memory (``host_need``).
 
-How a unit's gradients are known to be in host memory: FSDP2 sets ``.grad`` of each sharded
-parameter right after it enqueued the gradient's device-to-host copy, so once every parameter
-of the unit has one (the step starts with none: ``zero_grad(set_to_none=True)``), a device
-synchronisation by the worker covers the copies. Only for one micro batch per step: with
-gradient accumulation the run steps after backward (``overlapped`` false).
+How a unit's gradients are known to be in host memory: FSDP2 records a CUDA event on its
+post-reduce stream right after it enqueued a gradient's device-to-host copy
+(``FSDPParam.grad_offload_event``) and only then sets ``.grad``. So once every parameter of the
+unit has a ``.grad`` (the step starts with none: ``zero_grad(set_to_none=True)``), the worker
+waits on those events alone (``copy_waits``): the unit's own copies, not the backward of the
+layers the GPU runs meanwhile. An event already gone (None) was waited for by FSDP2 at the end
+of backward. Where FSDP2 keeps no such events (another torch, no pinned memory) the worker
+synchronises the device, as before (``LayerwiseAdamW.wait_kind`` says which). Only for one
+micro batch per step: with gradient accumulation the run steps after backward (``overlapped``
+false).
 """
 
 from __future__ import annotations
@@ -34,36 +39,77 @@ from typing import Any, Iterable
 #: how long the worker sleeps between looks at a unit's gradients
 POLL_S = 0.0005
 
-#: CPUs left to the training thread's kernel launches and NCCL's threads while the worker
-#: steps during backward, where the rank's CPUs are all the host has for it
+#: CPUs of the rank left to others while the worker steps during backward: one for the
+#: training thread, which launches the GPU's kernels and runs FSDP2's hooks (a late launch is
+#: GPU time lost), one for the driver's and NCCL's helper threads and the pinned copies' issue
 RESERVED_CPUS = 2
 
 
-def optimizer_threads(threads: int, overlap: bool, host_cpus: int, ranks_on_host: int) -> int:
-    """Threads of the CPU AdamW stepping beside backward. It is memory bound, and on a host
-    where the rank's ``threads`` do not saturate the memory the floor's triad (measured on all
-    ``threads``) is thread bound, so every thread counts: the 13B one-GPU row on 14 of its 16
-    threads ran at 1.32x its floor (2026-11-28, 16 of 32 CPUs given). It leaves
-    ``RESERVED_CPUS`` to the training thread only where the host (``host_cpus`` in the
-    affinity mask, shared by ``ranks_on_host`` ranks) has no CPUs beside the ranks' own."""
+def optimizer_threads(threads: int, overlap: bool) -> int:
+    """Threads of the CPU AdamW: all the rank's ``threads`` after backward (nothing else runs
+    then); beside backward (``overlap``) the rank's CPUs minus ``RESERVED_CPUS``. Only the
+    CPUs the job was given count, never others in the affinity mask: a scheduler's allocation
+    is the job's share of the node. The price: the AdamW is memory bound and, on a host whose
+    bandwidth the rank's threads do not saturate, slower on fewer threads (13B, one GPU: 1.32x
+    its floor on 14 of 16 threads, 2026-11-28); hidden behind backward, that costs the step
+    nothing, while an optimizer thread on the training thread's CPU delays every launch."""
     if not overlap or threads < 2 * RESERVED_CPUS:
         return threads
-    spare = host_cpus - threads * max(1, ranks_on_host)
-    return threads if spare >= RESERVED_CPUS else threads - RESERVED_CPUS
+    return threads - RESERVED_CPUS
+
+
+def copy_waits(model: Any, units: list[list[Any]]) -> list[Any] | None:
+    """For each unit, a function that waits for FSDP2's device-to-host copies of that unit's
+    gradients (their ``grad_offload_event``; the module's doc), or None where the model's
+    FSDP2 parameters cannot be found (the worker then synchronises the device). Look the
+    events up after the first forward: FSDP2 makes its parameters' state at lazy init."""
+    by_param: dict[int, Any] = {}
+    for module in model.modules():
+        state_of = getattr(module, "_get_fsdp_state", None)
+        if state_of is None:
+            continue
+        state = state_of()
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:
+            group = getattr(state, "_fsdp_param_group", None)
+            groups = [group] if group is not None else []
+        for group in groups:
+            for fsdp_param in group.fsdp_params:
+                by_param[id(fsdp_param.sharded_param)] = fsdp_param
+    if not by_param or any(id(p) not in by_param or not hasattr(by_param[id(p)],
+                                                                 "grad_offload_event")
+                           for unit in units for p in unit):
+        return None
+
+    def waiter(fsdp_params: list[Any]) -> Any:
+        def wait() -> None:
+            for fp in fsdp_params:
+                event = fp.grad_offload_event  # None: a blocking copy, or FSDP2 waited already
+                if event is not None:
+                    event.synchronize()
+        return wait
+
+    return [waiter([by_param[id(p)] for p in unit]) for unit in units]
 
 
 class LayerwiseAdamW:
     """One fused AdamW per unit of ``units`` (lists of parameters, in the order their
     gradients land), stepped by a worker thread during backward (``begin`` / ``finish``) or all
     at once (``step``). ``threads``: torch threads of the worker's steps (None: as set);
-    ``delayed``: each unit steps with its previous step's gradients (the module's doc)."""
+    ``delayed``: each unit steps with its previous step's gradients (the module's doc);
+    ``model``: the FSDP2 model whose gradient-copy events the worker waits on (``copy_waits``;
+    None: a device synchronisation per unit)."""
 
     def __init__(self, units: Iterable[list[Any]], lr: float, weight_decay: float,
                  device: Any, fused: bool = True, threads: int | None = None,
-                 delayed: bool = False) -> None:
+                 delayed: bool = False, model: Any = None) -> None:
         import torch
 
         self.units = [u for u in units if u]
+        self.model = model
+        self._waits: list[Any] | None = None
+        #: how the worker knows a unit's gradients are in host memory (for the record)
+        self.wait_kind = "none (CPU)"
         self.optimizers = [torch.optim.AdamW(u, lr=lr, weight_decay=weight_decay, fused=fused)
                            for u in self.units]
         self.device = device
@@ -83,6 +129,11 @@ class LayerwiseAdamW:
         self._backward_done.clear()
         self._error = None
         self.busy_s = 0.0
+        if self._cuda() and self._waits is None and self.model is not None:
+            self._waits = copy_waits(self.model, self.units)  # after forward: FSDP2's lazy init
+        if self._cuda():
+            self.wait_kind = ("FSDP2's gradient-copy events, per unit" if self._waits is not None
+                              else "device synchronize, per unit")
         self._worker = threading.Thread(target=self._work, name="layerwise-adamw", daemon=True)
         self._worker.start()
 
@@ -130,6 +181,9 @@ class LayerwiseAdamW:
             for p, grad in zip(unit, fresh):
                 p.grad = grad
 
+    def _cuda(self) -> bool:
+        return getattr(self.device, "type", str(self.device)) == "cuda"
+
     def _landed(self, unit: list[Any]) -> bool:
         return all(p.grad is not None for p in unit if p.requires_grad)
 
@@ -139,13 +193,15 @@ class LayerwiseAdamW:
         try:
             if self.threads:
                 torch.set_num_threads(self.threads)
-            cuda = getattr(self.device, "type", str(self.device)) == "cuda"
+            cuda = self._cuda()
             if cuda:
                 torch.cuda.set_device(self.device)
             for i, unit in enumerate(self.units):
                 while not self._landed(unit) and not self._backward_done.is_set():
                     time.sleep(POLL_S)
-                if cuda:  # the unit's device-to-host gradient copies were enqueued before .grad
+                if cuda and self._waits is not None:  # the unit's own gradient copies
+                    self._waits[i]()
+                elif cuda:  # every queued GPU op: the copies, and the backward after them
                     torch.cuda.synchronize(self.device)
                 t0 = time.perf_counter()
                 self._step_unit(i)

@@ -16,7 +16,6 @@ rate, the optimizer step.
 from __future__ import annotations
 
 import math
-import os
 import resource
 import time
 from contextlib import ExitStack
@@ -36,7 +35,8 @@ from hopperlab.cuda.nvtx import measured_region
 from hopperlab.memory.pinned import pinned_empty
 from hopperlab.node.host_bandwidth import triad_gbps
 from hopperlab.workloads.base import Recording
-from hopperlab.workloads.finetune import cpu_adamw, host_need, shard_init, step_floor
+from hopperlab.workloads.finetune import (cpu_adamw, host_need, shard_init, step_floor,
+                                          step_profile)
 
 
 @dataclass(frozen=True)
@@ -60,31 +60,60 @@ class RMSNorm(nn.Module):
         return (wide * torch.rsqrt(var + 1e-5)).to(x.dtype) * self.weight
 
 
-def rope(x: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of ``x`` [batch, heads, seq, head_dim]."""
-    seq, dim = x.shape[-2], x.shape[-1]
-    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
-    ang = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv)
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
+#: RoPE tables by (seq, head_dim, device, dtype): made once per shape, not in every layer's
+#: forward (and its recomputation) of every step
+_ROPE: dict[tuple[int, int, str, Any], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def rope_tables(seq: int, dim: int, device: Any, dtype: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [seq, dim/2] of the rotary embedding, in ``dtype``; computed in float32 once
+    per (seq, dim, device, dtype) and kept (constants: no gradient flows into them)."""
+    key = (seq, dim, str(device), dtype)
+    if key not in _ROPE:
+        inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+        ang = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv)
+        _ROPE[key] = (ang.cos().to(dtype), ang.sin().to(dtype))
+    return _ROPE[key]
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor | None = None,
+         sin: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary position embedding of ``x`` [batch, heads, seq, head_dim], interleaved pairs
+    (elements 2i and 2i+1 rotated together); ``cos``/``sin`` from ``rope_tables`` (made here
+    when not given)."""
+    if cos is None or sin is None:
+        cos, sin = rope_tables(x.shape[-2], x.shape[-1], x.device, x.dtype)
+    pairs = x.unflatten(-1, (-1, 2))
+    x1, x2 = pairs[..., 0], pairs[..., 1]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
 class Block(nn.Module):
-    def __init__(self, s: Shape, dtype: Any, device: Any) -> None:
+    """One decoder layer. Under ``checkpointing`` its forward is recomputed in backward
+    (``torch.utils.checkpoint`` inside ``forward``, so that a compiled layer holds the
+    checkpoint in its graph and the partitioner plans the recomputation: torchtitan's order,
+    activation checkpointing, then compile, then ``fully_shard`` around both)."""
+
+    def __init__(self, s: Shape, dtype: Any, device: Any, checkpointing: bool = False) -> None:
         super().__init__()
         kw = {"bias": False, "dtype": dtype, "device": device}
         self.heads = s.heads
+        self.checkpointing = checkpointing
         self.attn_norm, self.mlp_norm = RMSNorm(s.hidden, dtype, device), RMSNorm(s.hidden, dtype, device)
         self.qkv = nn.Linear(s.hidden, 3 * s.hidden, **kw)
         self.o = nn.Linear(s.hidden, s.hidden, **kw)
         self.gate_up = nn.Linear(s.hidden, 2 * s.ffn, **kw)
         self.down = nn.Linear(s.ffn, s.hidden, **kw)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.checkpointing:
+            return checkpoint(self.body, x, cos, sin, use_reentrant=False)
+        return self.body(x, cos, sin)
+
+    def body(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).view(b, t, 3, self.heads, -1).unbind(2)
-        q, k, v = rope(q.transpose(1, 2)), rope(k.transpose(1, 2)), v.transpose(1, 2)
+        q, k, v = rope(q.transpose(1, 2), cos, sin), rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.o(a.transpose(1, 2).reshape(b, t, h))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
@@ -95,16 +124,32 @@ class Llama(nn.Module):
     def __init__(self, s: Shape, dtype: Any, device: Any, checkpointing: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(s.vocab, s.hidden, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(Block(s, dtype, device) for _ in range(s.layers))
+        self.layers = nn.ModuleList(Block(s, dtype, device, checkpointing) for _ in range(s.layers))
         self.norm = RMSNorm(s.hidden, dtype, device)
         self.head = nn.Linear(s.hidden, s.vocab, bias=False, dtype=dtype, device=device)
         self.checkpointing = checkpointing
+        self.head_dim = s.hidden // s.heads
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
+        cos, sin = rope_tables(tokens.shape[-1], self.head_dim, x.device, x.dtype)
         for layer in self.layers:
-            x = checkpoint(layer, x, use_reentrant=False) if self.checkpointing else layer(x)
+            x = layer(x, cos, sin)
         return self.head(self.norm(x))
+
+
+#: what a CPU run with ``compile`` does (no inductor kernels: minutes of C++ for a smoke run)
+CPU_COMPILE_BACKEND = "eager"
+
+
+def compile_layers(model: Llama, backend: str = "inductor") -> int:
+    """``torch.compile`` each decoder layer's forward (its checkpoint inside: the recompute
+    is planned in the graph), not the module's call, so that FSDP2's hooks around it stay
+    eager; the layers share one code object, hence one compilation for all of them (their
+    parameters are graph inputs). Returns how many layers were compiled."""
+    for layer in model.layers:
+        layer.forward = torch.compile(layer.forward, backend=backend, fullgraph=True)
+    return len(model.layers)
 
 
 def build_model(shape: Shape, dtype: Any, device: Any, seed: int,
@@ -158,6 +203,20 @@ def fast_pinning() -> str:
     return "malloc, pages touched by 8 threads, cudaHostRegister"
 
 
+def compile_model(model: Llama, plan: "Plan", cuda: bool) -> dict[str, str]:
+    """Compile ``model``'s decoder layers where ``plan.compile`` says so; returns the tags that
+    say what the run got (a CPU run traces with dynamo's eager backend: no kernels made)."""
+    if not plan.compile:
+        return {"finetune.compile": "false"}
+    backend = "inductor" if cuda else CPU_COMPILE_BACKEND
+    n = compile_layers(model, backend)
+    tags = {"finetune.compile": f"each decoder layer ({n}, {backend}, checkpoint inside)"}
+    if not cuda:
+        tags["finetune.compile_skipped"] = ("inductor code generation: dynamo's eager backend on "
+                                            "a CPU (no kernels are generated)")
+    return tags
+
+
 def batch(step: int, micro: int, rank: int, world: int, seq_len: int, vocab: int, seed: int,
           device: Any) -> torch.Tensor:
     """Rank ``rank``'s micro batch ``micro`` of ``step``: rows of the global batch by rank."""
@@ -196,7 +255,7 @@ def make_optimizer(model: nn.Module, mode: str, lr: float, weight_decay: float,
     ``delayed`` (ZeRO-Offload's delayed update)."""
     if mode == "fsdp2-cpu-offload":
         return cpu_adamw.LayerwiseAdamW(cpu_adamw.fsdp_units(model), lr, weight_decay, device,
-                                        threads=threads, delayed=delayed)
+                                        threads=threads, delayed=delayed, model=model)
     if delayed:
         raise ValueError(f"the delayed update is FSDP2 offload's (fsdp2-cpu-offload), not {mode}'s")
     if mode == "torchao-cpu-offload":
@@ -249,6 +308,26 @@ def train_step(model: nn.Module, opt: Any, step: int, accum: int, rank: int, wor
         dist.all_reduce(total)
         total /= world
     return float(total), opt_s, exposed_s
+
+
+def diagnose(plan: "Plan", recorder: Recording, cuda: bool, model: nn.Module, opt: Any,
+             device: Any, rank: int, world: int, accum: int, overlap: bool) -> None:
+    """One more step after the measured ones, profiled (``step_profile``): its ``diag_*``
+    figures in the record (rank 0's are the run's), or the tag ``finetune.step_profile`` saying
+    why there are none. Every rank runs the step, so that their collectives pair."""
+    if not cuda:
+        recorder.set_tag("finetune.step_profile", "skipped: the figures are the GPU's (no CUDA)")
+        return
+    (_, opt_s, exposed_s), figures, why = step_profile.profile_step(
+        lambda: train_step(model, opt, plan.warmup + plan.steps, accum, rank, world,
+                           plan.seq_len, plan.micro_batch, plan.shape.vocab, plan.seed, device,
+                           overlap),
+        lambda: _sync(device))
+    figures.update(diag_optimizer_s=opt_s, diag_optimizer_exposed_s=exposed_s)
+    recorder.set_tag("finetune.step_profile", why or (
+        f"step {plan.warmup + plan.steps} (after the measured ones), torch.profiler CUDA "
+        f"activity, reduced to diag_* (step_profile.py)"))
+    recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})
 
 
 def measure_compute(model: nn.Module, plan: "Plan", device: Any, accum: int) -> float:
@@ -312,6 +391,12 @@ class Plan:
     cpus: int | None = None
     #: FSDP2 offload: ZeRO-Offload's one-step delayed update (``cpu_adamw``; other maths)
     delayed_update: bool = False
+    #: one extra step after the measured ones under torch.profiler, reduced to where the GPU's
+    #: time went (``step_profile``: diag_* figures); GPU runs only
+    diagnose_step: bool = False
+    #: torch.compile each decoder layer (``compile_layers``; inductor on a GPU, dynamo's eager
+    #: backend on a CPU); the compilation happens in the warm-up step
+    compile: bool = False
 
 
 def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None) -> None:
@@ -340,6 +425,8 @@ def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, f
                                       plan.checkpointing)
         _sync(device)
         recorder.log_metric("build_s", time.perf_counter() - t0)
+        for key, value in compile_model(model, plan, cuda).items():
+            recorder.set_tag(key, value)
         _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum)
         if pinned:  # after the steps: FSDP2 may re-pin a shard at its lazy init
             recorder.log_metrics(pinned_exact_gb=sum(b.numel() for b in pinned) / 1e9,
@@ -391,6 +478,7 @@ def probe_compute(plan: Plan, device: Any, accum: int) -> float:
     for n in sizes:
         probe = build_model(replace(plan.shape, layers=n), plan.dtype, device, plan.seed,
                             plan.checkpointing)
+        compile_model(probe, plan, getattr(device, "type", str(device)) == "cuda")
         times.append(measure_compute(probe, plan, device, accum))
         del probe
         if getattr(device, "type", "") == "cuda":
@@ -490,15 +578,14 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     threads = plan.cpus or torch.get_num_threads()
     torch.set_num_threads(threads)  # the job's CPUs, whatever a launcher left in the pool
     overlap = plan.overlap_optimizer and accum == 1 and plan.mode == "fsdp2-cpu-offload"
-    # stepping during backward, the optimizer leaves 2 CPUs to the training thread's kernel
-    # launches and NCCL's threads, from the rank's own only where the host has none beside them
-    opt_threads = cpu_adamw.optimizer_threads(threads, overlap, len(os.sched_getaffinity(0)),
-                                              ranks_on_host(world))
+    # stepping during backward, the optimizer leaves 2 of the rank's CPUs to the training
+    # thread's kernel launches and the driver's and NCCL's threads (cpu_adamw.optimizer_threads)
+    opt_threads = cpu_adamw.optimizer_threads(threads, overlap)
     opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay, device, opt_threads,
                          plan.delayed_update)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    times, opt_times, exposed_times, losses = [], [], [], []
+    times, opt_times, exposed_times, losses, warmup_s = [], [], [], [], 0.0
     recorder.mark_setup_done()  # set-up ends where the first step begins (setup_s)
     with ExitStack() as measured:  # the measured window: the steps after warm-up
         for step in range(plan.warmup + plan.steps):
@@ -513,10 +600,21 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
             recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s,
                               optimizer_exposed_s=exposed_s)
             losses.append(loss)
+            if step < plan.warmup:  # first kernels, allocator, pinned blocks, compilation
+                warmup_s += dt
             if step >= plan.warmup:
                 times.append(dt)
                 opt_times.append(opt_s)
                 exposed_times.append(exposed_s)
+    if plan.compile:  # dynamo's graphs so far: the run's layers share one (the probe's plain
+        # layers, measured later, add their own)
+        from torch._dynamo.utils import counters
+
+        recorder.log_metric("compile_graphs", float(counters["stats"]["unique_graphs"]))
+    if plan.diagnose_step:
+        diagnose(plan, recorder, cuda, model, opt, device, rank, world, accum, overlap)
+    if hasattr(opt, "wait_kind"):
+        recorder.set_tag("finetune.optimizer_wait", opt.wait_kind)
     s_iter = percentile(times, 50)
     if world > 1:  # the run is as fast as its slowest rank
         t = torch.tensor([s_iter], dtype=torch.float64, device=device)
@@ -531,7 +629,7 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
                "optimizer_exposed_s": percentile(exposed_times, 50),
                "optimizer_overlapped": float(overlap), "torch_threads": float(threads),
                "optimizer_delayed": float(plan.delayed_update),
-               "optimizer_threads": float(opt_threads),
+               "optimizer_threads": float(opt_threads), "warmup_s": warmup_s,
                "loss_first": losses[0], "loss_last": losses[-1], "loss_drop": losses[0] - losses[-1],
                "params_b": n_params / 1e9, "accumulation_steps": float(accum),
                "peak_host_mem_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}

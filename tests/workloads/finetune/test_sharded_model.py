@@ -1,0 +1,114 @@
+"""The sharded family's model made faster on the GPU without other maths (issue 35): RoPE
+tables made once, each decoder layer compiled with its checkpoint inside."""
+
+from __future__ import annotations
+
+import pytest
+
+from hopperlab.workloads.finetune import sharded
+
+SHAPE = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
+
+
+def _rope_as_before(x):
+    """The rotary embedding as sharded.py computed it in every layer before (tables each call,
+    strided slices)."""
+    import torch
+
+    seq, dim = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    ang = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+def test_rope_from_kept_tables_is_the_same_rotation():
+    import torch
+
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        x = torch.randn(2, 4, 7, 8, generator=torch.Generator().manual_seed(1)).to(dtype)
+        cos, sin = sharded.rope_tables(7, 8, x.device, dtype)
+        assert torch.equal(sharded.rope(x, cos, sin), _rope_as_before(x))
+        assert torch.equal(sharded.rope(x), _rope_as_before(x))
+        assert sharded.rope_tables(7, 8, x.device, dtype)[0] is cos  # made once
+
+
+def test_a_run_without_compile_says_so_and_keeps_eager_layers():
+    import torch
+
+    model = sharded.build_model(SHAPE, torch.float32, "cpu", seed=5)
+    plan = sharded.Plan(mode="fsdp2", shape=SHAPE, seq_len=8, micro_batch=2, global_batch=2,
+                        steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
+                        seed=5, checkpointing=True)
+    assert sharded.compile_model(model, plan, cuda=False) == {"finetune.compile": "false"}
+    assert all("forward" not in vars(layer) for layer in model.layers)
+
+
+@pytest.mark.integration  # dynamo + AOTAutograd tracing of a layer, ~5 s
+@pytest.mark.parametrize("checkpointing", [True, False], ids=["checkpointed", "plain"])
+def test_compiled_layers_give_eagers_loss_and_gradients_from_one_graph(checkpointing):
+    """Each layer compiled (AOTAutograd's partitioner, the checkpoint in the graph; the
+    ``aot_eager`` backend: inductor's kernels are the GPU's matter) gives eager's loss and
+    gradients at float64, and the three layers share one graph (no recompilation per layer)."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=checkpointing)
+    compiled = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5,
+                                   checkpointing=checkpointing)
+    assert sharded.compile_layers(compiled, backend="aot_eager") == SHAPE.layers
+    tokens = torch.randint(0, SHAPE.vocab, (2, 9), generator=torch.Generator().manual_seed(3))
+    for model in (eager, compiled):
+        sharded.loss_of(model, tokens).backward()
+    torch.testing.assert_close(sharded.loss_of(compiled, tokens), sharded.loss_of(eager, tokens),
+                               rtol=1e-12, atol=1e-12)
+    for (name, a), b in zip(compiled.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12, msg=name)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
+def test_a_cpu_run_with_compile_traces_with_the_eager_backend_and_says_so(monkeypatch):
+    import torch
+
+    seen = []
+    monkeypatch.setattr(sharded, "compile_layers",
+                        lambda model, backend: seen.append(backend) or len(model.layers))
+    model = sharded.build_model(SHAPE, torch.float32, "cpu", seed=5)
+    plan = sharded.Plan(mode="fsdp2", shape=SHAPE, seq_len=8, micro_batch=2, global_batch=2,
+                        steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
+                        seed=5, checkpointing=True, compile=True)
+    tags = sharded.compile_model(model, plan, cuda=False)
+    assert seen == ["eager"] and "eager" in tags["finetune.compile"]
+    assert "no kernels" in tags["finetune.compile_skipped"]
+    assert "inductor" in sharded.compile_model(model, plan, cuda=True)["finetune.compile"]
+    assert seen == ["eager", "inductor"]
+
+
+@pytest.mark.integration  # a job through the runner, ~15 s
+def test_a_cpu_run_with_compile_and_the_profiled_step_says_what_it_left_out(tmp_path):
+    """Smoke scale with the full scale's compile and checkpointing and the profiled step: the
+    layers traced by dynamo's eager backend in one graph, each said in the record; the
+    profiled step is the GPU's and is skipped on a CPU, with the reason."""
+    import json
+
+    from tests.helpers import copy_project, edit_yaml, hopperlab
+
+    project = copy_project(tmp_path / "project")
+    key = "finetune/full-llama2-13b-sharded/fsdp2-offload-1gpu"
+    edit_yaml(project / "experiments/finetune.yaml", lambda d: d["experiments"][
+        "full-llama2-13b-sharded"]["scales"]["smoke"]["params"].update(
+            compile=True, checkpointing=True, diagnose_step=True))
+    out = hopperlab(["run", key, "--no-upload", "--config", "families=finetune"], project)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    rec = json.loads((project / "results" / key / "metrics.json").read_text())
+    assert rec["status"] == "ok", rec.get("reason")
+    tags, m = rec["tags"], rec["metrics"]
+    assert tags["finetune.compile"].startswith("each decoder layer (2, eager")
+    assert "no kernels" in tags["finetune.compile_skipped"]
+    assert tags["finetune.step_profile"].startswith("skipped")
+    assert m["compile_graphs"] == 1 and m["warmup_s"] > 0
+    assert not any(k.startswith("diag_") for k in m)
