@@ -119,6 +119,7 @@ def run(spec: RunView, recorder: Recording, params: InferenceParams) -> None:
             lat.append(t["latency_s"])
             ttft.append(t["ttft_s"])
             dec.append(t["decode_s"] / max(params.decode_tokens - 1, 1))
+    recorder.log_metrics(window_work(params))
     collectives: dict[str, float] = {}
     if server.graph_alone is not None and rates is not None:  # after the timed requests
         steps = min(_COLLECTIVE_PROBE_STEPS, params.decode_tokens)
@@ -143,6 +144,16 @@ def run(spec: RunView, recorder: Recording, params: InferenceParams) -> None:
     if cuda:
         figures["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / GB
     recorder.log_metrics(figures)
+
+
+def window_work(params: InferenceParams) -> dict[str, float]:
+    """The work inside the measured window (the timed requests; the warm-up ran before it):
+    every token the requests generated (per sequence the prefill's first token and the
+    ``decode_tokens - 1`` decode steps after it) and their first tokens. What the window's
+    joules, summed over the ranks' GPUs, are divided by (issue 36); a rerun's windows add up."""
+    sequences = params.requests * params.concurrency
+    return {"measured_generated_tokens": float(sequences * params.decode_tokens),
+            "measured_first_tokens": float(sequences)}
 
 
 def _floor_figures(floor: TPShape, rates: NodeRates, params: InferenceParams,
