@@ -14,11 +14,13 @@
 #      benchmarks/references_gpu.py measured) go on to
 #   2. a fresh set of runs of them, `repeats=1` (what `hopperlab check` runs on a new node),
 #      into $WORK/<lane>-fresh.
+# Each run is its own snakemake call (the run's metrics.json as the target), in the listed order:
+# the lists are priorities, and the deadline leaves the last ones unstarted.
 # Then `hopperlab references update` over every -ref folder into a copy of configs/references
 # ($WORK/references), and `hopperlab check` of every -fresh folder against that copy.
-# A pass gets a time share ($REF_SHARE % of its phase for the repeats, the rest for the fresh
-# runs; SNAKEMAKE's `timeout`): what did not finish makes no reference and says so; everything
-# ends by $BUDGET_S seconds after the start. Six files come back in OUT:
+# Time: $REF_SHARE % of a phase for the references pass, the rest for the fresh runs (`timeout`
+# stops a run at its pass's deadline; a later run is not started): what did not finish makes no
+# reference and says so; everything ends by $BUDGET_S seconds after the start. Six files come back in OUT:
 #   script.log       the timeline, the node, each pass's exit, why a run made no reference
 #   check.txt        each fresh folder's `hopperlab check` (verdicts, exit code) and the
 #                    references written (value, spread, n, min_effect per run and metric)
@@ -40,8 +42,9 @@ SITE=${SITE:-gpu-node}; SCALE=${SCALE:-full}
 SUBS=${SUBS-dolly-15k:dolly-synthetic,llama-2-tokenizer:tiny-tokenizer}
 REPEATS=${REPEATS:-5}; MULTI_REPEATS=${MULTI_REPEATS:-3}
 BUDGET_S=${BUDGET_S:-500}     # the script's end (the call's limit: 540 s)
-MULTI_S=${MULTI_S:-250}       # the multi-GPU phase's share of it (2+ GPUs)
-REF_SHARE=${REF_SHARE:-60}    # % of a phase for the repeats pass
+MULTI_S=${MULTI_S:-330}       # the multi-GPU phase's share of it (2+ GPUs)
+REF_SHARE=${REF_SHARE:-60}    # % of a lane's time for the repeats pass
+MULTI_REF_SHARE=${MULTI_REF_SHARE:-68}  # the same for the multi-GPU phase (reruns of the 13B)
 TAIL_S=${TAIL_S:-30}          # kept for references update, check and the tarballs
 MULTI=${MULTI-finetune/full-llama2-13b-sharded/fsdp2,inference/tp-long-context/prompt-3k-c8-2gpu}
 LANE0=${LANE0-membench/copy/h2d-pinned,membench/copy/d2h-pinned,membench/copy/bidir-pinned,membench/copy/h2d-pageable,finetune/lora-llama2-7b/baseline,finetune/lora-llama2-7b/fp8}
@@ -80,32 +83,39 @@ if [ "$SITE" = gpu-node ]; then  # the site's tracking server (uploads go to it 
   say "mlflow server up"
 fi
 
-# one pass of the workflow: NAME CUDA_VISIBLE_DEVICES GPUS RUNS REPEATS UNTIL_S
+# one run through the workflow: FOLDER CUDA_VISIBLE_DEVICES GPUS RUN REPEATS UNTIL_S (its own
+# snakemake, the run's metrics.json as the target: runs start in the listed order, and the
+# deadline leaves the later ones unstarted instead of cutting a pass anywhere)
 pass() {
-  local name=$1 cvd=$2 gpus=$3 runs=$4 repeats=$5 until=$6
+  local name=$1 cvd=$2 gpus=$3 run=$4 repeats=$5 until=$6
   local left=$((until - (SECONDS - T0)))
-  if [ -z "$runs" ] || [ "$left" -lt 15 ]; then
-    say "$name: not started (${left}s left; runs: ${runs:-none})"; return 1
+  if [ "$left" -lt 15 ]; then
+    say "$name $run: not started (${left}s left)"; return 1
   fi
-  say "$name: start (GPUs $cvd, repeats $repeats, ${left}s): $runs"
+  say "$name $run: start (GPUs $cvd, repeats $repeats, ${left}s left)"
+  local t=$SECONDS
   CUDA_VISIBLE_DEVICES=$cvd timeout "$left" python3 -m snakemake --cores all \
     --resources "gpus=$gpus" --scheduler greedy --nolock \
-    --config "site=$SITE" "scale=$SCALE" profiler=none "results_dir=$W/$name" "only=$runs" \
+    --config "site=$SITE" "scale=$SCALE" profiler=none "results_dir=$W/$name" "only=$run" \
     "repeats=$repeats" ${SUBS:+"asset_substitutes=$SUBS"} ${FAMILIES:+"families=$FAMILIES"} \
-    >"$W/$name.snakemake.log" 2>&1
+    -- "$W/$name/$run/metrics.json" >>"$W/$name.snakemake.log" 2>&1
   local rc=$?
-  say "$name: snakemake exit $rc$([ $rc = 124 ] && echo ' (stopped at its time share)')"
+  say "$name $run: snakemake exit $rc after $((SECONDS - t))s$([ $rc = 124 ] && echo ' (stopped at its deadline)')"
 }
 
-# a phase: references pass then fresh pass. NAME CVD GPUS RUNS REPEATS REF_UNTIL FRESH_UNTIL
+# a phase: the references pass, then the fresh pass of what it measured.
+# NAME CUDA_VISIBLE_DEVICES GPUS RUNS REPEATS REF_UNTIL FRESH_UNTIL
 phase() {
-  local name=$1 cvd=$2 gpus=$3 runs=$4 repeats=$5 ref_until=$6 fresh_until=$7
-  pass "$name-ref" "$cvd" "$gpus" "$runs" "$repeats" "$ref_until" || return
-  local good
+  local name=$1 cvd=$2 gpus=$3 runs=$4 repeats=$5 ref_until=$6 fresh_until=$7 run good
+  for run in ${runs//,/ }; do
+    pass "$name-ref" "$cvd" "$gpus" "$run" "$repeats" "$ref_until" || break
+  done
   good=$(python3 benchmarks/references_gpu.py measured "$W/$name-ref" --repeats "$repeats" \
     2>>"$LOG")
   say "$name: measured with $repeats repeats: ${good:-none}"
-  pass "$name-fresh" "$cvd" "$gpus" "$good" 1 "$fresh_until"
+  for run in ${good//,/ }; do
+    pass "$name-fresh" "$cvd" "$gpus" "$run" 1 "$fresh_until" || break
+  done
 }
 
 now() { echo $((SECONDS - T0)); }
@@ -113,7 +123,7 @@ END=$((BUDGET_S - TAIL_S))
 if [ "$NGPU" -ge 2 ] && [ -n "$MULTI" ]; then
   M_END=$(( $(now) + MULTI_S )); [ "$M_END" -gt "$END" ] && M_END=$END
   phase multi 0,1 2 "$MULTI" "$MULTI_REPEATS" \
-    $(( $(now) + (M_END - $(now)) * REF_SHARE / 100 )) "$M_END"
+    $(( $(now) + (M_END - $(now)) * MULTI_REF_SHARE / 100 )) "$M_END"
 fi
 REF_END=$(( $(now) + (END - $(now)) * REF_SHARE / 100 ))
 if [ "$NGPU" -ge 2 ]; then
