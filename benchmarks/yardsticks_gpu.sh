@@ -4,9 +4,10 @@
 # GPU $NOISE_GPU (1): the noise measurement (benchmarks/noise_gpu.sh: healthy checks, the
 # co-runner tuned to a 10 % slowdown, detections). GPU 0, at the same time: the node's matmul
 # probes (bf16, fp8) and docs/benchmarks/energy.md's command, shrunk to the runs issue 36 found
-# implausible ($ENERGY_RUNS), then the energy table against the probes. The energy part must be
-# on GPU 0: the workflow's local executor (submitit) sets CUDA_VISIBLE_DEVICES=0 for a 1-GPU
-# job whatever the caller's; the noise runs and the co-runner run as plain processes.
+# implausible ($ENERGY_RUNS), then the energy table against the probes. The energy part is on
+# GPU 0 (the workflow's local executor now takes a job's GPUs from the caller's
+# CUDA_VISIBLE_DEVICES; it once gave every job GPU 0); the noise runs and the co-runner run as
+# plain processes.
 # Wheels missing from the node's image: in $WHEELS (.whl-wf). Eight files come back in OUT:
 #   noise.json noise.log noise-references.yaml noise-runs.tgz
 #   probe-bf16.json probe-fp8.json energy.txt energy-runs.tgz

@@ -206,3 +206,20 @@ def test_a_hung_rank_is_cancelled_once_its_peers_gave_up_on_it(tmp_path):
                      "families=selftest"], project, timeout=400)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
     check_hung_rank_run(project / "results/selftest/distributed/rank-hangs")
+
+
+def test_a_run_of_several_ranks_keeps_rank_0s_samples_where_references_read_them(tmp_path):
+    """A 2-GPU run measured with repeats (TP 2, 13B FSDP2): `references update` and `compare`
+    read samples.jsonl in the run directory, as of a one-process run; the merge puts rank 0's
+    there (its figures are the run's), not rank 1's."""
+    from hopperlab.core.rundir import read_samples, write_json_atomic
+    from hopperlab.run import ranks
+
+    for r, value in ((0, 10.0), (1, 99.0)):
+        write_json_atomic(tmp_path / f"ranks/{r}/record.json",
+                          {"attempt": 1, "status": "ok", "metrics": {"x": value}})
+        (tmp_path / f"ranks/{r}/samples.jsonl").write_text("".join(
+            json.dumps({"repeat": i, "metrics": {"x": value + i}}) + "\n" for i in range(3)))
+    rec = ranks.merged_record(tmp_path, 1, 2)
+    ranks.write_run_files(tmp_path, rec)
+    assert [s["x"] for s in read_samples(tmp_path)] == [10.0, 11.0, 12.0]

@@ -92,8 +92,9 @@ def energy_figures(metrics: Mapping[str, float], units: tuple[WorkUnit, ...],
 
 
 def energy_basis(metrics: Mapping[str, float], units: tuple[WorkUnit, ...],
-                 params: Mapping[str, Any] | None = None) -> str:
-    """How the first unit's J per unit was divided (tag ``energy.basis``)."""
+                 params: Mapping[str, Any] | None = None, why: str | None = None) -> str:
+    """How the first unit's J per unit was divided (tag ``energy.basis``); ``why``: the run's
+    own reason its work was not counted (tag ``energy.work_not_counted``), said with the rate."""
     for unit in units:
         if unit.window:
             continue
@@ -101,8 +102,10 @@ def energy_basis(metrics: Mapping[str, float], units: tuple[WorkUnit, ...],
         if done:
             return (f"work done: {done:.6g} units inside the window ({' x '.join(unit.done)}); "
                     f"J per unit = window joules / work done")
-        return f"rate: the window's mean power over {unit.metric or unit.kind} (the p50 figure)"
-    return "no unit of work"
+        because = f"; work done not counted: {why}" if why else ""
+        return (f"rate: the window's mean power over {unit.metric or unit.kind} (the p50 "
+                f"figure){because}")
+    return f"no unit of work{f'; {why}' if why else ''}"
 
 
 def plausibility(metrics: Mapping[str, float], probe_tflop_per_j: float | None,

@@ -35,6 +35,9 @@ TAG_ERRORS = "energy.errors"
 TAG_TRACE = "energy.trace"
 #: how J per unit was divided: by the work done inside the window, or by a rate
 TAG_BASIS = "energy.basis"
+#: set by a workload whose window's work it cannot count (why), so that a J per unit by the
+#: rate says so in TAG_BASIS instead of passing for the work done
+TAG_WORK_NOT_COUNTED = "energy.work_not_counted"
 #: a stall inside the measured window: how many steps, how long (in the report's energy rows)
 TAG_SLOW = "energy.slow_steps"
 #: "implausible: ..." when the run's work per joule beats the node's own matmul probe

@@ -22,7 +22,8 @@ from hopperlab.config.energy import (
     energy_scope,
 )
 from hopperlab.config.spec import RunSpec
-from hopperlab.core.energy_names import SLOW_STEP_X, SLOW_STEPS, TAG_BASIS, TAG_SLOW
+from hopperlab.core.energy_names import (SLOW_STEP_X, SLOW_STEPS, TAG_BASIS, TAG_SLOW,
+                                         TAG_WORK_NOT_COUNTED)
 from hopperlab.node.containers import image_digest
 from hopperlab.node.naming import machine_name
 from hopperlab.workloads import family_info
@@ -51,7 +52,7 @@ def annotate_record(rec: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
     units = family_info(spec.family).work_units
     metrics.update(energy_figures(metrics, units, params))
     if ENERGY_GPU in metrics:
-        tags[TAG_BASIS] = energy_basis(metrics, units, params)
+        tags[TAG_BASIS] = energy_basis(metrics, units, params, tags.get(TAG_WORK_NOT_COUNTED))
     if metrics.get(SLOW_STEPS):
         tags[TAG_SLOW] = (f"{metrics[SLOW_STEPS]:g} measured step(s) over {SLOW_STEP_X:g}x the "
                           f"median step (longest {metrics.get('step_time_max_s', float('nan')):.3g}"

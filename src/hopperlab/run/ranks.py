@@ -19,6 +19,7 @@ from hopperlab.core import energy_names as N
 from hopperlab.core.rundir import (
     HARDWARE_FILE,
     RECORD_FILE,
+    SAMPLES_FILE,
     SETUP_METRIC,
     STEPS_FILE,
     TRACEBACK_FILE,
@@ -214,13 +215,14 @@ def _rank_lines(recs: dict[int, dict[str, Any]], tasks: dict[int, Any],
 
 
 def write_run_files(run_dir: Path, rec: dict[str, Any]) -> None:
-    """The run-level files from the ranks': record, rank 0's steps and hardware, and the
-    failing rank's traceback."""
+    """The run-level files from the ranks': record, rank 0's steps, samples (a run measured with
+    repeats: what ``references update`` and ``compare`` read, as of a one-process run) and
+    hardware, and the failing rank's traceback."""
     run_dir = Path(run_dir)
     dirs = rank_dirs(run_dir)
     lead = dirs.get(0) or next(iter(dirs.values()), None)
     if lead is not None:
-        for name in (STEPS_FILE, HARDWARE_FILE):
+        for name in (STEPS_FILE, SAMPLES_FILE, HARDWARE_FILE):
             if (lead / name).exists():
                 shutil.copyfile(lead / name, run_dir / name)
     tb_rank = rec.get("traceback_rank")

@@ -95,3 +95,60 @@ def test_layers_that_fit_follow_the_free_memory():
     on_h100 = layers_that_fit(one, 79 * 2**30, 1, 31342)
     assert 0 < on_h100 < on_h200 < 80
     assert layers_that_fit(one, 1 * 2**30, 1, 31342) == 0
+
+
+def test_the_timed_requests_record_the_work_their_window_holds(tmp_path):
+    """Issue 36: J per generated token of a TP run = the window's joules (every rank's GPU) /
+    the tokens its timed requests generated, not the mean power over the p50 decode rate."""
+    from hopperlab.config.energy import energy_basis, energy_figures
+    from hopperlab.core import energy_names as N
+    from hopperlab.core.rundir import Recorder
+    from hopperlab.workloads.base import fake_run
+    from hopperlab.workloads.inference import FAMILY, InferenceParams
+    from hopperlab.workloads.inference import tp_serving
+
+    params = InferenceParams(study="tensor-parallel", model_shape="tiny", dtype="float32",
+                             prompt_tokens=12, decode_tokens=4, requests=3, warmup=1,
+                             concurrency=2)
+    rec = Recorder(tmp_path / "run", identity={"family": "inference"})
+    tp_serving.run(fake_run(params), rec, params)
+    record = rec.finish("ok")
+    m = record["metrics"]
+    assert m["measured_generated_tokens"] == 3 * 2 * 4      # requests x concurrency x tokens
+    assert m["measured_first_tokens"] == 3 * 2
+    assert len([s for s in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]) == 3
+    metrics = {**m, N.ENERGY_GPU_J: 240.0, N.ENERGY_WINDOW_S: 2.0}
+    assert energy_basis(metrics, FAMILY.work_units).startswith("work done: 24 units")
+    figures = energy_figures(metrics, FAMILY.work_units)
+    assert figures["energy_per_1m_generated_tokens_j"] == pytest.approx(240.0 / 24 * 1e6)
+    assert figures["energy_per_1k_first_tokens_j"] == pytest.approx(240.0 / 6 * 1e3)
+
+
+def test_repeats_are_windows_of_timed_requests_on_the_one_built_model(tmp_path, monkeypatch):
+    """repeats=3: the model is built once and its requests timed in 3 windows (3 samples, each
+    window's own figures; the run's work done is every window's), not 3 rebuilds."""
+    from hopperlab.core.rundir import Recorder, read_samples
+    from hopperlab.run.repeats import measure
+    from hopperlab.workloads.base import fake_run
+    from hopperlab.workloads.inference import FAMILY, InferenceParams
+    from hopperlab.workloads.inference import workload
+
+    builds = []
+    real_build = tp.build
+    monkeypatch.setattr(tp, "build", lambda *a, **k: builds.append(1) or real_build(*a, **k))
+    params = InferenceParams(study="tensor-parallel", model_shape="tiny", dtype="float32",
+                             prompt_tokens=8, decode_tokens=3, requests=2, warmup=1)
+    rec = Recorder(tmp_path / "run", identity={"family": "inference"})
+    measure(workload.run, fake_run(params, repeats=3), rec, FAMILY)
+    record = rec.finish("ok")
+    assert len(builds) == 1
+    assert record["tags"]["repeat_unit"] == "windows" and record["tags"]["repeats"] == "3"
+    samples = read_samples(tmp_path / "run")
+    assert len(samples) == 3
+    assert all(s["measured_generated_tokens"] == 2 * 1 * 3 for s in samples)
+    m = record["metrics"]
+    assert m["measured_generated_tokens"] == 3 * 2 * 3        # every window's, summed
+    assert m["request_latency_ms_p50_n"] == 3
+    steps = [s["step"] for s in map(__import__("json").loads,
+                                    (tmp_path / "run" / "steps.jsonl").read_text().splitlines())]
+    assert steps == list(range(6))                           # one step per timed request

@@ -254,3 +254,49 @@ def test_sweep_script_on_cpu(tmp_path, capsys):
     assert (tmp_path / "table.txt").exists() and (tmp_path / "fingerprint.json").exists()
     rec = json.loads((tmp_path / "copy-h2d-pageable" / "metrics.json").read_text())
     assert rec["status"] == "ok" and rec["hardware"]["cpu_arch"]
+
+
+# --------------------------------------------------------------------------- energy's work done
+@pytest.mark.parametrize("use_torch", [True, False], ids=["torch", "numpy"])
+@pytest.mark.parametrize("direction, ways", [("h2d", 1), ("bidir", 2)])
+def test_a_copy_run_counts_every_byte_its_window_copied(tmp_path, direction, ways, use_torch):
+    """Issue 36: J per TB copied = the window's joules / the bytes copied inside it (every size,
+    warm-up samples too), not the mean power over the largest size's rate."""
+    if use_torch:
+        pytest.importorskip("torch")
+    from hopperlab.config.energy import energy_basis, energy_figures
+    from hopperlab.core import energy_names as N
+    from hopperlab.workloads.membench.copies import MEASURED_GB_COPIED
+
+    record, run_dir = run_variant(tmp_path, spec(test="copy", direction=direction,
+                                                 host_memory="pageable"), use_torch=use_torch)
+    assert record["status"] == "ok", record["reason"]
+    plan = plan_for(MembenchParams(sizes_mb=SIZES, repeats=3, warmup=1))
+    expected = sum(mb * 2**20 * inner_copies(mb * 2**20, plan.sample_bytes) * ways * (1 + 3)
+                   for mb in SIZES)
+    # the steps' own inner counts agree with the plan's
+    assert [s["metrics"]["inner"] for s in read_steps(run_dir)] == \
+        [inner_copies(mb * 2**20, plan.sample_bytes) for mb in SIZES]
+    copied = record["metrics"][MEASURED_GB_COPIED]
+    assert copied == pytest.approx(expected / GB)
+    units = FAMILY.work_units
+    metrics = {**record["metrics"], N.ENERGY_GPU_J: 100.0, N.ENERGY_WINDOW_S: 2.0}
+    assert energy_basis(metrics, units).startswith(f"work done: {copied:.6g}")
+    # 100 J over `copied` GB: J per TB = 100 / copied x 1000, whatever gbps_at_largest says
+    figures = energy_figures(metrics, units)
+    assert figures["energy_per_tb_copied_j"] == pytest.approx(100.0 / copied * 1000)
+    assert figures["gb_copied_per_j"] == pytest.approx(copied / 100.0)
+
+
+def test_an_alloc_run_says_why_its_energy_is_by_the_rate(tmp_path):
+    from hopperlab.config.energy import energy_basis
+    from hopperlab.core import energy_names as N
+
+    record, _ = run_variant(tmp_path, spec(test="alloc", kind="host"))
+    assert record["status"] == "ok", record["reason"]
+    why = record["tags"][N.TAG_WORK_NOT_COUNTED]
+    assert "copies nothing" in why
+    assert "measured_gb_copied" not in record["metrics"]
+    metrics = {**record["metrics"], N.ENERGY_GPU_J: 100.0, N.ENERGY_WINDOW_S: 2.0}
+    basis = energy_basis(metrics, FAMILY.work_units, None, why)
+    assert basis.startswith("rate: ") and basis.endswith("work done not counted: " + why)

@@ -22,6 +22,17 @@ BACKSTOP_MIN = 1
 CONTROLLER_ERR = "controller.err"
 
 
+def caller_gpus(visible: str | None) -> tuple[int, ...]:
+    """The GPU indices this process was given (``CUDA_VISIBLE_DEVICES``, indices only): a job
+    takes its GPUs from them, so that two workflows pinned to GPU 0 and GPU 1 of one node run
+    side by side (submitit would give both GPU 0). Unset, empty, UUIDs or ``-1``: () (submitit's
+    own numbering from 0)."""
+    words = [w.strip() for w in (visible or "").split(",") if w.strip()]
+    if not words or not all(w.isdigit() for w in words):
+        return ()
+    return tuple(int(w) for w in words)
+
+
 def free_port() -> int:
     """A port free on this node now (the local submitter hands it to every task)."""
     with socket.socket() as s:
@@ -41,7 +52,8 @@ class LocalLauncher(Launcher):
         if res.distributed:  # every task of this job reads the port this process found free
             os.environ[MASTER_PORT_ENV] = str(free_port())
         ex.update_parameters(timeout_min=res.time_min + BACKSTOP_MIN, gpus_per_node=res.gpus,
-                             tasks_per_node=res.tasks_on_node, nodes=1, signal_delay_s=0)
+                             tasks_per_node=res.tasks_on_node, nodes=1, signal_delay_s=0,
+                             visible_gpus=caller_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")))
         return ex
 
     def submit(self, executor: Executor, func: Callable[..., Any], *args: Any) -> JobHandle:

@@ -134,6 +134,7 @@ FAMILY = FamilyInfo(
     work_units=WORK_UNITS,
     check=check,
     # loading the model takes longer than serving its sessions: windows, each with its own
-    # warm-up sessions, on the one loaded model (tensor-parallel runs fall back to reruns)
+    # warm-up sessions, on the one loaded model (tensor-parallel: its timed requests again,
+    # after one warm-up, on the one built model)
     repeat_unit="windows",
 )

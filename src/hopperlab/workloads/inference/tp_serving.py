@@ -109,16 +109,17 @@ def run(spec: RunView, recorder: Recording, params: InferenceParams) -> None:
 
     for _ in range(params.warmup):
         request()
-    lat, ttft, dec = [], [], []
-    with measured_region():  # the timed requests: the profiler's capture, the energy window
-        for i in range(params.requests):
-            t = request()
-            decode_tps = batch * max(params.decode_tokens - 1, 1) / max(t["decode_s"], 1e-9)
-            recorder.log_step(i, latency_ms=t["latency_s"] * 1e3, ttft_ms=t["ttft_s"] * 1e3,
-                              decode_tokens_per_s=decode_tps, step_s=t["latency_s"])
-            lat.append(t["latency_s"])
-            ttft.append(t["ttft_s"])
-            dec.append(t["decode_s"] / max(params.decode_tokens - 1, 1))
+    windows = spec.repeats  # repeat_unit "windows": the model is built (and its floors measured) once
+    lat, ttft, dec = [], [], []  # every window's requests: what the floors are set against
+    for w in range(windows):
+        recorder.repeat = w if windows > 1 else None
+        got = _timed_requests(request, recorder, params, batch, first_step=w * params.requests)
+        for pooled, mine in zip((lat, ttft, dec), got):
+            pooled.extend(mine)
+        recorder.log_metrics({**_request_figures(*got, batch), **window_work(params)})
+        if windows > 1:
+            recorder.add_sample(dict(recorder.metrics))
+    recorder.repeat = None
     collectives: dict[str, float] = {}
     if server.graph_alone is not None and rates is not None:  # after the timed requests
         steps = min(_COLLECTIVE_PROBE_STEPS, params.decode_tokens)
@@ -128,11 +129,7 @@ def run(spec: RunView, recorder: Recording, params: InferenceParams) -> None:
         collectives = {"decode_alone_ms_per_token": alone_s * 1e3,
                        "allreduce_cost_ms_per_token": (with_s - alone_s) * 1e3,
                        "allreduce_wait_ms_per_token": max(0.0, with_s - alone_s - pure_s) * 1e3}
-    figures = {"request_latency_ms_p50": percentile(lat, 50) * 1e3,
-               "ttft_ms_p50": percentile(ttft, 50) * 1e3, "ttft_ms_p99": percentile(ttft, 99) * 1e3,
-               "decode_tokens_per_s": batch / percentile(dec, 50),
-               "decode_ms_per_token": percentile(dec, 50) * 1e3,
-               "step_s": percentile(lat, 50), "tp_world_size": float(world),
+    figures = {**_request_figures(lat, ttft, dec, batch), "tp_world_size": float(world),
                "tp_layers": float(n_layers), "prompt_tokens": float(params.prompt_tokens),
                "concurrency": float(batch),
                "weights_gb_per_gpu": model.weight_bytes() / GB,
@@ -143,6 +140,42 @@ def run(spec: RunView, recorder: Recording, params: InferenceParams) -> None:
     if cuda:
         figures["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / GB
     recorder.log_metrics(figures)
+
+
+def _timed_requests(request: Any, recorder: Recording, params: InferenceParams, batch: int,
+                    first_step: int) -> tuple[list[float], list[float], list[float]]:
+    """One window: the timed requests inside the measured region (the profiler's capture, the
+    energy window); per request its latency, time to first token and seconds per decode step."""
+    lat, ttft, dec = [], [], []
+    with measured_region():
+        for i in range(params.requests):
+            t = request()
+            decode_tps = batch * max(params.decode_tokens - 1, 1) / max(t["decode_s"], 1e-9)
+            recorder.log_step(first_step + i, latency_ms=t["latency_s"] * 1e3,
+                              ttft_ms=t["ttft_s"] * 1e3, decode_tokens_per_s=decode_tps,
+                              step_s=t["latency_s"])
+            lat.append(t["latency_s"])
+            ttft.append(t["ttft_s"])
+            dec.append(t["decode_s"] / max(params.decode_tokens - 1, 1))
+    return lat, ttft, dec
+
+
+def _request_figures(lat: list[float], ttft: list[float], dec: list[float],
+                     batch: int) -> dict[str, float]:
+    return {"request_latency_ms_p50": percentile(lat, 50) * 1e3,
+            "ttft_ms_p50": percentile(ttft, 50) * 1e3, "ttft_ms_p99": percentile(ttft, 99) * 1e3,
+            "decode_tokens_per_s": batch / percentile(dec, 50),
+            "decode_ms_per_token": percentile(dec, 50) * 1e3, "step_s": percentile(lat, 50)}
+
+
+def window_work(params: InferenceParams) -> dict[str, float]:
+    """The work inside the measured window (the timed requests; the warm-up ran before it):
+    every token the requests generated (per sequence the prefill's first token and the
+    ``decode_tokens - 1`` decode steps after it) and their first tokens. What the window's
+    joules, summed over the ranks' GPUs, are divided by (issue 36); repeated windows add up."""
+    sequences = params.requests * params.concurrency
+    return {"measured_generated_tokens": float(sequences * params.decode_tokens),
+            "measured_first_tokens": float(sequences)}
 
 
 def _floor_figures(floor: TPShape, rates: NodeRates, params: InferenceParams,

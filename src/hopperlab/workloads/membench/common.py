@@ -44,6 +44,13 @@ def inner_copies(nbytes: int, sample_bytes: int) -> int:
     return max(1, min(MAX_INNER, math.ceil(sample_bytes / nbytes)))
 
 
+def bytes_copied(nbytes: int, inner: int, ways: int, plan: Plan) -> int:
+    """The bytes one size's copies move inside the measured window: every sample, the warm-up
+    ones too (they run inside it), ``inner`` copies of ``nbytes`` each way (bidir: 2). The
+    window's joules are divided by their sum (issue 36: energy from the work done)."""
+    return nbytes * inner * ways * (plan.warmup + plan.repeats)
+
+
 # --------------------------------------------------------------------------- the node
 @dataclass
 class Env:

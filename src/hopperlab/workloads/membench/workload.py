@@ -12,6 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
+from hopperlab.core.energy_names import TAG_WORK_NOT_COUNTED
 from hopperlab.workloads.base import Recording, RunView, spec_params
 from hopperlab.cuda.nvtx import nvtx_range, profiled_region
 from hopperlab.core.rundir import SkipRun
@@ -22,6 +23,15 @@ from hopperlab.workloads.membench.common import Env, plan_for, probe
 from hopperlab.workloads.membench.copies import check_copy, run_copy
 
 __all__ = ["run", "HEADLINE_METRICS", "headline_metrics"]
+
+#: why a test other than copy counts no bytes copied inside its window (tag
+#: ``energy.work_not_counted``; the J per unit is then by the rate, and says so)
+_NOT_COUNTED = {
+    "alloc": "the alloc test copies nothing over the host link: its window holds allocations, "
+             "first touches and frees, which no unit of work of the family counts",
+    "collective": "the collective test moves bytes between GPUs, not over the host link: no "
+                  "unit of work of the family counts bus bytes",
+}
 
 
 
@@ -50,6 +60,8 @@ def run(spec: RunView, recorder: Recording, *, use_torch: bool = True) -> None:
         recorder.set_tag("membench.grace_hopper", str(env.is_grace_hopper).lower())
     else:
         recorder.set_tag("membench.no_cuda_reason", env.no_cuda_reason)
+    if params.test != "copy":  # the unit of work is bytes copied over the host link
+        recorder.set_tag(TAG_WORK_NOT_COUNTED, _NOT_COUNTED[params.test])
     if params.test == "collective":
         collective.check(params)  # skip before the profiler starts
         with _profiling(env, profiler, recorder) as mark:

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# References from repeats for the lent machine this runs on, then a fresh check against them
+# (issue 36 item 4; docs/benchmarks/noise.md "References for every lent machine"). One GPU call,
+# from the repository root:
+#   bash benchmarks/references_gpu.sh OUT
+# On a node of 2+ GPUs: first the multi-GPU rows ($MULTI, both GPUs, `--resources gpus=2`,
+# machine 2x<gpu>-...), then two lanes side by side, GPU 0 ($LANE0) and GPU 1 ($LANE1): each
+# 1-GPU job sees one GPU, so its machine is the 1-GPU name (h200-141g-pcie5-x86_64; the local
+# executor takes a job's GPUs from the caller's CUDA_VISIBLE_DEVICES). On a 1-GPU node: one
+# lane of $LANE0 then $LANE1. Each phase is two passes through the workflow (snakemake, the
+# site's local executor, scale full, profiler none):
+#   1. `--config repeats=$REPEATS` (multi: $MULTI_REPEATS) into $WORK/<lane>-ref; the runs
+#      that ended ok with that many samples (tag `repeats` and samples.jsonl, read back:
+#      benchmarks/references_gpu.py measured) go on to
+#   2. a fresh set of runs of them, `repeats=1` (what `hopperlab check` runs on a new node),
+#      into $WORK/<lane>-fresh.
+# Each run is its own snakemake call (the run's metrics.json as the target), in the listed order:
+# the lists are priorities, and the deadline leaves the last ones unstarted.
+# Then `hopperlab references update` over every -ref folder into a copy of configs/references
+# ($WORK/references), and `hopperlab check` of every -fresh folder against that copy.
+# Time: $REF_SHARE % of a phase for the references pass, the rest for the fresh runs (`timeout`
+# stops a run at its pass's deadline; a later run is not started): what did not finish makes no
+# reference and says so; everything ends by $BUDGET_S seconds after the start. Six files come back in OUT:
+#   script.log       the timeline, the node, each pass's exit, why a run made no reference
+#   check.txt        each fresh folder's `hopperlab check` (verdicts, exit code) and the
+#                    references written (value, spread, n, min_effect per run and metric)
+#   references.diff  `diff -u configs/references $WORK/references` (what to commit)
+#   references.tgz   the updated reference files
+#   energy.txt       benchmarks/energy_table.py of every fresh and -ref folder (2-GPU rows: the
+#                    "N GPUs summed" label, counter vs trace)
+#   runs.tgz         every run's small files (records, samples, steps; no profiles), the
+#                    snakemake logs, the JUnit files
+# FAMILIES: the config's families (e.g. with selftest). Rehearsal on a CPU machine:
+#   SITE=local SCALE=smoke NGPU=2 SUBS= FAMILIES=selftest,membench,inference LANE0=... LANE1=...
+#   MULTI=inference/tp-long-context/prompt-3k-c8 (2 processes over gloo)
+# (tests/platform/test_references_gpu_script.py).
+set -uo pipefail
+OUT=${1:?OUT}
+T0=$SECONDS
+WHEELS=${WHEELS:-.whl-wf}
+SITE=${SITE:-gpu-node}; SCALE=${SCALE:-full}
+SUBS=${SUBS-dolly-15k:dolly-synthetic,llama-2-tokenizer:tiny-tokenizer}
+REPEATS=${REPEATS:-5}; MULTI_REPEATS=${MULTI_REPEATS:-3}
+BUDGET_S=${BUDGET_S:-500}     # the script's end (the call's limit: 540 s)
+MULTI_S=${MULTI_S:-330}       # the multi-GPU phase's share of it (2+ GPUs)
+REF_SHARE=${REF_SHARE:-60}    # % of a lane's time for the repeats pass
+MULTI_REF_SHARE=${MULTI_REF_SHARE:-68}  # the same for the multi-GPU phase (reruns of the 13B)
+TAIL_S=${TAIL_S:-30}          # kept for references update, check and the tarballs
+MULTI=${MULTI-finetune/full-llama2-13b-sharded/fsdp2,inference/tp-long-context/prompt-3k-c8-2gpu}
+LANE0=${LANE0-membench/copy/h2d-pinned,membench/copy/d2h-pinned,membench/copy/bidir-pinned,membench/copy/h2d-pageable,finetune/lora-llama2-7b/baseline,finetune/lora-llama2-7b/fp8}
+LANE1=${LANE1-recommender/latency/gpu,recommender/latency/cpu-only,finetune/lora-llama2-7b/recompute-elementwise,inference/weight-streaming/resident,finetune/full-1b/bf16-compile}
+W=${WORK:-/tmp/refs}
+rm -rf "$W"; mkdir -p "$OUT" "$W"
+LOG=$W/script.log
+say() { echo "[references $((SECONDS - T0))s] $*" | tee -a "$LOG"; }
+
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD/src
+else
+  export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
+{ date -u; git log -1 --format='commit %h %s' 2>/dev/null; lscpu | grep -E 'Model name|^CPU\(s\)'
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version,power.limit \
+    --format=csv,noheader 2>&1; } >>"$LOG"
+say "GPUs $NGPU; site $SITE, scale $SCALE; repeats $REPEATS (multi $MULTI_REPEATS); budget ${BUDGET_S}s"
+cp -r configs/references "$W/references"
+
+SERVER=
+if [ "$SITE" = gpu-node ]; then  # the site's tracking server (uploads go to it as runs settle)
+  mkdir -p "$W/mlflow"
+  python3 -m mlflow server --backend-store-uri "sqlite:///$W/mlflow/mlflow.db" \
+    --default-artifact-root "$W/mlflow/artifacts" --host 127.0.0.1 --port 5000 \
+    >"$W/mlflow-server.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 90); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:5000/health', timeout=2)" \
+      2>/dev/null && break; sleep 1
+  done
+  say "mlflow server up"
+fi
+
+# one run through the workflow: FOLDER CUDA_VISIBLE_DEVICES GPUS RUN REPEATS UNTIL_S (its own
+# snakemake, the run's metrics.json as the target: runs start in the listed order, and the
+# deadline leaves the later ones unstarted instead of cutting a pass anywhere)
+pass() {
+  local name=$1 cvd=$2 gpus=$3 run=$4 repeats=$5 until=$6
+  local left=$((until - (SECONDS - T0)))
+  if [ "$left" -lt 15 ]; then
+    say "$name $run: not started (${left}s left)"; return 1
+  fi
+  say "$name $run: start (GPUs $cvd, repeats $repeats, ${left}s left)"
+  local t=$SECONDS
+  CUDA_VISIBLE_DEVICES=$cvd timeout "$left" python3 -m snakemake --cores all \
+    --resources "gpus=$gpus" --scheduler greedy --nolock \
+    --config "site=$SITE" "scale=$SCALE" profiler=none "results_dir=$W/$name" "only=$run" \
+    "repeats=$repeats" ${SUBS:+"asset_substitutes=$SUBS"} ${FAMILIES:+"families=$FAMILIES"} \
+    -- "$W/$name/$run/metrics.json" >>"$W/$name.snakemake.log" 2>&1
+  local rc=$?
+  say "$name $run: snakemake exit $rc after $((SECONDS - t))s$([ $rc = 124 ] && echo ' (stopped at its deadline)')"
+}
+
+# a phase: the references pass, then the fresh pass of what it measured.
+# NAME CUDA_VISIBLE_DEVICES GPUS RUNS REPEATS REF_UNTIL FRESH_UNTIL
+phase() {
+  local name=$1 cvd=$2 gpus=$3 runs=$4 repeats=$5 ref_until=$6 fresh_until=$7 run good
+  for run in ${runs//,/ }; do
+    pass "$name-ref" "$cvd" "$gpus" "$run" "$repeats" "$ref_until" || break
+  done
+  good=$(python3 benchmarks/references_gpu.py measured "$W/$name-ref" --repeats "$repeats" \
+    2>>"$LOG")
+  say "$name: measured with $repeats repeats: ${good:-none}"
+  for run in ${good//,/ }; do
+    pass "$name-fresh" "$cvd" "$gpus" "$run" 1 "$fresh_until" || break
+  done
+}
+
+now() { echo $((SECONDS - T0)); }
+END=$((BUDGET_S - TAIL_S))
+if [ "$NGPU" -ge 2 ] && [ -n "$MULTI" ]; then
+  M_END=$(( $(now) + MULTI_S )); [ "$M_END" -gt "$END" ] && M_END=$END
+  phase multi 0,1 2 "$MULTI" "$MULTI_REPEATS" \
+    $(( $(now) + (M_END - $(now)) * MULTI_REF_SHARE / 100 )) "$M_END"
+fi
+REF_END=$(( $(now) + (END - $(now)) * REF_SHARE / 100 ))
+if [ "$NGPU" -ge 2 ]; then
+  phase gpu0 0 1 "$LANE0" "$REPEATS" "$REF_END" "$END" &
+  L0=$!
+  sleep 3   # the first lane's snakemake takes the asset locks first
+  phase gpu1 1 1 "$LANE1" "$REPEATS" "$REF_END" "$END" &
+  L1=$!
+  wait $L0; wait $L1
+else
+  phase gpu0 0 1 "$(echo "$LANE0,$LANE1" | sed 's/^,//; s/,$//')" "$REPEATS" "$REF_END" "$END"
+fi
+
+# references from every -ref folder into the copy, then every fresh folder checked against it
+for ref in "$W"/*-ref; do
+  [ -d "$ref" ] || continue
+  python3 -m hopperlab.cli references update "$ref" --references "$W/references" \
+    --config "site=$SITE" "scale=$SCALE" ${FAMILIES:+"families=$FAMILIES"} >>"$LOG" 2>&1
+  say "references update $(basename "$ref"): exit $?"
+done
+{
+  for fresh in "$W"/*-fresh; do
+    [ -d "$fresh" ] || continue
+    echo "== hopperlab check $(basename "$fresh") --references <the updated copy>"
+    python3 -m hopperlab.cli check "$fresh" --references "$W/references" \
+      --config "site=$SITE" "scale=$SCALE" ${FAMILIES:+"families=$FAMILIES"} --junit "$W/$(basename "$fresh").junit.xml" 2>&1
+    echo "exit $?"
+  done
+  echo "== references written from repeats (machine, run, metric: value, spread, n, min_effect)"
+  python3 benchmarks/references_gpu.py coverage --references "$W/references" --ref "$W"/*-ref
+} >"$OUT/check.txt" 2>&1
+say "checked: $(grep -c '^exit 0' "$OUT/check.txt") of $(grep -c '^exit' "$OUT/check.txt") fresh folders exit 0"
+diff -ru configs/references "$W/references" >"$OUT/references.diff"
+tar -czf "$OUT/references.tgz" -C "$W" references
+for dir in "$W"/*-ref "$W"/*-fresh; do
+  [ -d "$dir" ] || continue
+  echo "== $(basename "$dir")"; python3 benchmarks/energy_table.py "$dir" 2>&1
+done >"$OUT/energy.txt"
+[ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null
+tar -czf "$OUT/runs.tgz" -C "$W" --exclude='artifacts' --exclude='attempts' --exclude='submitit' \
+  --exclude='mlflow*' --exclude='*.pt' --exclude='references' . 2>/dev/null
+say "done"
+cp "$LOG" "$OUT/script.log"
+grep -E "^exit|REGRESSION|regression" "$OUT/check.txt" | head -20
+ls "$OUT"

@@ -1,0 +1,80 @@
+"""benchmarks/references_gpu.sh, the one GPU call that writes references from repeats and checks
+a fresh set of runs against them, rehearsed on the CPU with selftest stand-ins (a 2-rank run as
+the multi-GPU row), and its bookkeeping (benchmarks/references_gpu.py) on made-up records."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hopperlab.core.rundir import write_json_atomic
+from tests.helpers import REPO, copy_project
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+
+def _run(results: Path, key: str, status: str = "ok", repeats: int = 1, samples: int = 0):
+    run = results / key
+    tags = {"repeats": str(repeats)} if repeats > 1 else {}
+    family, experiment, variant = key.split("/")
+    rec = {"key": key, "family": family, "experiment": experiment, "variant": variant,
+           "status": status, "reason": None if status == "ok" else "it broke",
+           "metrics": {"value": 1.0}, "tags": tags}
+    write_json_atomic(run / "record.json", rec)
+    write_json_atomic(run / "metrics.json", rec)
+    (run / "samples.jsonl").write_text("".join(
+        json.dumps({"repeat": i, "metrics": {"value": 1.0}}) + "\n" for i in range(samples)))
+
+
+def test_only_runs_that_measured_the_repeats_asked_for_go_on(tmp_path):
+    import references_gpu
+
+    _run(tmp_path, "selftest/a/ok", repeats=3, samples=3)
+    _run(tmp_path, "selftest/b/once")                         # repeats never reached the job
+    _run(tmp_path, "selftest/c/short", repeats=3, samples=2)  # a window lost
+    _run(tmp_path, "selftest/d/failed", status="failed", repeats=3, samples=3)
+    good, why = references_gpu.measured(tmp_path, 3)
+    assert good == ["selftest/a/ok"]
+    text = "\n".join(why)
+    assert "selftest/b/once: repeats did not reach the job (tag repeats=1, 0 samples" in text
+    assert "selftest/c/short: repeats did not reach the job (tag repeats=3, 2 samples" in text
+    assert "selftest/d/failed: failed (it broke)" in text
+    assert references_gpu.measured(tmp_path, 1)[0] == sorted(
+        ["selftest/a/ok", "selftest/b/once", "selftest/c/short"])
+
+
+@pytest.mark.integration
+def test_the_script_writes_references_from_repeats_and_checks_fresh_runs(tmp_path):
+    project = copy_project(tmp_path / "project")
+    shutil.copytree(REPO / "benchmarks", project / "benchmarks")
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SITE": "local", "SCALE": "smoke",
+           "NGPU": "2", "SUBS": "", "FAMILIES": "selftest", "WORK": str(work), "REPEATS": "3",
+           "MULTI_REPEATS": "3", "BUDGET_S": "500", "MULTI_S": "200", "TAIL_S": "80",
+           "WHEELS": "/nonexistent", "LANE0": "selftest/noise/noisy",
+           "LANE1": "selftest/trivial/ok", "MULTI": "selftest/distributed/ok"}
+    done = subprocess.run(["bash", "benchmarks/references_gpu.sh", str(out)], cwd=project,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["script.log", "check.txt", "references.diff", "references.tgz", "energy.txt",
+         "runs.tgz"])
+    log = (out / "script.log").read_text()
+    for lane, key in (("multi", "selftest/distributed/ok"), ("gpu0", "selftest/noise/noisy"),
+                      ("gpu1", "selftest/trivial/ok")):
+        assert f"{lane}: measured with 3 repeats: {key}" in log, log
+    check = (out / "check.txt").read_text()
+    assert check.count("\nexit 0") == 3, check          # every fresh folder passes its check
+    assert "no-reference" not in check, check
+    for key in ("selftest/distributed/ok", "selftest/noise/noisy", "selftest/trivial/ok"):
+        assert any(line.split()[1] == key and " n 3 " in line
+                   for line in check.splitlines() if line.startswith("cpu-")), check
+    # the shipped files are untouched: the references went into the copy
+    assert "Only in" in (out / "references.diff").read_text()
+    assert not (project / "configs/references/cpu-x86_64.yaml").exists()
