@@ -18,6 +18,7 @@ onstart:
     from hopperlab.core.errors import HopperlabError
     from hopperlab.cli.workflow import (export_forced_runs, hold_results, jobs_to_run,
                                         preflight_or_exit)
+    from hopperlab.core.bytecode import compile_package
 
     # one preflight for the whole workflow: scheduler and partition, nsys, the Hub; a problem
     # is one line and exit status 2, before any job (a refused job's output would be deleted)
@@ -27,6 +28,8 @@ onstart:
     except HopperlabError as exc:
         raise WorkflowError(f"hopperlab: {exc}") from None
     export_forced_runs(MATRIX, workflow.dag_settings)
+    # hopperlab's bytecode once, not in each of every run's three processes (core/bytecode.py)
+    compile_package()
 
 
 # A rerun of one target, or a run that failed under --keep-going, still refreshes the report.
