@@ -33,7 +33,7 @@ from typing import Any
 from hopperlab.node import oom_kills
 from hopperlab.node.threads import LAUNCHER_ENV, THREAD_ENV
 from hopperlab.run import runner
-from hopperlab.run.warm_client import FORKED_ENV, SOCKET_ENV, recv_msg, send_msg
+from hopperlab.run.warm_client import FORKED_ENV, recv_msg, send_msg
 
 #: variables read while torch, transformers and Python start: a job whose environment differs
 #: in one of them is started cold (the pool sizes are set by the runner, not at import)
