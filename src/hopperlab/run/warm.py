@@ -39,9 +39,6 @@ from hopperlab.run.warm_client import FORKED_ENV, recv_msg, send_msg
 #: in one of them is started cold (the pool sizes are set by the runner, not at import)
 IMPORT_ENV_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "HF_", "HUGGINGFACE", "TRANSFORMERS",
                        "CUDA_", "NCCL", "MKL", "KMP", "OMP", "LD_", "TRITON", "XDG_", "MPL")
-#: the starter's own name for what it imports (hopperlab.run.runner is imported above)
-PRELOADED = ("torch", "transformers", "transformers.modeling_utils",
-             "transformers.models.llama.modeling_llama", "peft", "submitit")
 #: the job's command line a child can run: ``-u -m <module> args...`` (submitit's)
 RUNNABLE = ("-u", "-m")
 
@@ -53,14 +50,22 @@ def import_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def preload() -> None:
-    """Import what the jobs import (the runner is already in)."""
-    import peft  # noqa: F401
+    """Import what the jobs import (the runner is already in). A package missing here is
+    left to the jobs that need it (they import it, or say it is missing, as without a
+    starter)."""
     import submitit  # noqa: F401
     import torch  # noqa: F401
-    import transformers  # noqa: F401
-    from transformers import modeling_utils  # noqa: F401
-    from transformers.models.llama import modeling_llama  # noqa: F401
 
+    try:
+        import transformers  # noqa: F401
+        from transformers import modeling_utils  # noqa: F401
+        from transformers.models.llama import modeling_llama  # noqa: F401
+    except ImportError as exc:
+        print(f"hopperlab: warm start: not preloaded: {exc}", file=sys.stderr)
+    try:
+        import peft  # noqa: F401
+    except ImportError as exc:
+        print(f"hopperlab: warm start: not preloaded: {exc}", file=sys.stderr)
     assert runner.execute  # the job's function, unpickled by name in the child
 
 
