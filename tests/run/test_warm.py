@@ -184,3 +184,35 @@ def test_a_job_the_starter_refuses_runs_cold(starter):
     said = _said(folder, "exit3")
     assert said["forked"] is None and said["torch"] is False
     assert "PYTHONFAULTHANDLER" in (folder / "starter.log").read_text()
+
+
+def test_the_workflow_starts_a_starter_only_for_local_jobs_without_gpus(monkeypatch, tmp_path):
+    from hopperlab.cli import workflow as wf
+
+    said = []
+
+    class Recorded:  # the starter's process is the integration tests' (below)
+        def __init__(self, log):
+            self.socket = str(tmp_path / "starter.sock")
+            said.append(("started", log.name))
+
+        def stop(self):
+            said.append(("stopped", None))
+
+    monkeypatch.setattr(wf, "Starter", Recorded)
+    monkeypatch.delenv(SOCKET_ENV, raising=False)
+    monkeypatch.delenv(wf.WARM_START_ENV, raising=False)
+    smoke = load_matrix(REPO, {"scale": "smoke", "only": "membench/copy"})
+    full = load_matrix(REPO, {"scale": "full", "only": "membench/copy"})
+    assert not wf.start_warm_starter(full, list(full.runs))  # every job holds a GPU
+    assert not wf.start_warm_starter(smoke, [])               # nothing to run
+    monkeypatch.setenv(wf.WARM_START_ENV, "0")
+    assert not wf.start_warm_starter(smoke, list(smoke.runs))
+    monkeypatch.delenv(wf.WARM_START_ENV)
+    assert said == []
+    assert wf.start_warm_starter(smoke, list(smoke.runs))
+    assert os.environ[SOCKET_ENV] == str(tmp_path / "starter.sock")
+    assert not wf.start_warm_starter(smoke, list(smoke.runs))  # one per workflow
+    wf.stop_warm_starter()
+    assert SOCKET_ENV not in os.environ
+    assert said == [("started", wf.WARM_LOG), ("stopped", None)]
