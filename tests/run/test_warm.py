@@ -216,3 +216,33 @@ def test_the_workflow_starts_a_starter_only_for_local_jobs_without_gpus(monkeypa
     wf.stop_warm_starter()
     assert SOCKET_ENV not in os.environ
     assert said == [("started", wf.WARM_LOG), ("stopped", None)]
+
+
+@pytest.mark.integration
+def test_a_starter_whose_workflow_was_killed_goes_too(tmp_path):
+    """SIGKILL to the workflow runs no atexit: the starter must not stay behind (it holds
+    torch and transformers in memory, in a session of its own)."""
+    script = ("import sys, time; from pathlib import Path; from hopperlab.run import warm; "
+              f"s = warm.Starter(Path({str(tmp_path)!r}) / 'starter.log'); "
+              "print(s.process.pid, s.socket, flush=True); time.sleep(600)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    workflow = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                                text=True)
+    pid, sock = workflow.stdout.readline().split()
+    deadline = time.monotonic() + 120
+    while not Path(sock).exists():
+        assert time.monotonic() < deadline, (tmp_path / "starter.log").read_text()
+        time.sleep(0.2)
+    workflow.kill()
+    workflow.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split(")")[-1].split()[0] == "Z":
+                break  # ended; its parent (init here) reaps it
+        time.sleep(0.1)
+    state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] if Path(
+        f"/proc/{pid}").exists() else "gone"
+    assert state in ("gone", "Z"), state
+    assert not Path(sock).exists()

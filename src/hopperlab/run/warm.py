@@ -15,6 +15,7 @@ nothing (OpenMP's pool and CUDA never start here); jobs with GPUs, a container o
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import os
 import runpy
@@ -182,14 +183,17 @@ def serve(path: str) -> None:
     listener.bind(path)
     listener.listen(64)
     waiting: dict[int, socket.socket] = {}
+    workflow = os.getppid()
     try:
-        while True:
+        while os.getppid() == workflow:  # a workflow killed outright leaves no starter behind
             ready, _, _ = select.select([listener], [], [], 0.05)
             if ready:
                 _take(listener, waiting, own_env)
             _reap(waiting)
     finally:
         listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _take(listener: socket.socket, waiting: dict[int, socket.socket],
