@@ -219,7 +219,8 @@ def test_the_workflow_starts_a_starter_only_for_local_jobs_without_gpus(monkeypa
 
 
 @pytest.mark.integration
-def test_a_starter_whose_workflow_was_killed_goes_too(tmp_path):
+@pytest.mark.parametrize("early", [False, True], ids=["listening", "importing"])
+def test_a_starter_whose_workflow_was_killed_goes_too(tmp_path, early):
     """SIGKILL to the workflow runs no atexit: the starter must not stay behind (it holds
     torch and transformers in memory, in a session of its own)."""
     script = ("import sys, time; from pathlib import Path; from hopperlab.run import warm; "
@@ -230,13 +231,14 @@ def test_a_starter_whose_workflow_was_killed_goes_too(tmp_path):
     workflow = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                                 text=True)
     pid, sock = workflow.stdout.readline().split()
-    deadline = time.monotonic() + 120
-    while not Path(sock).exists():
-        assert time.monotonic() < deadline, (tmp_path / "starter.log").read_text()
-        time.sleep(0.2)
-    workflow.kill()
+    if not early:
+        deadline = time.monotonic() + 120
+        while not Path(sock).exists():
+            assert time.monotonic() < deadline, (tmp_path / "starter.log").read_text()
+            time.sleep(0.2)
+    workflow.kill()  # early: while the starter still imports
     workflow.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # (an importing starter ends once its imports are done)
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         with open(f"/proc/{pid}/stat") as f:
             if f.read().split(")")[-1].split()[0] == "Z":

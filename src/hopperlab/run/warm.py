@@ -169,8 +169,9 @@ def _finish() -> None:
             pass
 
 
-def serve(path: str) -> None:
-    """Preload, listen on ``path`` and fork each job asked for until SIGTERM."""
+def serve(path: str, workflow: int) -> None:
+    """Preload, listen on ``path`` and fork each job asked for until SIGTERM, or until the
+    process ``workflow`` that started it has gone (killed outright: no atexit ran)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the workflow stops it, not Ctrl-C
 
     def stop(_signum: int, _frame: Any) -> None:
@@ -183,7 +184,6 @@ def serve(path: str) -> None:
     listener.bind(path)
     listener.listen(64)
     waiting: dict[int, socket.socket] = {}
-    workflow = os.getppid()
     try:
         while os.getppid() == workflow:  # a workflow killed outright leaves no starter behind
             ready, _, _ = select.select([listener], [], [], 0.05)
@@ -257,7 +257,8 @@ class Starter:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
         with open(log, "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "hopperlab.run.warm", self.socket], env=env,
+                [sys.executable, "-m", "hopperlab.run.warm", self.socket, str(os.getpid())],
+                env=env,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
 
     def stop(self) -> None:
@@ -273,4 +274,4 @@ class Starter:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]))
