@@ -9,11 +9,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from hopperlab.node import oom_kills
+from hopperlab.run import warm
+from hopperlab.run.warm_client import SOCKET_ENV
 from tests.helpers import copy_project
 
 pytestmark = pytest.mark.timeout(300)
@@ -46,9 +50,27 @@ def capped_cgroup():
             pass
 
 
+@pytest.fixture
+def starter(tmp_path, monkeypatch):
+    """A warm starter (run/warm.py) outside the capped cgroup, listening."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    started = warm.Starter(tmp_path / "starter.log")
+    try:
+        deadline = time.monotonic() + 120
+        while not Path(started.socket).exists():
+            assert started.process.poll() is None, (tmp_path / "starter.log").read_text()
+            assert time.monotonic() < deadline, "the starter never listened"
+            time.sleep(0.2)
+        yield started
+    finally:
+        started.stop()
+
+
 @pytest.mark.integration
+@pytest.mark.parametrize("warm_start", [False, True], ids=["fresh-python", "warm-starter"])
 def test_a_job_the_kernel_killed_for_memory_is_oom_with_the_kernels_word(tmp_path,
-                                                                          capped_cgroup):
+                                                                          capped_cgroup,
+                                                                          warm_start, request):
     project = copy_project(tmp_path / "project")
     yaml = project / "experiments/selftest.yaml"
     text = yaml.read_text()
@@ -56,6 +78,9 @@ def test_a_job_the_kernel_killed_for_memory_is_oom_with_the_kernels_word(tmp_pat
     assert anchor in text
     yaml.write_text(text.replace(anchor, anchor + VARIANT))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop(SOCKET_ENV, None)
+    if warm_start:  # the job forked by a starter outside the cap: it joins the cap's cgroup
+        env[SOCKET_ENV] = request.getfixturevalue("starter").socket
     script = (f'echo $$ > {capped_cgroup / "cgroup.procs"} && exec "$0" -m hopperlab.cli submit '
               "selftest/faults/exhausts-memory --no-upload --config families=selftest")
     out = subprocess.run(["sh", "-c", script, sys.executable], cwd=project, env=env,
@@ -69,6 +94,8 @@ def test_a_job_the_kernel_killed_for_memory_is_oom_with_the_kernels_word(tmp_pat
     assert "oom_kill" in reason and str(capped_cgroup.name) in reason, reason
     assert "warn" not in reason, reason
     assert out.returncode == 0, out.stderr[-3000:]   # oom is a result, as a MemoryError is
+    hardware = json.loads((rec_file.parent / "hardware.json").read_text())
+    assert ("warm_start" in hardware) == warm_start, hardware
 
 
 def test_the_counters_say_nothing_when_nothing_rose(tmp_path):

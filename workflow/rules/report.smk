@@ -17,16 +17,23 @@ rule report:
 onstart:
     from hopperlab.core.errors import HopperlabError
     from hopperlab.cli.workflow import (export_forced_runs, hold_results, jobs_to_run,
-                                        preflight_or_exit)
+                                        preflight_or_exit, start_warm_starter)
+    from hopperlab.core.bytecode import compile_package
 
     # one preflight for the whole workflow: scheduler and partition, nsys, the Hub; a problem
     # is one line and exit status 2, before any job (a refused job's output would be deleted)
-    preflight_or_exit(MATRIX, *jobs_to_run(workflow.dag), ASSET_SPECS)
+    RUNS_TO_DO, ASSETS_TO_DO = jobs_to_run(workflow.dag)
+    preflight_or_exit(MATRIX, RUNS_TO_DO, ASSETS_TO_DO, ASSET_SPECS)
     try:
         hold_results(MATRIX)
     except HopperlabError as exc:
         raise WorkflowError(f"hopperlab: {exc}") from None
     export_forced_runs(MATRIX, workflow.dag_settings)
+    # hopperlab's bytecode once, not in each of every run's three processes (core/bytecode.py)
+    compile_package()
+    # the local jobs forked from one process that imported torch and transformers once
+    # (run/warm.py; HOPPERLAB_WARM_START=0: each a fresh python)
+    start_warm_starter(MATRIX, RUNS_TO_DO)
 
 
 # A rerun of one target, or a run that failed under --keep-going, still refreshes the report.

@@ -26,6 +26,8 @@ from hopperlab.node.containers import PYXIS, resolve_site_runtime
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
 from hopperlab.run.submit import FORCED_ENV, disk_full_reason, is_disk_full
+from hopperlab.run.warm import Starter
+from hopperlab.run.warm_client import SOCKET_ENV
 
 def config_args(config: Mapping[str, Any], root: str | Path) -> str:
     """``KEY=VALUE`` words that rebuild the same matrix in the `hopperlab` subprocess.
@@ -214,9 +216,41 @@ def hold_results(matrix: Matrix) -> None:
     atexit.register(locks.release, path)  # also when Snakemake stops on an exception
 
 
+#: ``HOPPERLAB_WARM_START=0``: no warm starter (every local job a fresh python, as before)
+WARM_START_ENV = "HOPPERLAB_WARM_START"
+#: where the warm starter writes what it says (a job it started cold, and why)
+WARM_LOG = "warm-starter.log"
+_STARTERS: list[Starter] = []
+
+
+def start_warm_starter(matrix: Matrix, runs: list[str]) -> bool:
+    """onstart: one warm starter (run/warm.py) for the jobs of this host without GPUs, when the
+    site's jobs are processes here; its socket goes to the jobs through the environment."""
+    backend = matrix.site.backend
+    if (os.environ.get(WARM_START_ENV) == "0" or backend.job_handle != "process"
+            or backend.in_process or _STARTERS):
+        return False
+    if not any(key in matrix.runs and matrix.runs[key].resources.gpus == 0 for key in runs):
+        return False
+    matrix.results_dir.mkdir(parents=True, exist_ok=True)
+    starter = Starter(matrix.results_dir / WARM_LOG)
+    _STARTERS.append(starter)
+    os.environ[SOCKET_ENV] = starter.socket
+    atexit.register(stop_warm_starter)
+    return True
+
+
+def stop_warm_starter() -> None:
+    """End the workflow's warm starter, if any (the workflow's end, or its process's)."""
+    os.environ.pop(SOCKET_ENV, None)
+    while _STARTERS:
+        _STARTERS.pop().stop()
+
+
 def finish_workflow(matrix: Matrix) -> None:
     """onsuccess/onerror: upload the runs (a site with ``tracking.upload: at-end``), refresh the
     report if a run is newer, then give the folder back."""
+    stop_warm_starter()
     try:
         keep_finished_outputs(matrix)
         refresh_report_if_stale(matrix)

@@ -94,6 +94,23 @@ def kernel_oom_kill(before: OomCounts, after: OomCounts) -> str | None:
     return "; ".join(said) or None
 
 
+#: a file in a job's submitit folder naming the process a local job's task stands for (a task
+#: forked by the workflow's warm starter, run/warm.py, is not the controller's child)
+STAND_IN_GLOB = "warm-*.pid"
+STAND_IN_FILE = "warm-{client}.pid"
+
+
+def stand_ins(folder: Path) -> set[int]:
+    """The pids the tasks in submitit ``folder`` stand for (``STAND_IN_FILE``)."""
+    found: set[int] = set()
+    for path in Path(folder).glob(STAND_IN_GLOB):
+        try:
+            found.add(int(path.read_text().split()[0]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
 def children(pid: int) -> set[int]:
     """The pids of ``pid``'s children now (empty once it has gone)."""
     found: set[int] = set()

@@ -38,6 +38,7 @@ from hopperlab.profiling import profiler_prefix
 from hopperlab.profiling.command import site_settings
 from hopperlab.profiling.finish import finish_profile
 from hopperlab.run import distributed, jobenv, ranks, scheduler
+from hopperlab.run.warm_client import SOCKET_ENV
 
 #: what hopperlab says of a job it stopped at its time limit itself
 TIMEOUT = "TIMEOUT"
@@ -153,7 +154,19 @@ def job_python(spec: RunSpec, run_dir: Path) -> str:
     profiled = (run_dir / ranks.RANKS_DIR / distributed.RANK_PLACEHOLDER
                 if spec.resources.distributed else run_dir)
     parts = container_prefix(spec, run_dir) + profiler_prefix(spec, profiled, python) + [python]
+    starter = warm_socket(spec)
+    if parts == [sys.executable] and starter:  # forked by the workflow's warm starter
+        parts += ["-m", "hopperlab.run.warm_client", starter]
     return shlex.join(parts)
+
+
+def warm_socket(spec: RunSpec) -> str | None:
+    """The workflow's warm starter (run/warm.py) for a job of this host without GPUs, if one
+    runs; None: the job starts as a fresh python."""
+    backend = spec.site.backend
+    if spec.resources.gpus or backend.job_handle != "process" or backend.in_process:
+        return None
+    return os.environ.get(SOCKET_ENV) or None
 
 
 def job_request(spec: RunSpec, run_dir: Path) -> JobRequest:

@@ -80,8 +80,11 @@ class LocalLauncher(Launcher):
         whose pid is the job id): the kernel names the one it kills by its pid."""
         pids = self._task_pids.setdefault(str(job.job_id), set())
 
-        def note() -> None:
+        folder = Path(job.paths.stdout).parent
+
+        def note() -> None:  # and the tasks a warm starter forked for them (run/warm.py)
             pids.update(oom_kills.children(int(job.job_id)))
+            pids.update(oom_kills.stand_ins(folder))
 
         note()
         return note
@@ -90,6 +93,7 @@ class LocalLauncher(Launcher):
         """The kernel log's "Killed process <pid>" line for a task of the job (SIGKILL by the
         out-of-memory killer), with the rise of its ``oom_kill`` counters."""
         pids = self._task_pids.pop(str(job.job_id), set())
+        pids |= oom_kills.stand_ins(Path(job.paths.stdout).parent)
         lines = oom_kills.kernel_kill_lines(pids)
         if not lines:
             return None
