@@ -56,7 +56,9 @@ def test_a_message_carries_its_descriptors(tmp_path):
     assert recv_msg(b) is None
 
 
-def test_the_starter_refuses_what_it_cannot_start_as_it_would_start():
+def test_the_starter_refuses_what_it_cannot_start_as_it_would_start(monkeypatch):
+    # the starter itself runs no Python thread; pytest's process may (earlier tests' leftovers)
+    monkeypatch.setattr(warm.threading, "active_count", lambda: 1)
     own = {"PYTHONPATH": "/src", "HF_HOME": "/hf"}
     ok = {"argv": ["-u", "-m", "submitit.core._submit", "/f"],
           "env": {"PYTHONPATH": "/src", "HF_HOME": "/hf", "OMP_NUM_THREADS": "1", "PATH": "/x"}}
@@ -66,6 +68,8 @@ def test_the_starter_refuses_what_it_cannot_start_as_it_would_start():
     missing = {**ok, "env": {"PYTHONPATH": "/src"}}
     assert "HF_HOME" in warm.refusal(missing, warm.import_env(own))
     assert "does not run" in warm.refusal({**ok, "argv": ["script.py"]}, warm.import_env(own))
+    monkeypatch.setattr(warm.threading, "active_count", lambda: 2)
+    assert "thread" in warm.refusal(ok, warm.import_env(own))
 
 
 def test_only_a_local_job_without_gpus_goes_to_the_starter(monkeypatch, tmp_path):
