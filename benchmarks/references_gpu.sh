@@ -4,11 +4,15 @@
 # from the repository root:
 #   bash benchmarks/references_gpu.sh OUT
 # On a node of 2+ GPUs: first the multi-GPU rows ($MULTI, both GPUs, `--resources gpus=2`,
-# machine 2x<gpu>-...), then two lanes side by side, GPU 0 ($LANE0) and GPU 1 ($LANE1): each
-# 1-GPU job sees one GPU, so its machine is the 1-GPU name (h200-141g-pcie5-x86_64; the local
-# executor takes a job's GPUs from the caller's CUDA_VISIBLE_DEVICES). On a 1-GPU node: one
-# lane of $LANE0 then $LANE1. Each phase is two passes through the workflow (snakemake, the
-# site's local executor, scale full, profiler none):
+# machine 2x<gpu>-...), then the host-bound runs of the lanes alone on GPU 0 (phase `host`: the
+# runs of $LANE0 and $LANE1 that match a pattern of $HOST_BOUND, whose judged figure is a host
+# link or host CPU one; beside the other lane such a figure moves with what that lane does: the
+# 2026-11-28 call's false bidir-pinned regression, docs/benchmarks/noise.md), then two lanes side
+# by side, GPU 0 ($LANE0) and GPU 1 ($LANE1), of the rest: each 1-GPU job sees one GPU, so its
+# machine is the 1-GPU name (h200-141g-pcie5-x86_64; the local executor takes a job's GPUs from
+# the caller's CUDA_VISIBLE_DEVICES). On a 1-GPU node: one lane of $LANE0 then $LANE1 (nothing
+# runs beside it). Each phase is two passes through the workflow (snakemake, the site's local
+# executor, scale full, profiler none):
 #   1. `--config repeats=$REPEATS` (multi: $MULTI_REPEATS) into $WORK/<lane>-ref; the runs
 #      that ended ok with that many samples (tag `repeats` and samples.jsonl, read back:
 #      benchmarks/references_gpu.py measured) go on to
@@ -18,8 +22,9 @@
 # the lists are priorities, and the deadline leaves the last ones unstarted.
 # Then `hopperlab references update` over every -ref folder into a copy of configs/references
 # ($WORK/references), and `hopperlab check` of every -fresh folder against that copy.
-# Time: $REF_SHARE % of a phase for the references pass, the rest for the fresh runs (`timeout`
-# stops a run at its pass's deadline; a later run is not started): what did not finish makes no
+# Time: the host phase gets $HOST_SHARE % of what the multi phase leaves (all of it when the
+# lanes keep no run); $REF_SHARE % of a phase for the references pass, the rest for the fresh
+# runs (`timeout` stops a run at its pass's deadline; a later run is not started): what did not finish makes no
 # reference and says so; everything ends by $BUDGET_S seconds after the start. Six files come back in OUT:
 #   script.log       the timeline, the node, each pass's exit, why a run made no reference
 #   check.txt        each fresh folder's `hopperlab check` (verdicts, exit code) and the
@@ -49,6 +54,10 @@ TAIL_S=${TAIL_S:-30}          # kept for references update, check and the tarbal
 MULTI=${MULTI-finetune/full-llama2-13b-sharded/fsdp2,inference/tp-long-context/prompt-3k-c8-2gpu}
 LANE0=${LANE0-membench/copy/h2d-pinned,membench/copy/d2h-pinned,membench/copy/bidir-pinned,membench/copy/h2d-pageable,finetune/lora-llama2-7b/baseline,finetune/lora-llama2-7b/fp8}
 LANE1=${LANE1-recommender/latency/gpu,recommender/latency/cpu-only,finetune/lora-llama2-7b/recompute-elementwise,inference/weight-streaming/resident,finetune/full-1b/bf16-compile}
+# runs judged on a host link or host CPU figure (shell patterns): alone on the node, never
+# beside a lane
+HOST_BOUND=${HOST_BOUND-membench/copy/*,recommender/*,database/tpch/host-*,inference/kv-cache/offload}
+HOST_SHARE=${HOST_SHARE:-60}  # % of the time after the multi phase for the host-bound phase
 W=${WORK:-/tmp/refs}
 rm -rf "$W"; mkdir -p "$OUT" "$W"
 LOG=$W/script.log
@@ -107,6 +116,7 @@ pass() {
 # NAME CUDA_VISIBLE_DEVICES GPUS RUNS REPEATS REF_UNTIL FRESH_UNTIL
 phase() {
   local name=$1 cvd=$2 gpus=$3 runs=$4 repeats=$5 ref_until=$6 fresh_until=$7 run good
+  [ -n "$runs" ] || return 0
   for run in ${runs//,/ }; do
     pass "$name-ref" "$cvd" "$gpus" "$run" "$repeats" "$ref_until" || break
   done
@@ -118,12 +128,33 @@ phase() {
   done
 }
 
+# the runs of a comma list that match (host) or do not match (lane) a $HOST_BOUND pattern
+IFS=, read -ra HOST_PATS <<<"$HOST_BOUND"
+pick() {
+  local want=$1 run pat hit out=
+  for run in ${2//,/ }; do
+    hit=lane
+    for pat in "${HOST_PATS[@]}"; do case $run in $pat) hit=host; break;; esac; done
+    [ "$hit" = "$want" ] && out=$out,$run
+  done
+  echo "${out#,}"
+}
+
 now() { echo $((SECONDS - T0)); }
 END=$((BUDGET_S - TAIL_S))
 if [ "$NGPU" -ge 2 ] && [ -n "$MULTI" ]; then
   M_END=$(( $(now) + MULTI_S )); [ "$M_END" -gt "$END" ] && M_END=$END
   phase multi 0,1 2 "$MULTI" "$MULTI_REPEATS" \
     $(( $(now) + (M_END - $(now)) * MULTI_REF_SHARE / 100 )) "$M_END"
+fi
+if [ "$NGPU" -ge 2 ]; then
+  HOST=$(pick host "$LANE0,$LANE1"); LANE0=$(pick lane "$LANE0"); LANE1=$(pick lane "$LANE1")
+  say "host-bound, alone on GPU 0 first: ${HOST:-none}; then lanes gpu0: ${LANE0:-none}; gpu1: ${LANE1:-none}"
+  if [ -n "$HOST" ]; then
+    H_END=$END
+    [ -n "$LANE0$LANE1" ] && H_END=$(( $(now) + (END - $(now)) * HOST_SHARE / 100 ))
+    phase host 0 1 "$HOST" "$REPEATS" $(( $(now) + (H_END - $(now)) * REF_SHARE / 100 )) "$H_END"
+  fi
 fi
 REF_END=$(( $(now) + (END - $(now)) * REF_SHARE / 100 ))
 if [ "$NGPU" -ge 2 ]; then

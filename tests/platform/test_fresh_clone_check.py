@@ -17,8 +17,12 @@ FIX = REPO / "tests" / "fixtures" / "machines"
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("results, machine", [("results-h200", "h200-141g-pcie5-x86_64"),
-                                               ("results-h100", "h100-80g-pcie5-x86_64")])
+@pytest.mark.parametrize("results, machine", [
+    ("results-h200", "h200-141g-pcie5-x86_64"), ("results-h100", "h100-80g-pcie5-x86_64"),
+    # the fresh runs (repeats=1) of references_gpu.sh's 2026-11-28 calls, judged by the
+    # references shipped from their repeats: 1-GPU (host CPU [GenuineIntel 6-207-2]) and TP 2
+    ("results-h200-fresh", "h200-141g-pcie5-x86_64"),
+    ("results-2xh200-fresh", "2xh200-141g-pcie5-x86_64")])
 def test_a_fresh_clone_judges_every_run_of_the_lent_kind(tmp_path, results, machine):
     tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "Snakefile", "configs",
                               "experiments", "workflow", "models"], capture_output=True,

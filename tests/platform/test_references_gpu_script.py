@@ -58,7 +58,8 @@ def test_the_script_writes_references_from_repeats_and_checks_fresh_runs(tmp_pat
            "NGPU": "2", "SUBS": "", "FAMILIES": "selftest", "WORK": str(work), "REPEATS": "3",
            "MULTI_REPEATS": "3", "BUDGET_S": "500", "MULTI_S": "200", "TAIL_S": "80",
            "WHEELS": "/nonexistent", "LANE0": "selftest/noise/noisy",
-           "LANE1": "selftest/trivial/ok", "MULTI": "selftest/distributed/ok"}
+           "LANE1": "selftest/trivial/ok", "MULTI": "selftest/distributed/ok",
+           "HOST_BOUND": "selftest/noise/*"}  # the noisy stand-in plays a host-bound copy
     done = subprocess.run(["bash", "benchmarks/references_gpu.sh", str(out)], cwd=project,
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -66,11 +67,21 @@ def test_the_script_writes_references_from_repeats_and_checks_fresh_runs(tmp_pat
         ["script.log", "check.txt", "references.diff", "references.tgz", "energy.txt",
          "runs.tgz"])
     log = (out / "script.log").read_text()
-    for lane, key in (("multi", "selftest/distributed/ok"), ("gpu0", "selftest/noise/noisy"),
+    for lane, key in (("multi", "selftest/distributed/ok"), ("host", "selftest/noise/noisy"),
                       ("gpu1", "selftest/trivial/ok")):
         assert f"{lane}: measured with 3 repeats: {key}" in log, log
+    # a host-bound run runs alone: after the multi-GPU phase, on GPU 0, and both of its passes
+    # end before either lane starts (beside a lane its link or CPU figure moves with the lane)
+    lines = log.splitlines()
+    at = {phase: [i for i, line in enumerate(lines) if f"] {phase}-" in line]
+          for phase in ("multi", "host", "gpu0", "gpu1")}
+    assert at["host"] and not at["gpu0"], log        # LANE0's only run moved to the host phase
+    assert max(at["multi"]) < min(at["host"]) and max(at["host"]) < min(at["gpu1"]), log
+    assert "host-ref selftest/noise/noisy: start (GPUs 0," in log, log
+    assert "host-fresh selftest/noise/noisy: start (GPUs 0," in log, log
     check = (out / "check.txt").read_text()
     assert check.count("\nexit 0") == 3, check          # every fresh folder passes its check
+    assert "check host-fresh" in check, check
     assert "no-reference" not in check, check
     for key in ("selftest/distributed/ok", "selftest/noise/noisy", "selftest/trivial/ok"):
         assert any(line.split()[1] == key and " n 3 " in line
