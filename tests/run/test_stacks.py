@@ -17,6 +17,19 @@ def waiting_for_a_peer():
 waiting_for_a_peer()
 """
 
+INTERRUPTED = """
+import os, signal, time
+from hopperlab.run.stacks import dump_on_term
+assert dump_on_term()
+def waiting_for_a_peer():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+try:
+    waiting_for_a_peer()
+except KeyboardInterrupt:
+    raise SystemExit(7)
+"""
+
 
 def test_a_process_stopped_by_sigterm_says_where_it_was_and_still_ends():
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -33,3 +46,11 @@ def test_without_it_sigterm_leaves_no_stack():
                           text=True, timeout=60)
     assert done.returncode == -signal.SIGTERM
     assert "waiting_for_a_peer" not in done.stderr
+
+
+def test_an_interrupted_process_says_where_it_was_and_still_gets_its_keyboardinterrupt():
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 7  # Python's own SIGINT handler ran after the dump
+    assert "waiting_for_a_peer" in done.stderr
