@@ -24,24 +24,13 @@ import sys
 import time
 from typing import Any, Callable
 
+from hopperlab.cuda import device_rates
 from hopperlab.workloads.finetune import SHAPES, step_floor
 
 
 def _timer(device: Any) -> Callable[[Callable[[], None], int], float]:
-    """Median seconds of ``fn`` over ``n`` runs: CUDA events on a GPU, perf_counter on a CPU."""
-    import torch
-
-    def cuda(fn: Callable[[], None], n: int) -> float:
-        times = []
-        for _ in range(n):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return statistics.median(times)
-
+    """Median seconds of ``fn`` over ``n`` runs: CUDA events on a GPU (``device_rates``, one
+    untimed run first), perf_counter on a CPU."""
     def cpu(fn: Callable[[], None], n: int) -> float:
         times = []
         for _ in range(n):
@@ -50,7 +39,7 @@ def _timer(device: Any) -> Callable[[Callable[[], None], int], float]:
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
-    return cuda if device.type == "cuda" else cpu
+    return device_rates.median_event_s if device.type == "cuda" else cpu
 
 
 def _layer_step(block: Any, x: Any, cos: Any, sin: Any, grad: Any) -> Callable[[], None]:

@@ -19,7 +19,9 @@ from typing import Any
 from hopperlab.core.stats import GB, MIB
 
 
-def _median_s(fn: Any, samples: int) -> float:
+def median_event_s(fn: Any, samples: int) -> float:
+    """Median seconds of ``fn`` on the current CUDA stream over ``samples`` runs after one
+    untimed run, timed by CUDA events (the GPU's time, not the launching thread's)."""
     import torch
 
     fn()
@@ -40,7 +42,7 @@ def hbm_gbps(device: Any, nbytes: int = 1024 * MIB, samples: int = 5) -> float:
 
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    seconds = _median_s(lambda: dst.copy_(src), samples)
+    seconds = median_event_s(lambda: dst.copy_(src), samples)
     return 2 * nbytes / seconds / GB  # both buffers are freed on return
 
 
@@ -59,5 +61,5 @@ def matmul_tflops(device: Any, n: int = 8192, dtype: Any = None, samples: int = 
         for _ in range(repeat):
             torch.matmul(a, b, out=out)
 
-    seconds = _median_s(products, samples)
+    seconds = median_event_s(products, samples)
     return 2 * n ** 3 * repeat / seconds / 1e12

@@ -19,7 +19,7 @@ from hopperlab.backends.base import JobEnvironment
 from hopperlab.config.spec import Resources
 from hopperlab.core.errors import NodeError
 from hopperlab.core.rundir import read_json, write_json_atomic
-from hopperlab.run import ranks
+from hopperlab.run import ranks, stacks
 
 #: where a per-rank path names its rank before the task knows it (profiler prefixes)
 RANK_PLACEHOLDER = "{rank}"
@@ -78,6 +78,7 @@ def execute_rank(spec_path: str, task: JobEnvironment, run_one: Callable[..., di
                         f"({task.launcher}), the spec asks for {res.world_size}")
     here = rank_dir(run_dir, task.rank)
     here.mkdir(parents=True, exist_ok=True)
+    stacks.dump_on_term()  # a rank stopped while it hangs says where (its stderr, logs/)
     write_json_atomic(here / ranks.TASK_FILE,
                       {**task.task_record(), "host": socket.gethostname()})
     backend = init_process_group(task, res.gpus, res.collective_timeout_s)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -35,6 +36,9 @@ from hopperlab.results.rows import RunRow, collect_runs
 
 #: samples a reference needs: fewer give a spread that is mostly luck
 MIN_SAMPLES = 3
+#: the one comment line this tool writes (and replaces at its next update); a person's own
+#: lines, an "Updated ..." paragraph of theirs included, are kept as they are
+TOOL_LINE = re.compile(r"^# Updated \d{4}-\d{2}-\d{2} by `hopperlab references update [^`]*`\.$")
 
 
 @dataclass
@@ -200,7 +204,7 @@ def _header(path: Path) -> str:
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
             break
-        if not line.startswith("# Updated "):
+        if not TOOL_LINE.match(line):
             lines.append(line)
     return "\n".join(lines) + "\n" if lines else ""
 
