@@ -80,15 +80,9 @@ cp -r configs/references "$W/references"
 
 SERVER=
 if [ "$SITE" = gpu-node ]; then  # the site's tracking server (uploads go to it as runs settle)
-  mkdir -p "$W/mlflow"
-  python3 -m mlflow server --backend-store-uri "sqlite:///$W/mlflow/mlflow.db" \
-    --default-artifact-root "$W/mlflow/artifacts" --host 127.0.0.1 --port 5000 \
-    >"$W/mlflow-server.log" 2>&1 &
-  SERVER=$!
-  for _ in $(seq 90); do
-    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:5000/health', timeout=2)" \
-      2>/dev/null && break; sleep 1
-  done
+  # shellcheck source=benchmarks/mlflow_server.sh
+  . "$(dirname "$0")/mlflow_server.sh"
+  start_mlflow_server "$W/mlflow" "$W/mlflow-server.log" 90
   say "mlflow server up"
 fi
 

@@ -21,15 +21,10 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}  # e.g. nemo_gpu.sh's megatron-core
 fi
 export PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=$PWD/.device-libs:${LD_LIBRARY_PATH:-}
-mkdir -p "$OUT" /tmp/mlflow
-python3 -m mlflow server --backend-store-uri sqlite:////tmp/mlflow/mlflow.db \
-  --default-artifact-root /tmp/mlflow/artifacts --host 127.0.0.1 --port 5000 \
-  >"$OUT/mlflow-server.log" 2>&1 &
-SERVER=$!
-for _ in $(seq 120); do
-  python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:5000/health', timeout=2)" \
-    2>/dev/null && break; sleep 1
-done
+mkdir -p "$OUT"
+# shellcheck source=benchmarks/mlflow_server.sh
+. "$(dirname "$0")/mlflow_server.sh"
+start_mlflow_server /tmp/mlflow "$OUT/mlflow-server.log" 120
 echo "[workflow_gpu] mlflow server up after ${SECONDS}s"
 timeout "${SNAKEMAKE_TIMEOUT_S:-0}" python3 -m snakemake --cores "${CORES:-all}" --resources "gpus=${GPUS:-1}" --scheduler greedy \
   --config "site=${SITE:-gpu-node}" "scale=${SCALE:-full}" "profiler=${PROFILER:-nsys}" \
