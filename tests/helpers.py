@@ -88,14 +88,27 @@ def default_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
 
 
+def run_noisy(project: Path, results: str, seed: int | None = None, steps: int | None = None,
+              repeats: int | None = None) -> subprocess.CompletedProcess:
+    """One real run of selftest/noise/noisy into ``project/results`` (`hopperlab run`, no
+    upload), with the smoke scale's ``seed``/``steps`` and the experiment's ``repeats`` set
+    where given; fails the test unless it ran."""
+    def change(d):
+        noise = d["experiments"]["noise"]
+        noise["scales"]["smoke"]["params"].update(
+            {k: v for k, v in (("seed", seed), ("steps", steps)) if v is not None})
+        if repeats is not None:
+            noise["repeats"] = repeats
+    edit_yaml(project / "experiments/selftest.yaml", change)
+    out = hopperlab(["run", "selftest/noise/noisy", "--no-upload", "--config",
+                     "families=selftest", f"results_dir={results}"], project)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
 def project_with_noisy_run(dest: Path, results: str = "results-a", repeats: int = 5
                            ) -> tuple[Path, subprocess.CompletedProcess]:
     """A project copy with one real run of selftest/noise/noisy measured ``repeats`` times in
     ``results`` (what `hopperlab run` printed, too): a results folder to break in a test."""
     project = copy_project(dest)
-    edit_yaml(project / "experiments/selftest.yaml",
-              lambda d: d["experiments"]["noise"].update(repeats=repeats))
-    out = hopperlab(["run", "selftest/noise/noisy", "--no-upload", "--config",
-                     "families=selftest", f"results_dir={results}"], project)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return project, out
+    return project, run_noisy(project, results, repeats=repeats)

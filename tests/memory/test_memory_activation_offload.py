@@ -19,16 +19,6 @@ from tests.memory_helpers import (  # noqa: E402
     assert_exact, batch, step, storages_left_by_a_failed_step, tiny_lora_llama, twin)
 
 
-@pytest.fixture(scope="module")
-def lora_model():
-    return tiny_lora_llama(layers=4)
-
-
-@pytest.fixture(scope="module")
-def baseline(lora_model):
-    return step(lora_model, batch())
-
-
 def _offload(model, **kw) -> ActivationOffload:
     kw.setdefault("min_bytes", 1024)
     return ActivationOffload("cpu", **kw).wrap_layers(decoder_layers(model)).track_parameters(model)

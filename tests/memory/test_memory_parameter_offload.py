@@ -16,17 +16,7 @@ from hopperlab.memory.checkpointing import checkpoint_layers  # noqa: E402
 from hopperlab.memory.parameter_offload import ParameterOffload  # noqa: E402
 
 from tests.memory_helpers import (  # noqa: E402
-    assert_exact, batch, step, storages_left_by_a_failed_step, tiny_lora_llama, twin)
-
-
-@pytest.fixture(scope="module")
-def lora_model():
-    return tiny_lora_llama(layers=4)
-
-
-@pytest.fixture(scope="module")
-def baseline(lora_model):
-    return step(lora_model, batch())
+    assert_exact, batch, step, storages_left_by_a_failed_step, twin)
 
 
 @pytest.mark.parametrize("resident,prefetch", [(1, 1), (0, 1), (0, 2), (2, 1), (4, 1)])

@@ -12,17 +12,11 @@ import pytest
 from hopperlab.cli.main import main
 from hopperlab.results.report import build_report
 
-from tests.helpers import copy_project, edit_yaml, hopperlab
+from tests.helpers import copy_project, run_noisy
 
 
 def _run(project: Path, results: str, seed: int, steps: int = 10) -> Path:
-    def change(d):
-        d["experiments"]["noise"]["scales"]["smoke"]["params"].update(seed=seed, steps=steps)
-        d["experiments"]["noise"]["repeats"] = 9
-    edit_yaml(project / "experiments/selftest.yaml", change)
-    out = hopperlab(["run", "selftest/noise/noisy", "--no-upload", "--config",
-                     "families=selftest", f"results_dir={results}"], project)
-    assert out.returncode == 0, out.stderr
+    run_noisy(project, results, seed=seed, steps=steps, repeats=9)
     return project / results
 
 

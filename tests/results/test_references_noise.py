@@ -19,7 +19,7 @@ from hopperlab.core.errors import SpecError
 from hopperlab.core.stats import percentile, robust_spread
 from hopperlab.results.machines import references as R
 
-from tests.helpers import copy_project, edit_yaml, hopperlab
+from tests.helpers import copy_project, edit_yaml, run_noisy
 
 TRIALS = 1000
 
@@ -117,12 +117,7 @@ def test_bad_samples_say_what_is_wrong():
 
 
 def _run(project: Path, results: str, seed: int, steps: int = 10) -> Path:
-    def change(d):
-        d["experiments"]["noise"]["scales"]["smoke"]["params"].update(seed=seed, steps=steps)
-    edit_yaml(project / "experiments/selftest.yaml", change)
-    out = hopperlab(["run", "selftest/noise/noisy", "--no-upload", "--config",
-                     "families=selftest", f"results_dir={results}"], project)
-    assert out.returncode == 0, out.stderr
+    run_noisy(project, results, seed=seed, steps=steps)
     return project / results
 
 

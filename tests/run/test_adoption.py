@@ -63,16 +63,22 @@ def test_an_ok_record_whose_submitter_never_ended_it_is_adopted(project):
     assert rec is not None and rec["status"] == "ok"
 
 
+def _second_attempt(run_dir, spec) -> None:
+    """Attempt 1's files archived under attempts/1 and attempt 2's spec written, as a resubmit
+    leaves them before attempt 2 runs."""
+    (run_dir / "attempts/1").mkdir(parents=True)
+    for name in ("spec.json", "record.json", "metrics.json"):
+        (run_dir / name).rename(run_dir / "attempts/1" / name)
+    record.write_json_atomic(run_dir / record.SPEC_FILE, {**spec.to_dict(), "attempt": 2})
+
+
 def test_an_attempt_without_record_or_end_is_passed_over_for_the_finished_one(project):
     """Issue 28 items 1 and 2: a killed `hopperlab run` (or a submission that never reached
     the scheduler) leaves attempt 2 with a spec and no outcome; attempt 1 finished ok."""
     matrix = load_matrix(project, CONFIG)
     spec = matrix.get("selftest/faults/ok")
     run_dir = _finished(matrix, spec.key)
-    (run_dir / "attempts/1").mkdir(parents=True)
-    for name in ("spec.json", "record.json", "metrics.json"):
-        (run_dir / name).rename(run_dir / "attempts/1" / name)
-    record.write_json_atomic(run_dir / record.SPEC_FILE, {**spec.to_dict(), "attempt": 2})
+    _second_attempt(run_dir, spec)
     (run_dir / "steps.jsonl").write_text('{"step": 0')  # torn by the kill
     with open(run_dir / record.HISTORY_FILE, "a") as fh:
         fh.write(json.dumps({"attempt": 2, "event": "start"}) + "\n")
@@ -84,10 +90,7 @@ def test_a_later_failed_attempt_is_retried_not_covered_by_an_older_success(proje
     matrix = load_matrix(project, CONFIG)
     spec = matrix.get("selftest/faults/ok")
     run_dir = _finished(matrix, spec.key)
-    (run_dir / "attempts/1").mkdir(parents=True)
-    for name in ("spec.json", "record.json", "metrics.json"):
-        (run_dir / name).rename(run_dir / "attempts/1" / name)
-    record.write_json_atomic(run_dir / record.SPEC_FILE, {**spec.to_dict(), "attempt": 2})
+    _second_attempt(run_dir, spec)
     record.write_record(run_dir, {"key": spec.key, "attempt": 2, "status": "failed"})
     assert adoptable_record(matrix, spec, run_dir) is None
 
