@@ -38,7 +38,7 @@ from hopperlab.profiling import profiler_prefix
 from hopperlab.profiling.command import site_settings
 from hopperlab.profiling.finish import finish_profile
 from hopperlab.run import distributed, jobenv, ranks, scheduler
-from hopperlab.run.warm_client import SOCKET_ENV
+from hopperlab.run.warm_client import SOCKET_ENV, serves
 
 #: what hopperlab says of a job it stopped at its time limit itself
 TIMEOUT = "TIMEOUT"
@@ -163,8 +163,7 @@ def job_python(spec: RunSpec, run_dir: Path) -> str:
 def warm_socket(spec: RunSpec) -> str | None:
     """The workflow's warm starter (run/warm.py) for a job of this host without GPUs, if one
     runs; None: the job starts as a fresh python."""
-    backend = spec.site.backend
-    if spec.resources.gpus or backend.job_handle != "process" or backend.in_process:
+    if not serves(spec.site.backend, spec.resources.gpus):
         return None
     return os.environ.get(SOCKET_ENV) or None
 

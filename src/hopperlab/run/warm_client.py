@@ -37,6 +37,13 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signa
 _HEADER = struct.Struct("!I")
 
 
+def serves(backend: Any, gpus: int) -> bool:
+    """Whether a warm starter can start a job of ``backend`` with ``gpus`` GPUs: a process
+    on this host (not in-process, not a scheduler's) with no GPU (CUDA never starts in the
+    starter, so forking stays safe)."""
+    return gpus == 0 and backend.job_handle == "process" and not backend.in_process
+
+
 def send_msg(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
     """One message: a length, JSON, and with the first bytes the file descriptors ``fds``."""
     data = json.dumps(obj).encode()
