@@ -365,8 +365,13 @@ def pinned_host_gb() -> float | None:
     return None
 
 
+def _is_cuda(device: Any) -> bool:
+    """Whether ``device`` (a torch.device or its name) is a GPU's."""
+    return getattr(device, "type", str(device)) == "cuda"
+
+
 def _sync(device: Any) -> None:
-    if getattr(device, "type", str(device)) == "cuda":
+    if _is_cuda(device):
         torch.cuda.synchronize(device)
 
 
@@ -478,10 +483,10 @@ def probe_compute(plan: Plan, device: Any, accum: int) -> float:
     for n in sizes:
         probe = build_model(replace(plan.shape, layers=n), plan.dtype, device, plan.seed,
                             plan.checkpointing)
-        compile_model(probe, plan, getattr(device, "type", str(device)) == "cuda")
+        compile_model(probe, plan, _is_cuda(device))
         times.append(measure_compute(probe, plan, device, accum))
         del probe
-        if getattr(device, "type", "") == "cuda":
+        if _is_cuda(device):
             torch.cuda.empty_cache()
     if len(times) == 1:
         return times[0]
@@ -548,7 +553,7 @@ def ranks_on_host(world: int) -> int:
 def matmul_rate_tflops(device: Any, dtype: Any) -> float:
     """The dense matmul rate the compute floor divides by: the GPU's (``device_rates``, bf16
     at 8192 cubed) or, on a CPU-only run, the CPU's in ``dtype`` on the job's threads."""
-    if getattr(device, "type", str(device)) == "cuda":
+    if _is_cuda(device):
         return matmul_tflops(device, dtype=dtype if dtype in (torch.bfloat16, torch.float16)
                              else torch.bfloat16)
     n = 512
