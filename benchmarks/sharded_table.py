@@ -16,7 +16,8 @@ from pathlib import Path
 
 from hopperlab.results.rows import collect_runs
 
-COLUMNS = (("setup_s", "set-up s"), ("build_s", "build s"), ("warmup_s", "warm-up s"),
+COLUMNS = (("setup_s", "set-up s"), ("build_s", "build s"), ("build_alloc_s", "alloc s"),
+           ("build_init_s", "init s"), ("warmup_s", "warm-up s"),
            ("compile_graphs", "graphs"), ("s_per_iter", "step s"),
            ("step_floor_s", "floor s"), ("step_over_floor", "step/floor"),
            ("floor_overlapped", "overlapped"), ("floor_compute_s", "compute floor s"),
@@ -28,7 +29,7 @@ COLUMNS = (("setup_s", "set-up s"), ("build_s", "build s"), ("warmup_s", "warm-u
            ("tokens_per_s", "tokens/s"), ("peak_gpu_mem_gb_max", "GPU GB"),
            ("peak_gpu_mem_gb", "GPU GB 1"), ("peak_host_mem_gb", "host RSS GB"),
            ("pinned_host_peak_gb", "torch pinned GB"), ("pinned_exact_gb", "exact pinned GB"),
-           ("host_need_gb", "need GB"))
+           ("host_need_gb", "need GB"), ("h2d_prefetch_read", "prefetched"))
 #: the profiled step after the measured ones (diagnose_step; step_profile.py): where the GPU's
 #: time went, and the copies' rate while the CPU optimizer streamed beside them
 DIAG_COLUMNS = (("diag_step_s", "step s"), ("diag_gpu_busy_s", "GPU busy s"),
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             print(" | ".join([r.variant, *cells]))
     for r in runs:
         tags = {k: v for k, v in r.tags.items()
-                if k in ("finetune.compile", "finetune.optimizer_wait", "finetune.step_profile")}
+                if k in ("finetune.compile", "finetune.optimizer_wait", "finetune.step_profile",
+                         "finetune.h2d_prefetch", "finetune.reshard_after_forward")}
         if tags:
             print(f"{r.variant}: " + "; ".join(f"{k}={v}" for k, v in sorted(tags.items())))
     if args.json:

@@ -51,6 +51,14 @@ def test_a_slow_link_sets_the_floor_over_the_compute():
     assert f["step_floor_s"] == pytest.approx(2 * PARAMS_13B * 2 / 10e9 + cpu)
 
 
+def test_layers_kept_gathered_for_backward_come_over_the_link_once():
+    """FSDP2 offload with ``reshard_after_forward`` false copies each weight in once a step."""
+    f = sf.step_floor(_x(world=1, ranks_on_host=1, reshard_after_forward=False))
+    assert f["h2d_gb_per_step"] == pytest.approx(PARAMS_13B * 2 / 1e9)
+    assert f["d2h_gb_per_step"] == pytest.approx(PARAMS_13B * 2 / 1e9)
+    assert sf.link_bytes("fsdp2-cpu-offload", 10, 2, 1) == (40, 20)
+
+
 def test_torchao_moves_the_whole_model_once_each_way():
     f = sf.step_floor(_x(mode="torchao-cpu-offload", params=1_000_000_000, flops=1e12,
                          world=1, ranks_on_host=1, h2d_gbps=40.0, d2h_gbps=20.0))

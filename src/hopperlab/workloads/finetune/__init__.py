@@ -161,6 +161,15 @@ class FinetuneParams:
     #: to where the GPU's time went (diag_* figures: busy, idle, kernels by kind, copies and
     #: their rate; step_profile.py); GPU runs only
     diagnose_step: bool = False
+    #: backend sharded, fsdp2 and fsdp2-cpu-offload: FSDP2's option for the decoder layers;
+    #: false keeps each layer's gathered parameters from its forward to its backward (one
+    #: host-to-device copy of the weights per step under offload instead of two: ZeRO-Offload's
+    #: weights on the GPU during the step), for the memory of one unsharded model
+    reshard_after_forward: bool = True
+    #: backend sharded, fsdp2-cpu-offload at world size 1: copy the next decoder layer's host
+    #: shards to the GPU on a side stream while this one computes (h2d_prefetch.py); FSDP2
+    #: copies them on the compute stream there. Ignored (and said so) at larger world sizes
+    h2d_prefetch: bool = True
     model_shape: ModelShape = "tiny"
     global_batch: int = bounded(0, at_least=0)
     #: unused since backend nemo runs megatron-core (nemo.py), not the NeMo CLI: kept so that
@@ -178,6 +187,11 @@ class FinetuneParams:
         if self.delayed_update and self.sharding != "fsdp2-cpu-offload":
             raise ValueError(f"delayed_update: only with sharding fsdp2-cpu-offload (its CPU "
                              f"AdamW), not {self.sharding}")
+        if not self.reshard_after_forward and not (self.backend == "sharded"
+                                                   and self.sharding.startswith("fsdp2")):
+            raise ValueError(f"reshard_after_forward: false is FSDP2's option (backend sharded, "
+                             f"sharding fsdp2 or fsdp2-cpu-offload), not backend {self.backend} "
+                             f"sharding {self.sharding}")
         if self.diagnose_step and self.backend != "sharded":
             raise ValueError(f"diagnose_step: only with backend sharded (its step), not "
                              f"{self.backend}")

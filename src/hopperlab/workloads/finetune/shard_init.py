@@ -53,8 +53,10 @@ def fill_normal_(out: torch.Tensor, start: int, numel: int, seed: int, index: in
     end = start + flat.numel()
     for b in range(start // BLOCK, -(-end // BLOCK)):
         lo, hi = max(start, b * BLOCK), min(end, (b + 1) * BLOCK)
-        values = draw_block(seed, index, b, numel, device)
-        flat[lo - start:hi - start].copy_(values[lo - b * BLOCK:hi - b * BLOCK])
+        values = draw_block(seed, index, b, numel, device)[lo - b * BLOCK:hi - b * BLOCK]
+        # rounded to the parameter's dtype where drawn: a copy that changes device and dtype
+        # at once may convert on the host (the same rounding, at a CPU core's rate)
+        flat[lo - start:hi - start].copy_(values.to(flat.dtype))
 
 
 def local_rows(param: torch.Tensor) -> tuple[torch.Tensor, int]:

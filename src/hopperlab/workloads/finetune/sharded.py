@@ -35,8 +35,8 @@ from hopperlab.cuda.nvtx import measured_region
 from hopperlab.memory.pinned import pinned_empty
 from hopperlab.node.host_bandwidth import triad_gbps
 from hopperlab.workloads.base import Recording
-from hopperlab.workloads.finetune import (cpu_adamw, host_need, shard_init, step_floor,
-                                          step_profile)
+from hopperlab.workloads.finetune import (cpu_adamw, h2d_prefetch, host_need, shard_init,
+                                          step_floor, step_profile)
 
 
 @dataclass(frozen=True)
@@ -164,25 +164,35 @@ def build_model(shape: Shape, dtype: Any, device: Any, seed: int,
 
 
 def build_sharded(shape: Shape, dtype: Any, mode: str, seed: int, device: Any, cuda: bool,
-                  checkpointing: bool = False, host_alloc: Callable[[int], Any] | None = None
-                  ) -> tuple[Llama, list[Any]]:
+                  checkpointing: bool = False, host_alloc: Callable[[int], Any] | None = None,
+                  reshard_after_forward: bool = True,
+                  timings: dict[str, float] | None = None) -> tuple[Llama, list[Any]]:
     """This rank's part of the model of ``seed``, never the whole of it on any rank.
 
     FSDP2 modes: built on the meta device, sharded there, then only this rank's shard gets
     memory and values, drawn on ``device`` (the GPU when there is one). Under CPU offload the
     shard lives in host memory: in buffers of ``host_alloc`` (default with a GPU: exact-size
     pinned, ``memory.pinned``). torchao: the whole model on ``device``.
+    ``reshard_after_forward``: FSDP2's option for the decoder layers (``shard``).
+    ``timings`` (filled where given): seconds of ``build_alloc_s`` (storage, pinned or not)
+    and ``build_init_s`` (drawing the values), so that a slow build says which.
     Returns the model and the host buffers it lives in (keep them as long as the model)."""
     if not mode.startswith("fsdp2"):
         return build_model(shape, dtype, device, seed, checkpointing), []
     model = Llama(shape, dtype, "meta", checkpointing)
-    shard(model, mode, cuda)
+    shard(model, mode, cuda, reshard_after_forward)
     offload = mode == "fsdp2-cpu-offload"
     if offload and host_alloc is None and cuda and pinned_empty(4096).is_pinned():
         host_alloc = pinned_empty  # else FSDP2 would copy the shards into pinned memory of its own
+    t0 = time.perf_counter()
     bases = shard_init.materialise(model, "cpu" if offload else device,
                                    host_alloc if offload else None)
+    t1 = time.perf_counter()
     shard_init.init_weights(model, seed, device)
+    if cuda:
+        torch.cuda.synchronize()
+    if timings is not None:
+        timings.update(build_alloc_s=t1 - t0, build_init_s=time.perf_counter() - t1)
     return model, bases
 
 
@@ -232,16 +242,34 @@ def loss_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
-def shard(model: Llama, mode: str, cuda: bool) -> None:
-    """FSDP2 over the default process group, each decoder layer its own unit."""
+def shard(model: Llama, mode: str, cuda: bool, reshard_after_forward: bool = True) -> None:
+    """FSDP2 over the default process group, each decoder layer its own unit.
+    ``reshard_after_forward`` false: each layer keeps its gathered (one GPU: copied from host)
+    parameters from its forward to its backward (ZeRO-2's memory, ZeRO-Offload's one copy of
+    the weights per step instead of two)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     kw: dict[str, Any] = {}
     if mode == "fsdp2-cpu-offload":
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=cuda)  # pinning needs a GPU
     for layer in model.layers:
-        fully_shard(layer, **kw)
+        fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
     fully_shard(model, **kw)
+
+
+def prefetch_h2d(model: Llama, plan: "Plan", world: int,
+                 device: Any) -> tuple[h2d_prefetch.NextLayerPrefetch | None, str]:
+    """The next layer's host shards copied on a side stream (``h2d_prefetch``) where FSDP2
+    would copy them on the compute stream: CPU offload at world size 1. Returns the
+    installed prefetcher (None where not used) and what the record says about it."""
+    if plan.mode != "fsdp2-cpu-offload":
+        return None, f"not used: {plan.mode} keeps no parameters in host memory"
+    if world > 1:
+        return None, (f"not used: at world size {world} FSDP2's all-gather streams carry the "
+                      f"host-to-device copies beside the compute")
+    if not plan.h2d_prefetch:
+        return None, "off (h2d_prefetch: false): FSDP2 copies each layer on the compute stream"
+    return h2d_prefetch.NextLayerPrefetch(model, list(model.layers), device).install(), ""
 
 
 def make_optimizer(model: nn.Module, mode: str, lr: float, weight_decay: float,
@@ -402,6 +430,12 @@ class Plan:
     #: torch.compile each decoder layer (``compile_layers``; inductor on a GPU, dynamo's eager
     #: backend on a CPU); the compilation happens in the warm-up step
     compile: bool = False
+    #: FSDP2's option for the decoder layers (``shard``); false keeps them gathered from
+    #: forward to backward
+    reshard_after_forward: bool = True
+    #: FSDP2 offload at world size 1: stage the next layer's host shards on a side stream
+    #: (``prefetch_h2d``)
+    h2d_prefetch: bool = True
 
 
 def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None) -> None:
@@ -426,13 +460,26 @@ def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, f
         if cuda and plan.mode != "fsdp2":
             check_host_memory(plan, world, recorder, device)
         t0 = time.perf_counter()
+        build_parts: dict[str, float] = {}
         model, pinned = build_sharded(plan.shape, plan.dtype, plan.mode, plan.seed, device, cuda,
-                                      plan.checkpointing)
+                                      plan.checkpointing,
+                                      reshard_after_forward=plan.reshard_after_forward,
+                                      timings=build_parts)
         _sync(device)
-        recorder.log_metric("build_s", time.perf_counter() - t0)
+        recorder.log_metrics(build_s=time.perf_counter() - t0, **build_parts)
         for key, value in compile_model(model, plan, cuda).items():
             recorder.set_tag(key, value)
+        if plan.mode.startswith("fsdp2"):
+            recorder.set_tag("finetune.reshard_after_forward",
+                             str(plan.reshard_after_forward).lower())
+        prefetch, why = prefetch_h2d(model, plan, world, device)
         _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum)
+        if prefetch is not None:
+            prefetch.remove()
+            why = prefetch.counts.describe()
+            recorder.log_metrics(h2d_prefetch_read=float(prefetch.counts.read),
+                                 h2d_prefetch_dropped=float(prefetch.counts.dropped))
+        recorder.set_tag("finetune.h2d_prefetch", why)
         if pinned:  # after the steps: FSDP2 may re-pin a shard at its lazy init
             recorder.log_metrics(pinned_exact_gb=sum(b.numel() for b in pinned) / 1e9,
                                  params_in_exact_pinned=shard_init.share_in(model, pinned))
@@ -661,7 +708,7 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
         mode=plan.mode, params=n_params, elt_bytes=elt, world=world,
         flops=step_flops_of(model, plan, world), matmul_tflops=figures["matmul_tflops"],
         host_gbps=host, ranks_on_host=local, h2d_gbps=rates[0], d2h_gbps=rates[1],
-        overlapped=overlap))
+        overlapped=overlap, reshard_after_forward=plan.reshard_after_forward))
     figures.update(**floor, **step_floor.over_floor(s_iter, floor))
     if floor.get("optimizer_floor_s", 0) > 0:
         figures["optimizer_over_floor"] = figures["optimizer_step_s"] / floor["optimizer_floor_s"]

@@ -49,6 +49,9 @@ class FloorInputs:
     d2h_gbps: float | None = None
     #: the CPU optimizer overlaps the GPU's work by design (the parts' longest is the floor)
     overlapped: bool = False
+    #: FSDP2 frees each layer's gathered weights after its forward (its default): under
+    #: offload they come over the link again for backward
+    reshard_after_forward: bool = True
 
 
 def step_flops(matmul_params: int, head_params: int, layers: int, hidden: int, seq_len: int,
@@ -64,16 +67,18 @@ def step_flops(matmul_params: int, head_params: int, layers: int, hidden: int, s
     return per_token * tokens
 
 
-def link_bytes(mode: str, params: int, elt_bytes: int, world: int) -> tuple[float, float]:
+def link_bytes(mode: str, params: int, elt_bytes: int, world: int,
+               reshard_after_forward: bool = True) -> tuple[float, float]:
     """Bytes (host->device, device->host) one step moves over this rank's host link.
 
-    FSDP2 offload: this rank's parameter shard in for forward and again for backward, its
-    gradient shard out. torchao's CPUOffloadOptimizer (one GPU, whole model): gradients out,
+    FSDP2 offload: this rank's parameter shard in for forward and again for backward (once
+    where the layers stay gathered from forward to backward), its gradient shard out. torchao's CPUOffloadOptimizer (one GPU, whole model): gradients out,
     updated parameters in, once each. No offload: nothing."""
     if mode not in OFFLOADED:
         return 0.0, 0.0
     share = params * elt_bytes / (world if mode.startswith("fsdp2") else 1)
-    return share * (2 if mode == "fsdp2-cpu-offload" else 1), share
+    copies_in = 2 if mode == "fsdp2-cpu-offload" and reshard_after_forward else 1
+    return share * copies_in, share
 
 
 #: host-memory traffic of one AdamW step per parameter, in units of the element's size:
@@ -104,7 +109,7 @@ def step_floor(x: FloorInputs) -> dict[str, float]:
         return {}
     compute = x.flops / (x.matmul_tflops * 1e12)
     out: dict[str, float] = {"step_tflop": x.flops / 1e12, "floor_compute_s": compute}
-    h2d, d2h = link_bytes(x.mode, x.params, x.elt_bytes, x.world)
+    h2d, d2h = link_bytes(x.mode, x.params, x.elt_bytes, x.world, x.reshard_after_forward)
     link = 0.0
     if h2d or d2h:
         out.update(h2d_gb_per_step=h2d / 1e9, d2h_gb_per_step=d2h / 1e9)

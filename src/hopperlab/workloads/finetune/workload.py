@@ -352,7 +352,8 @@ def run_sharded(spec: RunView, params: FinetuneParams, recorder: Recording) -> N
         weight_decay=params.weight_decay, seed=params.seed, checkpointing=params.checkpointing,
         overlap_optimizer=params.overlap_optimizer and params.sharding == "fsdp2-cpu-offload",
         delayed_update=params.delayed_update, compile=params.compile,
-        diagnose_step=params.diagnose_step,
+        diagnose_step=params.diagnose_step, reshard_after_forward=params.reshard_after_forward,
+        h2d_prefetch=params.h2d_prefetch,
         cpus=env_threads("OMP_NUM_THREADS"))  # what the runner's thread plan gave this rank
     recorder.set_tag("finetune.world_size", world)
     if params.sharding in ("fsdp2-cpu-offload", "torchao-cpu-offload"):
