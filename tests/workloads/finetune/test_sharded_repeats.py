@@ -128,3 +128,29 @@ def test_the_runs_repeats_become_the_plans_windows(tmp_path, monkeypatch):
     rec = Recorder(tmp_path / "run")
     workload.run_sharded(fake_run(params, run_dir=tmp_path, repeats=4), params, rec)
     assert [p.windows for p in plans] == [4]
+
+
+@pytest.mark.integration  # a 2-rank job through the runner (gloo), then the CLI, ~20 s
+def test_a_two_rank_smoke_run_with_repeats_makes_a_reference(tmp_path):
+    """The smoke row of the 13B experiment (2 ranks over gloo) with ``repeats=3``: one job, 3
+    window samples in the run's record, its tokens counted once per measured step, and
+    ``hopperlab references update`` writes its judged figures with n=3."""
+    from tests.helpers import copy_project, hopperlab
+
+    project = copy_project(tmp_path / "project")
+    results = tmp_path / "r"
+    out = hopperlab(["submit", KEY, "--no-upload", "--config", f"results_dir={results}",
+                     "repeats=3"], project, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rec = json.loads((results / KEY / "metrics.json").read_text())
+    assert rec["status"] == "ok" and rec["world_size"] == 2, rec.get("reason")
+    assert rec["tags"]["repeat_unit"] == "windows" and rec["tags"]["repeats"] == "3"
+    assert len(read_samples(results / KEY)) == 3
+    smoke_tokens = 4 * 16  # experiments/finetune.yaml smoke: global_batch 4, seq_len 16
+    assert rec["metrics"]["measured_tokens"] == 3 * 2 * smoke_tokens
+    refs = tmp_path / "refs"
+    done = hopperlab(["--root", str(project), "references", "update", str(results),
+                      "--references", str(refs), "--machine", "cpu-test"], project)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    written = yaml.safe_load((refs / "cpu-test.yaml").read_text())["references"][KEY]
+    assert {m: e["n"] for m, e in written.items()} == {"step_time_p50_s": 3, "tokens_per_s": 3}
