@@ -25,7 +25,10 @@
 # Time: the host phase gets $HOST_SHARE % of what the multi phase leaves (all of it when the
 # lanes keep no run); $REF_SHARE % of a phase for the references pass, the rest for the fresh
 # runs (`timeout` stops a run at its pass's deadline; a later run is not started): what did not finish makes no
-# reference and says so; everything ends by $BUDGET_S seconds after the start. Six files come back in OUT:
+# reference and says so; everything ends by $BUDGET_S seconds after the start. Energy probes
+# first (PROBE=1, the default where nvidia-smi lists a GPU): benchmarks/energy_probe.py on GPU 0,
+# bf16 and fp8, whose TFLOP per joule is the ceiling energy.txt judges each run's work per joule
+# by. Six files come back in OUT, eight with the probes:
 #   script.log       the timeline, the node, each pass's exit, why a run made no reference
 #   check.txt        each fresh folder's `hopperlab check` (verdicts, exit code) and the
 #                    references written (value, spread, n, min_effect per run and metric)
@@ -35,6 +38,8 @@
 #                    "N GPUs summed" label, counter vs trace)
 #   runs.tgz         every run's small files (records, samples, steps; no profiles), the
 #                    snakemake logs, the JUnit files
+#   probe-bf16.json  PROBE=1: benchmarks/energy_probe.py --seconds 3 on GPU 0 (its JSON; absent
+#   probe-fp8.json   or empty: the probe failed, script.log says its exit); --dtype fp8
 # FAMILIES: the config's families (e.g. with selftest). Rehearsal on a CPU machine:
 #   SITE=local SCALE=smoke NGPU=2 SUBS= FAMILIES=selftest,membench,inference LANE0=... LANE1=...
 #   MULTI=inference/tp-long-context/prompt-3k-c8 (2 processes over gloo)
@@ -49,7 +54,7 @@ REPEATS=${REPEATS:-5}; MULTI_REPEATS=${MULTI_REPEATS:-3}
 BUDGET_S=${BUDGET_S:-500}     # the script's end (the call's limit: 540 s)
 MULTI_S=${MULTI_S:-330}       # the multi-GPU phase's share of it (2+ GPUs)
 REF_SHARE=${REF_SHARE:-60}    # % of a lane's time for the repeats pass
-MULTI_REF_SHARE=${MULTI_REF_SHARE:-68}  # the same for the multi-GPU phase (reruns of the 13B)
+MULTI_REF_SHARE=${MULTI_REF_SHARE:-68}  # the same for the multi-GPU phase (the 13B's windows)
 TAIL_S=${TAIL_S:-30}          # kept for references update, check and the tarballs
 MULTI=${MULTI-finetune/full-llama2-13b-sharded/fsdp2,inference/tp-long-context/prompt-3k-c8-2gpu}
 LANE0=${LANE0-membench/copy/h2d-pinned,membench/copy/d2h-pinned,membench/copy/bidir-pinned,membench/copy/h2d-pageable,finetune/lora-llama2-7b/baseline,finetune/lora-llama2-7b/fp8}
@@ -72,6 +77,10 @@ else
 fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
+# the energy probes: on by default where nvidia-smi itself lists a GPU (not $NGPU, which a CPU
+# rehearsal sets); PROBE_S bounds each
+PROBE=${PROBE:-$( [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -gt 0 ] && echo 1 || echo 0)}
+PROBE_S=${PROBE_S:-60}
 { date -u; git log -1 --format='commit %h %s' 2>/dev/null; lscpu | grep -E 'Model name|^CPU\(s\)'
   nvidia-smi --query-gpu=index,name,memory.total,driver_version,power.limit \
     --format=csv,noheader 2>&1; } >>"$LOG"
@@ -84,6 +93,23 @@ if [ "$SITE" = gpu-node ]; then  # the site's tracking server (uploads go to it 
   . "$(dirname "$0")/mlflow_server.sh"
   start_mlflow_server "$W/mlflow" "$W/mlflow-server.log" 90
   say "mlflow server up"
+fi
+
+# the node's matmul probes before any run (GPU 0 alone): the ceiling of work per joule that
+# energy.txt judges the runs by (benchmarks/energy_table.py --probe, --probe-fp8 for fp8 runs)
+PROBE_ARGS=()
+if [ "$PROBE" = 1 ]; then
+  for dtype in bf16 fp8; do
+    CUDA_VISIBLE_DEVICES=0 timeout "$PROBE_S" python3 benchmarks/energy_probe.py --seconds 3 \
+      --dtype "$dtype" >"$W/probe-$dtype.json" 2>>"$LOG"
+    say "energy probe $dtype: exit $?"
+    if [ -s "$W/probe-$dtype.json" ] && python3 -c 'import json, sys; json.load(open(sys.argv[1]))' \
+        "$W/probe-$dtype.json" 2>>"$LOG"; then  # a probe cut short is no ceiling
+      cp "$W/probe-$dtype.json" "$OUT/"
+      [ "$dtype" = bf16 ] && PROBE_ARGS+=(--probe "$W/probe-bf16.json")
+      [ "$dtype" = fp8 ] && PROBE_ARGS+=(--probe-fp8 "$W/probe-fp8.json")
+    fi
+  done
 fi
 
 # one run through the workflow: FOLDER CUDA_VISIBLE_DEVICES GPUS RUN REPEATS UNTIL_S (its own
@@ -185,7 +211,7 @@ diff -ru configs/references "$W/references" >"$OUT/references.diff"
 tar -czf "$OUT/references.tgz" -C "$W" references
 for dir in "$W"/*-ref "$W"/*-fresh; do
   [ -d "$dir" ] || continue
-  echo "== $(basename "$dir")"; python3 benchmarks/energy_table.py "$dir" 2>&1
+  echo "== $(basename "$dir")"; python3 benchmarks/energy_table.py "$dir" ${PROBE_ARGS[@]+"${PROBE_ARGS[@]}"} 2>&1
 done >"$OUT/energy.txt"
 [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null
 tar -czf "$OUT/runs.tgz" -C "$W" --exclude='artifacts' --exclude='attempts' --exclude='submitit' \

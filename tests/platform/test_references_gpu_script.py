@@ -59,14 +59,21 @@ def test_the_script_writes_references_from_repeats_and_checks_fresh_runs(tmp_pat
            "MULTI_REPEATS": "3", "BUDGET_S": "500", "MULTI_S": "200", "TAIL_S": "80",
            "WHEELS": "/nonexistent", "LANE0": "selftest/noise/noisy",
            "LANE1": "selftest/trivial/ok", "MULTI": "selftest/distributed/ok",
-           "HOST_BOUND": "selftest/noise/*"}  # the noisy stand-in plays a host-bound copy
+           "HOST_BOUND": "selftest/noise/*",  # the noisy stand-in plays a host-bound copy
+           "PROBE": "1"}  # the energy probes (a CPU's matmul here: nothing to divide by)
     done = subprocess.run(["bash", "benchmarks/references_gpu.sh", str(out)], cwd=project,
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["script.log", "check.txt", "references.diff", "references.tgz", "energy.txt",
-         "runs.tgz"])
+         "runs.tgz", "probe-bf16.json", "probe-fp8.json"])
     log = (out / "script.log").read_text()
+    assert "energy probe bf16: exit 0" in log and "energy probe fp8: exit 0" in log, log
+    assert all(json.loads((out / f"probe-{d}.json").read_text())["iters"] > 0
+               for d in ("bf16", "fp8"))
+    assert log.index("energy probe fp8") < log.index("multi-ref ")  # before the phases
+    energy = (out / "energy.txt").read_text()
+    assert "== multi-ref" in energy and "usage:" not in energy, energy  # --probe taken
     for lane, key in (("multi", "selftest/distributed/ok"), ("host", "selftest/noise/noisy"),
                       ("gpu1", "selftest/trivial/ok")):
         assert f"{lane}: measured with 3 repeats: {key}" in log, log

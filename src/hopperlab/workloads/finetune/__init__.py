@@ -284,6 +284,6 @@ FAMILY = FamilyInfo(
     check_assets=check_assets,
     check=check,
     # building a 7B model takes longer than its measured steps: windows of measured steps
-    # (the torch backend; sharded and NeMo runs fall back to reruns)
+    # (the torch and sharded backends; NeMo runs fall back to reruns)
     repeat_unit="windows",
 )

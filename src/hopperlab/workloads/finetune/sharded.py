@@ -346,14 +346,15 @@ def diagnose(plan: "Plan", recorder: Recording, cuda: bool, model: nn.Module, op
     if not cuda:
         recorder.set_tag("finetune.step_profile", "skipped: the figures are the GPU's (no CUDA)")
         return
+    after = plan.warmup + plan.steps * max(1, plan.windows)  # the first step not measured
     (_, opt_s, exposed_s), figures, why = step_profile.profile_step(
-        lambda: train_step(model, opt, plan.warmup + plan.steps, accum, rank, world,
+        lambda: train_step(model, opt, after, accum, rank, world,
                            plan.seq_len, plan.micro_batch, plan.shape.vocab, plan.seed, device,
                            overlap),
         lambda: _sync(device))
     figures.update(diag_optimizer_s=opt_s, diag_optimizer_exposed_s=exposed_s)
     recorder.set_tag("finetune.step_profile", why or (
-        f"step {plan.warmup + plan.steps} (after the measured ones), torch.profiler CUDA "
+        f"step {after} (after the measured ones), torch.profiler CUDA "
         f"activity, reduced to diag_* (step_profile.py)"))
     recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})
 
@@ -436,6 +437,9 @@ class Plan:
     #: FSDP2 offload at world size 1: stage the next layer's host shards on a side stream
     #: (``prefetch_h2d``)
     h2d_prefetch: bool = True
+    #: the run's repeats (repeat_unit "windows"): after the one warm-up, ``windows`` windows of
+    #: ``steps`` steps on the one built model, each recorded as a sample; 1: no samples
+    windows: int = 1
 
 
 def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None) -> None:
@@ -638,11 +642,14 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     times, opt_times, exposed_times, losses, warmup_s = [], [], [], [], 0.0
+    windows = max(1, plan.windows)  # repeats: windows of plan.steps, one measured region
     recorder.mark_setup_done()  # set-up ends where the first step begins (setup_s)
     with ExitStack() as measured:  # the measured window: the steps after warm-up
-        for step in range(plan.warmup + plan.steps):
+        for step in range(plan.warmup + plan.steps * windows):
             if step == plan.warmup:
                 measured.enter_context(measured_region())
+            if step >= plan.warmup and windows > 1:  # step lines say their window
+                recorder.repeat = (step - plan.warmup) // plan.steps
             _sync(device)
             t0 = time.perf_counter()
             loss, opt_s, exposed_s = train_step(model, opt, step, accum, rank, world,
@@ -658,6 +665,7 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
                 times.append(dt)
                 opt_times.append(opt_s)
                 exposed_times.append(exposed_s)
+    recorder.repeat = None
     if plan.compile:  # dynamo's graphs so far: the run's layers share one (the probe's plain
         # layers, measured later, add their own)
         from torch._dynamo.utils import counters
@@ -667,11 +675,15 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
         diagnose(plan, recorder, cuda, model, opt, device, rank, world, accum, overlap)
     if hasattr(opt, "wait_kind"):
         recorder.set_tag("finetune.optimizer_wait", opt.wait_kind)
-    s_iter = percentile(times, 50)
-    if world > 1:  # the run is as fast as its slowest rank
-        t = torch.tensor([s_iter], dtype=torch.float64, device=device)
+    # the run's p50 and each window's: the run is as fast as its slowest rank, window by
+    # window too; one collective for all of them, the same call on every rank
+    cut = [slice(w * plan.steps, (w + 1) * plan.steps) for w in range(windows)]
+    p50s = [percentile(times, 50)] + [percentile(times[c], 50) for c in cut]
+    if world > 1:
+        t = torch.tensor(p50s, dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        s_iter = float(t)
+        p50s = [float(v) for v in t.tolist()]
+    s_iter = p50s[0]
     tokens = plan.global_batch * plan.seq_len
     elt = torch.finfo(plan.dtype).bits // 8
     figures = {"step_time_p50_s": s_iter, "s_per_iter": s_iter, "tokens_per_s": tokens / s_iter,
@@ -716,3 +728,21 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
         figures["compute_measured_over_floor"] = (figures["compute_measured_s"]
                                                   / floor["floor_compute_s"])
     recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})
+    if windows > 1:  # one sample per window, judged like the run (repeats.measure aggregates)
+        for c, s_w in zip(cut, p50s[1:]):
+            sample = window_figures(s_w, tokens, times[c], opt_times[c], exposed_times[c], floor)
+            recorder.add_sample({k: v for k, v in sample.items() if math.isfinite(v)})
+
+
+def window_figures(s_iter: float, tokens: int, times: list[float], opt_times: list[float],
+                   exposed_times: list[float], floor: dict[str, float]) -> dict[str, float]:
+    """One window's sample: its p50 step (``s_iter``: the slowest rank's), the figures judged
+    from it and its floor ratios, this rank's own parts, and the tokens of its steps
+    (``measured_tokens``: the windows' samples sum to the run's, ``work_done_totals``)."""
+    out = {"step_time_p50_s": s_iter, "s_per_iter": s_iter, "tokens_per_s": tokens / s_iter,
+           "step_s": percentile(times, 50), "optimizer_step_s": percentile(opt_times, 50),
+           "optimizer_exposed_s": percentile(exposed_times, 50),
+           "measured_tokens": float(len(times) * tokens), **step_floor.over_floor(s_iter, floor)}
+    if floor.get("optimizer_floor_s", 0) > 0:
+        out["optimizer_over_floor"] = out["optimizer_step_s"] / floor["optimizer_floor_s"]
+    return out

@@ -326,7 +326,8 @@ def _pinned_link(device: Any) -> tuple[float, float]:
 
 def run_sharded(spec: RunView, params: FinetuneParams, recorder: Recording) -> None:
     """Full fine-tuning sharded over the run's ranks (FSDP2, with CPU offload) or torchao's
-    CPU-offloaded optimizer on one GPU (``sharded.py``)."""
+    CPU-offloaded optimizer on one GPU (``sharded.py``); ``repeats`` are windows of measured
+    steps after one build and warm-up (a 13B build takes longer than its steps)."""
     import torch
     import torch.distributed as dist
 
@@ -354,7 +355,8 @@ def run_sharded(spec: RunView, params: FinetuneParams, recorder: Recording) -> N
         delayed_update=params.delayed_update, compile=params.compile,
         diagnose_step=params.diagnose_step, reshard_after_forward=params.reshard_after_forward,
         h2d_prefetch=params.h2d_prefetch,
-        cpus=env_threads("OMP_NUM_THREADS"))  # what the runner's thread plan gave this rank
+        cpus=env_threads("OMP_NUM_THREADS"),  # what the runner's thread plan gave this rank
+        windows=spec.repeats)  # repeat_unit "windows": the model built once, one warm-up
     recorder.set_tag("finetune.world_size", world)
     if params.sharding in ("fsdp2-cpu-offload", "torchao-cpu-offload"):
         recorder.set_tag("finetune.cpu_optimizer", (
