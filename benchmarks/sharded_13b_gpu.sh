@@ -13,7 +13,9 @@
 # fills the inductor cache those rows read). OUT gets few files (a lent machine returns at most
 # 8): node.txt, block-bench.txt, snakemake.log, sharded-13b.txt (the tables), sharded-13b.json
 # (every run's metrics, tags and thread plan), runs.tgz (each run's small files), energy.tgz,
-# workflow.txt (the workflow's own tables).
+# workflow.txt (the workflow's own tables; with REPEATS=N, N >= 3, the runs measure N windows
+# each and `hopperlab references update` writes references from them into a copy of
+# configs/references, whose diff ends workflow.txt).
 set -uo pipefail
 OUT=${1:?OUT}
 E=finetune/full-llama2-13b-sharded
@@ -54,6 +56,13 @@ export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 python3 benchmarks/sharded_table.py "$RESULTS" --json "$OUT/sharded-13b.json" | tee "$OUT/sharded-13b.txt"
 cp "$WF/runs.tgz" "$WF/energy.tgz" "$OUT/" 2>/dev/null  # energy.tgz: power traces and windows (issue 36)
 cat "$WF/table.txt" "$WF/check.txt" "$WF/energy.txt" >"$OUT/workflow.txt" 2>/dev/null
+if [ "${REPEATS:-1}" -ge 3 ]; then  # references from the windows, into a copy: the diff to commit
+  cp -r configs/references "$WF/references"
+  { echo "== hopperlab references update $RESULTS (REPEATS=$REPEATS)"
+    python3 -m hopperlab.cli references update "$RESULTS" --references "$WF/references" \
+      --config site=gpu-node scale=full 2>&1; echo "exit $?"
+    diff -ru configs/references "$WF/references"; } >>"$OUT/workflow.txt"
+fi
 # the exit status says whether every run asked for is in the table with status ok
 python3 - "$OUT/sharded-13b.json" "${GROUPS_[*]}" <<'PY'
 import json, sys

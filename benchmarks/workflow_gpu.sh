@@ -9,7 +9,8 @@
 # GPUS (1) is snakemake's --resources gpus= (4 on a 4-GPU node for its multi-GPU runs), CORES (all)
 # its --cores (1: one job at a time, e.g. so that a link measurement has the node to itself);
 # SNAKEMAKE_TIMEOUT_S stops snakemake after that long (0: never), so that what ran is still read
-# back; RESULTS names the results folder (results-gpu). Wheels missing from the node's image: in
+# back; RESULTS names the results folder (results-gpu); REPEATS, the `repeats` config key
+# (unset: the config's 1). Wheels missing from the node's image: in
 # $WHEELS (.whl-wf). At the end: a short table of the runs (benchmarks/run_table.py), `hopperlab
 # check`, and $OUT/runs.tgz with each run's small files (no profiles), for docs and fixtures.
 set -uo pipefail
@@ -28,7 +29,7 @@ start_mlflow_server /tmp/mlflow "$OUT/mlflow-server.log" 120
 echo "[workflow_gpu] mlflow server up after ${SECONDS}s"
 timeout "${SNAKEMAKE_TIMEOUT_S:-0}" python3 -m snakemake --cores "${CORES:-all}" --resources "gpus=${GPUS:-1}" --scheduler greedy \
   --config "site=${SITE:-gpu-node}" "scale=${SCALE:-full}" "profiler=${PROFILER:-nsys}" \
-  results_dir="${RESULTS:-results-gpu}" "only=$RUNS" \
+  results_dir="${RESULTS:-results-gpu}" "only=$RUNS" ${REPEATS:+"repeats=$REPEATS"} \
   ${SUBS:+"asset_substitutes=$SUBS"} 2>&1 | tee "$OUT/snakemake.log" | \
   grep -E "^\[hopperlab|rror|Finished job|steps \(|done\)" | tail -60
 echo "[workflow_gpu] snakemake exit ${PIPESTATUS[0]} after ${SECONDS}s"

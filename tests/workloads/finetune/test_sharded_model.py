@@ -91,7 +91,7 @@ def test_a_cpu_run_with_compile_traces_with_the_eager_backend_and_says_so(monkey
 @pytest.mark.integration  # a job through the runner, ~15 s
 def test_a_cpu_run_with_compile_and_the_profiled_step_says_what_it_left_out(tmp_path):
     """Smoke scale with the full scale's compile and checkpointing and the profiled step: the
-    layers traced by dynamo's eager backend in one graph, each said in the record; the
+    layers traced by dynamo's eager backend (one graph per kind of layer), said in the record; the
     profiled step is the GPU's and is skipped on a CPU, with the reason."""
     import json
 
@@ -110,5 +110,106 @@ def test_a_cpu_run_with_compile_and_the_profiled_step_says_what_it_left_out(tmp_
     assert tags["finetune.compile"].startswith("each decoder layer (2, eager")
     assert "no kernels" in tags["finetune.compile_skipped"]
     assert tags["finetune.step_profile"].startswith("skipped")
-    assert m["compile_graphs"] == 1 and m["warmup_s"] > 0
+    # the variant's last layer keeps its up-projection: a recomputing and a keeping graph
+    assert tags["finetune.mlp_up_saved"].startswith("the last 1 of 2 decoder layers keep")
+    assert m["compile_graphs"] == 2 and m["mlp_up_saved_layers"] == 1 and m["warmup_s"] > 0
     assert not any(k.startswith("diag_") for k in m)
+
+
+def _grads_of(model, tokens):
+    loss = sharded.loss_of(model, tokens)
+    loss.backward()
+    return float(loss.detach()), [p.grad.clone() for p in model.parameters()]
+
+
+def test_layers_keeping_their_mlp_up_projection_train_the_same():
+    """The last 2 of 3 layers keep their up-projection (two checkpoints around it): loss and
+    gradients equal the all-recomputed and the not-checkpointed model's at float64, and the
+    flag is set only where the model recomputes."""
+    import torch
+
+    tokens = torch.randint(0, SHAPE.vocab, (2, 9), generator=torch.Generator().manual_seed(3))
+    plain = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5)
+    assert sharded.keep_mlp_up(plain, 2) == 0  # nothing is recomputed: nothing to keep
+    ref_loss, ref_grads = _grads_of(plain, tokens)
+    kept = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
+    assert sharded.keep_mlp_up(kept, 2) == 2
+    assert [layer.save_mlp_up for layer in kept.layers] == [False, True, True]
+    loss, grads = _grads_of(kept, tokens)
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_a_kept_up_projection_is_not_recomputed_in_backward():
+    """What the layer runs in backward: a checkpointed layer calls gate_up twice per step
+    (forward and its recomputation); a keeping layer once."""
+    import torch
+
+    calls = {"kept": 0, "recomputed": 0}
+    model = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
+    sharded.keep_mlp_up(model, 1)
+    model.layers[2].gate_up.register_forward_hook(
+        lambda *_: calls.__setitem__("kept", calls["kept"] + 1))
+    model.layers[0].gate_up.register_forward_hook(
+        lambda *_: calls.__setitem__("recomputed", calls["recomputed"] + 1))
+    tokens = torch.randint(0, SHAPE.vocab, (2, 9), generator=torch.Generator().manual_seed(3))
+    sharded.loss_of(model, tokens).backward()
+    assert calls == {"kept": 1, "recomputed": 2}
+
+
+@pytest.mark.integration  # dynamo + AOTAutograd tracing of two kinds of layer, ~8 s
+def test_compiled_keeping_layers_give_eagers_gradients_from_two_graphs():
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    tokens = torch.randint(0, SHAPE.vocab, (2, 9), generator=torch.Generator().manual_seed(3))
+    eager = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
+    compiled = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
+    for model in (eager, compiled):
+        sharded.keep_mlp_up(model, 2)
+    sharded.compile_layers(compiled, backend="aot_eager")
+    loss, grads = _grads_of(compiled, tokens)
+    ref_loss, ref_grads = _grads_of(eager, tokens)
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert counters["stats"]["unique_graphs"] == 2  # a recomputing layer and a keeping one
+    torch._dynamo.reset()
+
+
+def test_the_floor_counts_no_recomputation_of_a_kept_up_projection():
+    import torch
+
+    plan = sharded.Plan(mode="fsdp2", shape=SHAPE, seq_len=8, micro_batch=2, global_batch=2,
+                        steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
+                        seed=5, checkpointing=True)
+    model = sharded.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
+    all_recomputed = sharded.step_flops_of(model, plan, 1)
+    sharded.keep_mlp_up(model, 2)
+    up = model.layers[0].gate_up.weight.numel()
+    assert all_recomputed - sharded.step_flops_of(model, plan, 1) == pytest.approx(
+        2 * 2 * up * plan.global_batch * plan.seq_len)  # 2 FLOPs per parameter per token
+
+
+def test_the_compute_probe_prices_the_keeping_layers_with_a_probe_of_their_own(monkeypatch):
+    """Beyond 4 layers the compute is extrapolated from probes of 2 and 4 recomputing layers;
+    with keeping layers a third probe of 2 such layers adds each one's difference."""
+    import torch
+
+    seen = []
+
+    def fake_measure(model, plan, device, accum):
+        kept = sum(layer.save_mlp_up for layer in model.layers)
+        seen.append((len(model.layers), kept))
+        return 1.0 + 0.5 * len(model.layers) - 0.1 * kept
+
+    monkeypatch.setattr(sharded, "measure_compute", fake_measure)
+    shape = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=10)
+    plan = sharded.Plan(mode="fsdp2", shape=shape, seq_len=8, micro_batch=2, global_batch=2,
+                        steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
+                        seed=5, checkpointing=True, mlp_up_saved_layers=3)
+    assert sharded.probe_compute(plan, "cpu", 1) == pytest.approx(1.0 + 0.5 * 10 - 0.1 * 3)
+    assert seen == [(2, 0), (4, 0), (2, 2)]

@@ -92,13 +92,18 @@ class Block(nn.Module):
     """One decoder layer. Under ``checkpointing`` its forward is recomputed in backward
     (``torch.utils.checkpoint`` inside ``forward``, so that a compiled layer holds the
     checkpoint in its graph and the partitioner plans the recomputation: torchtitan's order,
-    activation checkpointing, then compile, then ``fully_shard`` around both)."""
+    activation checkpointing, then compile, then ``fully_shard`` around both).
+    ``save_mlp_up`` (``keep_mlp_up``): the layer keeps its MLP's up-projection output and
+    input instead of recomputing them: two checkpoints (attention and norm; the MLP's
+    element-wise part and down-projection) around an up-projection autograd saves for itself,
+    so backward recomputes no ``gate_up`` matmul (its largest: 43 % of a 13B layer's)."""
 
     def __init__(self, s: Shape, dtype: Any, device: Any, checkpointing: bool = False) -> None:
         super().__init__()
         kw = {"bias": False, "dtype": dtype, "device": device}
         self.heads = s.heads
         self.checkpointing = checkpointing
+        self.save_mlp_up = False
         self.attn_norm, self.mlp_norm = RMSNorm(s.hidden, dtype, device), RMSNorm(s.hidden, dtype, device)
         self.qkv = nn.Linear(s.hidden, 3 * s.hidden, **kw)
         self.o = nn.Linear(s.hidden, s.hidden, **kw)
@@ -106,18 +111,31 @@ class Block(nn.Module):
         self.down = nn.Linear(s.ffn, s.hidden, **kw)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.checkpointing:
+        if not self.checkpointing:
+            return self.body(x, cos, sin)
+        if not self.save_mlp_up:
             return checkpoint(self.body, x, cos, sin, use_reentrant=False)
-        return self.body(x, cos, sin)
+        x, normed = checkpoint(self.attention, x, cos, sin, use_reentrant=False)
+        return x + checkpoint(self.mlp_tail, self.gate_up(normed), use_reentrant=False)
 
     def body(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x, normed = self.attention(x, cos, sin)
+        return x + self.mlp_tail(self.gate_up(normed))
+
+    def attention(self, x: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream after attention, and its norm (the MLP's input)."""
         b, t, h = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).view(b, t, 3, self.heads, -1).unbind(2)
         q, k, v = rope(q.transpose(1, 2), cos, sin), rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.o(a.transpose(1, 2).reshape(b, t, h))
-        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        return x, self.mlp_norm(x)
+
+    def mlp_tail(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SwiGLU's element-wise part and the down-projection, from the up-projection."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 class Llama(nn.Module):
@@ -136,6 +154,17 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.head(self.norm(x))
+
+
+def keep_mlp_up(model: Llama, layers: int) -> int:
+    """Let the last ``layers`` decoder layers keep their MLP's up-projection (``Block``) where
+    the model recomputes in backward; before the first forward (a compiled layer reads the
+    flag when it is traced: two kinds of layers, two graphs). Returns how many keep it (0
+    without checkpointing: nothing is recomputed)."""
+    n = min(max(0, layers), len(model.layers)) if model.checkpointing else 0
+    for i, layer in enumerate(model.layers):
+        layer.save_mlp_up = i >= len(model.layers) - n
+    return n
 
 
 #: what a CPU run with ``compile`` does (no inductor kernels: minutes of C++ for a smoke run)
@@ -437,6 +466,9 @@ class Plan:
     #: FSDP2 offload at world size 1: stage the next layer's host shards on a side stream
     #: (``prefetch_h2d``)
     h2d_prefetch: bool = True
+    #: under checkpointing, the last N decoder layers keep their MLP's up-projection instead
+    #: of recomputing it (``keep_mlp_up``): GPU memory for fewer FLOPs
+    mlp_up_saved_layers: int = 0
     #: the run's repeats (repeat_unit "windows"): after the one warm-up, ``windows`` windows of
     #: ``steps`` steps on the one built model, each recorded as a sample; 1: no samples
     windows: int = 1
@@ -471,6 +503,13 @@ def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, f
                                       timings=build_parts)
         _sync(device)
         recorder.log_metrics(build_s=time.perf_counter() - t0, **build_parts)
+        saved = keep_mlp_up(model, plan.mlp_up_saved_layers)
+        if plan.mlp_up_saved_layers:
+            recorder.log_metric("mlp_up_saved_layers", float(saved))
+            recorder.set_tag("finetune.mlp_up_saved", (
+                f"the last {saved} of {len(model.layers)} decoder layers keep their MLP's "
+                f"up-projection (not recomputed in backward)") if saved else
+                "none: the model does not recompute (checkpointing off)")
         for key, value in compile_model(model, plan, cuda).items():
             recorder.set_tag(key, value)
         if plan.mode.startswith("fsdp2"):
@@ -523,25 +562,34 @@ def check_host_memory(plan: Plan, world: int, recorder: Recording, device: Any,
 
 
 def probe_compute(plan: Plan, device: Any, accum: int) -> float:
-    """The floor's compute part: forward and backward of this rank's micro batches of one step
-    on a model whole on ``device`` (``measure_compute``), with up to 4 decoder layers so that it
-    fits beside the run; more layers are extrapolated from probes of 2 and 4."""
+    """The run's GPU compute alone (a diagnostic beside the floor): forward and backward of this
+    rank's micro batches of one step on a model whole on ``device`` (``measure_compute``), with
+    up to 4 decoder layers so that it fits beside the run; more layers are extrapolated from
+    probes of 2 and 4, and where the run's last layers keep their MLP's up-projection
+    (``keep_mlp_up``) a third probe of 2 such layers prices them."""
     from dataclasses import replace
 
     layers = plan.shape.layers
-    sizes = (layers,) if layers <= 4 else (2, 4)
-    times = []
-    for n in sizes:
+    saved = min(plan.mlp_up_saved_layers, layers) if plan.checkpointing else 0
+
+    def timed(n: int, keep: int) -> float:
         probe = build_model(replace(plan.shape, layers=n), plan.dtype, device, plan.seed,
                             plan.checkpointing)
+        keep_mlp_up(probe, keep)
         compile_model(probe, plan, _is_cuda(device))
-        times.append(measure_compute(probe, plan, device, accum))
+        seconds = measure_compute(probe, plan, device, accum)
         del probe
         if _is_cuda(device):
             torch.cuda.empty_cache()
-    if len(times) == 1:
-        return times[0]
-    return step_floor.extrapolate_layers(times[0], times[1], sizes[0], sizes[1], layers)
+        return seconds
+
+    if layers <= 4:
+        return timed(layers, saved)
+    t2, t4 = timed(2, 0), timed(4, 0)
+    plain = step_floor.extrapolate_layers(t2, t4, 2, 4, layers)
+    if not saved:
+        return plain
+    return plain + saved * ((timed(2, 2) - t2) / 2)  # each saving layer's difference
 
 
 @dataclass(frozen=True)
@@ -624,8 +672,10 @@ def step_flops_of(model: Llama, plan: "Plan", world: int) -> float:
                  if p.dim() == 2 and not name.startswith("embed"))
     head = model.head.weight.numel()
     tokens = plan.global_batch // world * plan.seq_len
+    not_recomputed = sum(layer.gate_up.weight.numel() for layer in model.layers
+                         if plan.checkpointing and layer.save_mlp_up)
     return step_floor.step_flops(matmul, head, plan.shape.layers, plan.shape.hidden,
-                                 plan.seq_len, tokens, plan.checkpointing)
+                                 plan.seq_len, tokens, plan.checkpointing, not_recomputed)
 
 
 def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None,

@@ -55,15 +55,16 @@ class FloorInputs:
 
 
 def step_flops(matmul_params: int, head_params: int, layers: int, hidden: int, seq_len: int,
-               tokens: int, checkpointing: bool) -> float:
+               tokens: int, checkpointing: bool, not_recomputed: int = 0) -> float:
     """FLOPs of one step over ``tokens`` of sequences of ``seq_len``: forward and backward
     (6 per matmul parameter per token), causal attention (its score and value products: 2 x 2
     x seq/2 x hidden per layer per token forward, twice that backward), and under activation
-    checkpointing the decoder layers' forward once more (the head is not recomputed)."""
+    checkpointing the decoder layers' forward once more (the head is not recomputed, nor the
+    ``not_recomputed`` matmul parameters whose outputs the run keeps)."""
     attn_fwd = 2.0 * layers * hidden * seq_len  # 4 * hidden * (seq/2) per layer, causal
     per_token = 6.0 * matmul_params + 3.0 * attn_fwd
     if checkpointing:
-        per_token += 2.0 * (matmul_params - head_params) + attn_fwd
+        per_token += 2.0 * (matmul_params - head_params - not_recomputed) + attn_fwd
     return per_token * tokens
 
 
