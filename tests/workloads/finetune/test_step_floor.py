@@ -96,3 +96,21 @@ def test_forty_layers_from_probes_of_two_and_four():
     assert sf.extrapolate_layers(1.0, 1.5, 2, 4, 40) == pytest.approx(1.0 + 38 * 0.25)
     assert sf.extrapolate_layers(1.0, 1.5, 2, 4, 4) == 1.5
     assert sf.extrapolate_layers(1.0, 0.9, 2, 4, 40) == 1.0  # noise never makes layers free
+
+
+def test_the_model_flops_per_token_are_the_torch_backends_formula():
+    """The sharded run's ``flops_per_token`` (energy's plausibility gate) is 6 per matmul
+    parameter plus causal attention, the convention of ``finetune.metrics.flops_per_token``:
+    its attention term 12 x layers x hidden x seq over 2 (causal) is this one's 3 x 2 x ..."""
+    import torch
+
+    from hopperlab.workloads.finetune import sharded
+
+    shape = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
+    model = sharded.build_model(shape, torch.float32, "cpu", seed=5, checkpointing=True)
+    plan = sharded.Plan(mode="fsdp2", shape=shape, seq_len=8, micro_batch=2, global_batch=2,
+                        steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
+                        seed=5, checkpointing=True)
+    matmul = 3 * (32 * 96 + 32 * 32 + 32 * 128 + 64 * 32) + 64 * 32
+    assert sharded.model_flops_per_token(model, plan) == pytest.approx(
+        6 * matmul + 6 * 3 * 32 * 8)

@@ -678,6 +678,17 @@ def step_flops_of(model: Llama, plan: "Plan", world: int) -> float:
                                  plan.seq_len, tokens, plan.checkpointing, not_recomputed)
 
 
+def model_flops_per_token(model: Llama, plan: "Plan") -> float:
+    """The model's FLOPs per training token (forward and backward, causal attention; no
+    recomputation): the figure the torch backend logs as ``flops_per_token``, so that the
+    energy's plausibility gate (work per joule against the node's matmul probe) judges these
+    runs too."""
+    matmul = sum(p.numel() for name, p in model.named_parameters()
+                 if p.dim() == 2 and not name.startswith("embed"))
+    return step_floor.step_flops(matmul, model.head.weight.numel(), plan.shape.layers,
+                                 plan.shape.hidden, plan.seq_len, 1, checkpointing=False)
+
+
 def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None,
          model: Llama, device: Any, rank: int, world: int, accum: int) -> None:
     n_params = sum(p.numel() for p in model.parameters())  # global sizes, sharded or not
@@ -757,6 +768,7 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     # bytes at the pinned rates, the CPU optimizer's bytes at the node's triad (every rank at
     # once, on the job's threads); the run's own parts stay beside it as diagnostics
     local = ranks_on_host(world)
+    figures["flops_per_token"] = model_flops_per_token(model, plan)
     figures["matmul_tflops"] = matmul_rate_tflops(device, plan.dtype)
     figures["compute_measured_s"] = probe_compute(plan, device, accum)  # diagnostic
     host = None
