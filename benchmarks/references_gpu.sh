@@ -89,6 +89,8 @@ PROBE_S=${PROBE_S:-60}
 say "GPUs $NGPU; site $SITE, scale $SCALE; repeats $REPEATS (multi $MULTI_REPEATS); budget ${BUDGET_S}s"
 cp -r configs/references "$W/references"
 
+# shellcheck source=benchmarks/bounded.sh
+. "$(dirname "$0")/bounded.sh"  # run_bounded: a pass's deadline ends its jobs too
 SERVER=
 if [ "$SITE" = gpu-node ]; then  # the site's tracking server (uploads go to it as runs settle)
   # shellcheck source=benchmarks/mlflow_server.sh
@@ -125,7 +127,7 @@ pass() {
   fi
   say "$name $run: start (GPUs $cvd, repeats $repeats, ${left}s left)"
   local t=$SECONDS
-  CUDA_VISIBLE_DEVICES=$cvd timeout "$left" python3 -m snakemake --cores all \
+  run_bounded "$left" env CUDA_VISIBLE_DEVICES="$cvd" python3 -m snakemake --cores all \
     --resources "gpus=$gpus" --scheduler greedy --nolock \
     --config "site=$SITE" "scale=$SCALE" profiler=none "results_dir=$W/$name" "only=$run" \
     "repeats=$repeats" ${SUBS:+"asset_substitutes=$SUBS"} ${FAMILIES:+"families=$FAMILIES"} \

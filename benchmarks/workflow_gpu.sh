@@ -8,8 +8,8 @@
 # node without the Hugging Face Hub. SITE, SCALE, PROFILER override gpu-node, full, nsys;
 # GPUS (1) is snakemake's --resources gpus= (4 on a 4-GPU node for its multi-GPU runs), CORES (all)
 # its --cores (1: one job at a time, e.g. so that a link measurement has the node to itself);
-# SNAKEMAKE_TIMEOUT_S stops snakemake after that long (0: never), so that what ran is still read
-# back; RESULTS names the results folder (results-gpu); REPEATS, the `repeats` config key
+# SNAKEMAKE_TIMEOUT_S stops snakemake and the jobs it started after that long (0: never;
+# benchmarks/bounded.sh), so that what ran is still read back; RESULTS names the results folder (results-gpu); REPEATS, the `repeats` config key
 # (unset: the config's 1). Wheels missing from the node's image: in
 # $WHEELS (.whl-wf). At the end: a short table of the runs (benchmarks/run_table.py), `hopperlab
 # check`, and $OUT/runs.tgz with each run's small files (no profiles), for docs and fixtures.
@@ -27,12 +27,16 @@ mkdir -p "$OUT"
 . "$(dirname "$0")/mlflow_server.sh"
 start_mlflow_server /tmp/mlflow "$OUT/mlflow-server.log" 120
 echo "[workflow_gpu] mlflow server up after ${SECONDS}s"
-timeout "${SNAKEMAKE_TIMEOUT_S:-0}" python3 -m snakemake --cores "${CORES:-all}" --resources "gpus=${GPUS:-1}" --scheduler greedy \
+# shellcheck source=benchmarks/bounded.sh
+. "$(dirname "$0")/bounded.sh"
+run_bounded "${SNAKEMAKE_TIMEOUT_S:-0}" python3 -m snakemake --cores "${CORES:-all}" \
+  --resources "gpus=${GPUS:-1}" --scheduler greedy \
   --config "site=${SITE:-gpu-node}" "scale=${SCALE:-full}" "profiler=${PROFILER:-nsys}" \
   results_dir="${RESULTS:-results-gpu}" "only=$RUNS" ${REPEATS:+"repeats=$REPEATS"} \
-  ${SUBS:+"asset_substitutes=$SUBS"} 2>&1 | tee "$OUT/snakemake.log" | \
-  grep -E "^\[hopperlab|rror|Finished job|steps \(|done\)" | tail -60
-echo "[workflow_gpu] snakemake exit ${PIPESTATUS[0]} after ${SECONDS}s"
+  ${SUBS:+"asset_substitutes=$SUBS"} >"$OUT/snakemake.log" 2>&1
+RC=$?
+grep -E "^\[hopperlab|rror|Finished job|steps \(|done\)" "$OUT/snakemake.log" | tail -60
+echo "[workflow_gpu] snakemake exit $RC after ${SECONDS}s$([ $RC = 124 ] && echo ' (stopped at SNAKEMAKE_TIMEOUT_S, its jobs with it)')"
 R=${RESULTS:-results-gpu}
 python3 benchmarks/mlflow_readback.py http://127.0.0.1:5000 --json "$OUT/mlflow-readback.json" \
   >"$OUT/mlflow-readback.txt" 2>&1
