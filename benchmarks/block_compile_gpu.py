@@ -89,12 +89,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from hopperlab.cuda.device_rates import matmul_tflops
-    from hopperlab.workloads.finetune import sharded
+    from hopperlab.workloads.finetune import llama, sharded
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     hidden, heads, ffn, _vocab, _layers = SHAPES[args.shape]
-    shape = sharded.Shape(hidden, heads, ffn, _vocab, 1)
+    shape = llama.Shape(hidden, heads, ffn, _vocab, 1)
     seq = args.seq
     rows = max(1, args.tokens // seq)
     tokens = rows * seq
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else sharded.matmul_rate_tflops(device, dtype))
 
     def block() -> Any:
-        b = sharded.Block(shape, dtype, device, checkpointing=True)
+        b = llama.Block(shape, dtype, device, checkpointing=True)
         with torch.no_grad():
             for p in b.parameters():
                 (p.fill_(1.0) if p.dim() == 1 else p.normal_(0.0, 0.02))
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(rows, seq, hidden, generator=g, device=device, dtype=dtype).requires_grad_()
     grad = torch.randn(rows, seq, hidden, generator=g, device=device, dtype=dtype)
-    cos, sin = sharded.rope_tables(seq, hidden // heads, device, dtype)
+    cos, sin = llama.rope_tables(seq, hidden // heads, device, dtype)
     matmul_params = 4 * hidden * hidden + 3 * hidden * ffn
     flops = step_floor.step_flops(matmul_params, 0, 1, hidden, seq, tokens, checkpointing=True)
     floor_s = flops / (rate * 1e12)

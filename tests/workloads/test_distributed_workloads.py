@@ -16,12 +16,12 @@ import torch.multiprocessing as mp
 
 from hopperlab.config.matrix import load_matrix
 from tests.infra.mlflow_fixture import free_port
-from hopperlab.workloads.finetune import sharded
+from hopperlab.workloads.finetune import llama, sharded
 from hopperlab.workloads.inference import tensor_parallel as tp
 from tests.helpers import REPO, copy_project, hopperlab
 
 TP_SHAPE = tp.Shape(hidden=64, heads=4, kv_heads=2, ffn=96, vocab=128, layers=2)
-FT_SHAPE = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=2)
+FT_SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=2)
 
 
 def _tp_logits(out: Path) -> None:
@@ -55,9 +55,9 @@ def _ft_step(out: Path, tag: str, world: int) -> None:
             # uneven rows (world 3): FSDP2 pads those shards into tensors of its own
             assert share_in(model, bases) == 1.0 or world == 3
     else:
-        model = sharded.build_model(FT_SHAPE, torch.float64, "cpu", seed=5, checkpointing=ckpt)
+        model = llama.build_model(FT_SHAPE, torch.float64, "cpu", seed=5, checkpointing=ckpt)
     if "compile" in flags:
-        sharded.compile_layers(model, backend="aot_eager")
+        llama.compile_layers(model, backend="aot_eager")
     rank = dist.get_rank() if dist.is_initialized() else 0
     full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t  # noqa: E731
     local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
@@ -200,7 +200,7 @@ def test_smoke_runs_through_the_local_launcher(tmp_path, key):
 def test_the_compute_probe_leaves_the_model_as_it_was():
     """The floor's compute part is measured on the model the run then trains: the probe must
     not move a weight nor leave a gradient behind."""
-    model = sharded.build_model(FT_SHAPE, torch.float32, "cpu", seed=3)
+    model = llama.build_model(FT_SHAPE, torch.float32, "cpu", seed=3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     plan = sharded.Plan(mode="fsdp2-cpu-offload", shape=FT_SHAPE, seq_len=8, micro_batch=2,
                         global_batch=4, steps=2, warmup=0, dtype=torch.float32, lr=1e-3,
@@ -237,10 +237,10 @@ def test_the_probe_of_a_deep_model_holds_four_layers_at_most(monkeypatch):
     """A model of more than 4 layers is probed with 2 and 4 and extrapolated: the probe never
     needs the whole model beside the run."""
     built = []
-    real = sharded.build_model
+    real = llama.build_model
     monkeypatch.setattr(sharded, "build_model",
                         lambda shape, *a, **k: built.append(shape.layers) or real(shape, *a, **k))
-    deep = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=40)
+    deep = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=40)
     plan = sharded.Plan(mode="fsdp2-cpu-offload", shape=deep, seq_len=8, micro_batch=2,
                         global_batch=4, steps=1, warmup=0, dtype=torch.float32, lr=1e-3,
                         weight_decay=0.0, seed=3, checkpointing=False)

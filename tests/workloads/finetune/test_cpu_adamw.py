@@ -14,11 +14,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hopperlab.node.host_bandwidth import triad_gbps
-from hopperlab.workloads.finetune import cpu_adamw, sharded
+from hopperlab.workloads.finetune import cpu_adamw, llama, sharded
 from tests.helpers import copy_project, edit_yaml, hopperlab
 from tests.infra.mlflow_fixture import free_port
 
-SHAPE = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
+SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
 LR, WD, SEQ, GLOBAL, STEPS = 1e-2, 0.1, 8, 4, 3
 
 
@@ -44,7 +44,7 @@ def _reference_steps(delayed: bool = False) -> dict[str, torch.Tensor]:
     """The whole model in one process, torch's reference (single-tensor, unfused) AdamW;
     ``delayed``: ZeRO-Offload's delayed update, by hand: each step's gradients, taken at the
     weights of the step, update them at the next step (the first step updates nothing)."""
-    model = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5)
+    model = llama.build_model(SHAPE, torch.float64, "cpu", seed=5)
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=LR, weight_decay=WD, foreach=False, fused=False)
     held = None
@@ -104,7 +104,7 @@ def test_the_offloaded_adamw_gives_torchs_reference_update(tmp_path, overlap, de
     got = torch.load(tmp_path / f"weights-{overlap}-{delayed}.pt")
     ref = _reference_steps(delayed)
     other = _reference_steps(not delayed)
-    start = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5)
+    start = llama.build_model(SHAPE, torch.float64, "cpu", seed=5)
     for name, value in ref.items():
         torch.testing.assert_close(got[name], value, rtol=1e-9, atol=1e-11)
         assert not torch.equal(value, dict(start.named_parameters())[name].detach()), name
@@ -182,7 +182,7 @@ def test_the_delayed_update_is_fsdp2_offloads_only():
     with pytest.raises(ValueError, match="delayed_update: only with sharding fsdp2-cpu-offload"):
         FinetuneParams(backend="sharded", method="full", sharding="torchao-cpu-offload",
                        delayed_update=True)
-    model = sharded.build_model(SHAPE, torch.float32, "cpu", seed=5)
+    model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5)
     with pytest.raises(ValueError, match="delayed update is FSDP2 offload's"):
         sharded.make_optimizer(model, "fsdp2", LR, WD, delayed=True)
 
@@ -320,5 +320,5 @@ def test_the_worker_waits_on_the_units_own_gradient_copies(monkeypatch):
         assert seen == [f"1.{j}" for j in range(1, len(units[1]))]
     finally:
         dist.destroy_process_group()
-    plain = sharded.build_model(SHAPE, torch.float32, "cpu", seed=5)
+    plain = llama.build_model(SHAPE, torch.float32, "cpu", seed=5)
     assert cpu_adamw.copy_waits(plain, cpu_adamw.fsdp_units(plain)) is None

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import HashStore
 
-from hopperlab.workloads.finetune import h2d_prefetch, sharded
+from hopperlab.workloads.finetune import h2d_prefetch, llama, sharded
 
-SHAPE = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
+SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
 
 
 @pytest.fixture

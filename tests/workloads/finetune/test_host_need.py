@@ -6,13 +6,13 @@ from __future__ import annotations
 import torch
 
 from hopperlab.workloads.finetune import host_need as hn
-from hopperlab.workloads.finetune import sharded
+from hopperlab.workloads.finetune import llama, sharded
 
-LLAMA_13B = sharded.Shape(5120, 40, 13824, 32000, 40)
+LLAMA_13B = llama.Shape(5120, 40, 13824, 32000, 40)
 
 
 def _local(world: int) -> list[int]:
-    model = sharded.Llama(LLAMA_13B, torch.bfloat16, "meta")
+    model = llama.Llama(LLAMA_13B, torch.bfloat16, "meta")
     return [-(-p.shape[0] // world) * (p.numel() // p.shape[0]) * 2 for p in model.parameters()]
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from hopperlab.workloads.finetune import sharded
+from hopperlab.workloads.finetune import llama, sharded
 
-SHAPE = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
+SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
 
 
 def _rope_as_before(x):
@@ -28,16 +28,16 @@ def test_rope_from_kept_tables_is_the_same_rotation():
 
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
         x = torch.randn(2, 4, 7, 8, generator=torch.Generator().manual_seed(1)).to(dtype)
-        cos, sin = sharded.rope_tables(7, 8, x.device, dtype)
-        assert torch.equal(sharded.rope(x, cos, sin), _rope_as_before(x))
-        assert torch.equal(sharded.rope(x), _rope_as_before(x))
-        assert sharded.rope_tables(7, 8, x.device, dtype)[0] is cos  # made once
+        cos, sin = llama.rope_tables(7, 8, x.device, dtype)
+        assert torch.equal(llama.rope(x, cos, sin), _rope_as_before(x))
+        assert torch.equal(llama.rope(x), _rope_as_before(x))
+        assert llama.rope_tables(7, 8, x.device, dtype)[0] is cos  # made once
 
 
 def test_a_run_without_compile_says_so_and_keeps_eager_layers():
     import torch
 
-    model = sharded.build_model(SHAPE, torch.float32, "cpu", seed=5)
+    model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5)
     plan = sharded.Plan(mode="fsdp2", shape=SHAPE, seq_len=8, micro_batch=2, global_batch=2,
                         steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
                         seed=5, checkpointing=True)
@@ -56,10 +56,10 @@ def test_compiled_layers_give_eagers_loss_and_gradients_from_one_graph(checkpoin
 
     torch._dynamo.reset()
     counters.clear()
-    eager = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=checkpointing)
-    compiled = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5,
+    eager = llama.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=checkpointing)
+    compiled = llama.build_model(SHAPE, torch.float64, "cpu", seed=5,
                                    checkpointing=checkpointing)
-    assert sharded.compile_layers(compiled, backend="aot_eager") == SHAPE.layers
+    assert llama.compile_layers(compiled, backend="aot_eager") == SHAPE.layers
     tokens = torch.randint(0, SHAPE.vocab, (2, 9), generator=torch.Generator().manual_seed(3))
     for model in (eager, compiled):
         sharded.loss_of(model, tokens).backward()
@@ -77,7 +77,7 @@ def test_a_cpu_run_with_compile_traces_with_the_eager_backend_and_says_so(monkey
     seen = []
     monkeypatch.setattr(sharded, "compile_layers",
                         lambda model, backend: seen.append(backend) or len(model.layers))
-    model = sharded.build_model(SHAPE, torch.float32, "cpu", seed=5)
+    model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5)
     plan = sharded.Plan(mode="fsdp2", shape=SHAPE, seq_len=8, micro_batch=2, global_batch=2,
                         steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
                         seed=5, checkpointing=True, compile=True)
@@ -129,11 +129,11 @@ def test_layers_keeping_their_mlp_up_projection_train_the_same():
     import torch
 
     tokens = torch.randint(0, SHAPE.vocab, (2, 9), generator=torch.Generator().manual_seed(3))
-    plain = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5)
-    assert sharded.keep_mlp_up(plain, 2) == 0  # nothing is recomputed: nothing to keep
+    plain = llama.build_model(SHAPE, torch.float64, "cpu", seed=5)
+    assert llama.keep_mlp_up(plain, 2) == 0  # nothing is recomputed: nothing to keep
     ref_loss, ref_grads = _grads_of(plain, tokens)
-    kept = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
-    assert sharded.keep_mlp_up(kept, 2) == 2
+    kept = llama.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
+    assert llama.keep_mlp_up(kept, 2) == 2
     assert [layer.save_mlp_up for layer in kept.layers] == [False, True, True]
     loss, grads = _grads_of(kept, tokens)
     assert loss == pytest.approx(ref_loss, rel=1e-12)
@@ -147,8 +147,8 @@ def test_a_kept_up_projection_is_not_recomputed_in_backward():
     import torch
 
     calls = {"kept": 0, "recomputed": 0}
-    model = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
-    sharded.keep_mlp_up(model, 1)
+    model = llama.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
+    llama.keep_mlp_up(model, 1)
     model.layers[2].gate_up.register_forward_hook(
         lambda *_: calls.__setitem__("kept", calls["kept"] + 1))
     model.layers[0].gate_up.register_forward_hook(
@@ -166,11 +166,11 @@ def test_compiled_keeping_layers_give_eagers_gradients_from_two_graphs():
     torch._dynamo.reset()
     counters.clear()
     tokens = torch.randint(0, SHAPE.vocab, (2, 9), generator=torch.Generator().manual_seed(3))
-    eager = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
-    compiled = sharded.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
+    eager = llama.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
+    compiled = llama.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
     for model in (eager, compiled):
-        sharded.keep_mlp_up(model, 2)
-    sharded.compile_layers(compiled, backend="aot_eager")
+        llama.keep_mlp_up(model, 2)
+    llama.compile_layers(compiled, backend="aot_eager")
     loss, grads = _grads_of(compiled, tokens)
     ref_loss, ref_grads = _grads_of(eager, tokens)
     assert loss == pytest.approx(ref_loss, rel=1e-12)
@@ -186,9 +186,9 @@ def test_the_floor_counts_no_recomputation_of_a_kept_up_projection():
     plan = sharded.Plan(mode="fsdp2", shape=SHAPE, seq_len=8, micro_batch=2, global_batch=2,
                         steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
                         seed=5, checkpointing=True)
-    model = sharded.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
+    model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
     all_recomputed = sharded.step_flops_of(model, plan, 1)
-    sharded.keep_mlp_up(model, 2)
+    llama.keep_mlp_up(model, 2)
     up = model.layers[0].gate_up.weight.numel()
     assert all_recomputed - sharded.step_flops_of(model, plan, 1) == pytest.approx(
         2 * 2 * up * plan.global_batch * plan.seq_len)  # 2 FLOPs per parameter per token
@@ -207,7 +207,7 @@ def test_the_compute_probe_prices_the_keeping_layers_with_a_probe_of_their_own(m
         return 1.0 + 0.5 * len(model.layers) - 0.1 * kept
 
     monkeypatch.setattr(sharded, "measure_compute", fake_measure)
-    shape = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=10)
+    shape = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=10)
     plan = sharded.Plan(mode="fsdp2", shape=shape, seq_len=8, micro_batch=2, global_batch=2,
                         steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
                         seed=5, checkpointing=True, mlp_up_saved_layers=3)

@@ -19,10 +19,10 @@ import yaml
 from hopperlab.core.rundir import Recorder, read_samples, read_steps
 from hopperlab.results.machines.reference_update import update
 from hopperlab.run import repeats
-from hopperlab.workloads.finetune import FAMILY, HEADLINE_METRICS, sharded
+from hopperlab.workloads.finetune import FAMILY, HEADLINE_METRICS, llama, sharded
 from tests.infra.mlflow_fixture import free_port
 
-SHAPE = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=2)
+SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=2)
 KEY = "finetune/full-llama2-13b-sharded/fsdp2"
 STEPS, WARMUP, WINDOWS, SEQ, GLOBAL = 2, 1, 3, 8, 4
 TOKENS = GLOBAL * SEQ  # one step's, every rank's

@@ -104,10 +104,10 @@ def test_the_model_flops_per_token_are_the_torch_backends_formula():
     its attention term 12 x layers x hidden x seq over 2 (causal) is this one's 3 x 2 x ..."""
     import torch
 
-    from hopperlab.workloads.finetune import sharded
+    from hopperlab.workloads.finetune import llama, sharded
 
-    shape = sharded.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
-    model = sharded.build_model(shape, torch.float32, "cpu", seed=5, checkpointing=True)
+    shape = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
+    model = llama.build_model(shape, torch.float32, "cpu", seed=5, checkpointing=True)
     plan = sharded.Plan(mode="fsdp2", shape=shape, seq_len=8, micro_batch=2, global_batch=2,
                         steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
                         seed=5, checkpointing=True)

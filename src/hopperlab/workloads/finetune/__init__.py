@@ -129,7 +129,7 @@ class FinetuneParams:
     resident_layers: int = bounded(0, at_least=0)
     prefetch_layers: int = bounded(1, at_least=1, why="the layer being fetched while one computes")
     #: torch.compile each decoder layer (the bf16 + compile baseline of fp8; fp8 always compiles;
-    #: backend sharded: each layer's forward with its checkpoint inside, sharded.compile_layers)
+    #: backend sharded: each layer's forward with its checkpoint inside, llama.compile_layers)
     compile: bool = False
     #: only the first N decoder layers of the architecture (None: all): for a 70B run on a host
     #: too small for all 80 layers; runs tag the layer count and report per-layer figures
@@ -172,7 +172,8 @@ class FinetuneParams:
     h2d_prefetch: bool = True
     #: backend sharded with checkpointing: the last N decoder layers keep their MLP's
     #: up-projection output and input instead of recomputing them in backward (13B at 65,536
-    #: tokens: 2.5 GB of GPU memory per layer for 18.6 TFLOP less; sharded.keep_mlp_up)
+    #: tokens: about 3.4 GiB of GPU memory per layer, measured on an H200, for 18.6 TFLOP
+    #: less; llama.keep_mlp_up)
     mlp_up_saved_layers: int = bounded(0, at_least=0)
     model_shape: ModelShape = "tiny"
     global_batch: int = bounded(0, at_least=0)

@@ -28,7 +28,7 @@ from hopperlab.memory.saved_tensor_census import CENSUS_CSV, CENSUS_JSON, SavedT
 from hopperlab.node.threads import env_threads
 from hopperlab.workloads.base import Recording, RunView, no_cuda_reason, spec_params
 from hopperlab.workloads.finetune import HEADLINE_METRICS, SHAPES, FinetuneParams
-from hopperlab.workloads.finetune import data, loop, metrics, sharded
+from hopperlab.workloads.finetune import data, llama, loop, metrics, sharded
 from hopperlab.workloads.finetune import model as model_mod
 from hopperlab.workloads.finetune.master_weights import MasterWeightsAdamW
 from hopperlab.workloads.finetune.nemo import run_nemo
@@ -337,7 +337,7 @@ def run_sharded(spec: RunView, params: FinetuneParams, recorder: Recording) -> N
     if not cuda:
         recorder.set_tag("finetune.no_cuda_reason", why)
     hidden, heads, ffn, vocab, layers = SHAPES[params.model_shape]
-    shape = sharded.Shape(hidden, heads, ffn, vocab, params.num_layers or layers)
+    shape = llama.Shape(hidden, heads, ffn, vocab, params.num_layers or layers)
     world = dist.get_world_size() if dist.is_initialized() else 1
     pinned = None
     if cuda and params.sharding != "fsdp2":
