@@ -4,10 +4,12 @@
 # runs COMMAND in a session of its own (setsid); after SECONDS the whole session gets SIGTERM
 # and, GRACE_S (20) seconds later, SIGKILL; once COMMAND has ended, whatever of its session is
 # left is ended too. SECONDS 0: no bound. Returns COMMAND's exit status, 124 when the bound
-# stopped it. Why not `timeout`: it signals its own process group, and a job that submitit
-# started ignores SIGTERM (submitit bypasses it: Slurm sends it before a preemption). On
-# 2026-11-28 (11:34 UTC) a 13B job outlived snakemake's bound, the script's pipe waited on it,
-# and the 370 s call ended with none of its files written.
+# stopped it. Why not `timeout` alone: on 2026-11-28 (11:34 UTC) a call bounded snakemake with
+# `timeout 290 ... | tee`, and 80 s after that bound the call's own 370 s limit ended it with
+# none of its files written: something of the run outlived the bound and held the pipe (which
+# was not recorded: a submitit task bypasses SIGTERM and is ended by its controller's SIGINT,
+# then SIGKILL; a process holding ~100 GB of pinned memory may take long to exit). Here the
+# whole session is signalled, the output goes to a file (no pipe to hold), and the caller goes on.
 run_bounded() {
   local seconds=$1; shift
   if [ "$seconds" -le 0 ]; then "$@"; return; fi

@@ -36,7 +36,7 @@ run_bounded "${SNAKEMAKE_TIMEOUT_S:-0}" python3 -m snakemake --cores "${CORES:-a
   ${SUBS:+"asset_substitutes=$SUBS"} >"$OUT/snakemake.log" 2>&1
 RC=$?
 grep -E "^\[hopperlab|rror|Finished job|steps \(|done\)" "$OUT/snakemake.log" | tail -60
-echo "[workflow_gpu] snakemake exit $RC after ${SECONDS}s$([ $RC = 124 ] && echo ' (stopped at SNAKEMAKE_TIMEOUT_S, its jobs with it)')"
+echo "[workflow_gpu] snakemake exit $RC after ${SECONDS}s$([ $RC = 124 ] && echo ' (stopped at SNAKEMAKE_TIMEOUT_S, with its jobs)')"
 R=${RESULTS:-results-gpu}
 python3 benchmarks/mlflow_readback.py http://127.0.0.1:5000 --json "$OUT/mlflow-readback.json" \
   >"$OUT/mlflow-readback.txt" 2>&1

@@ -14,7 +14,7 @@ from hopperlab.core.schema import bounded, settle_fields
 from hopperlab.workloads.base import FamilyInfo
 
 Action = Literal["ok", "raise", "oom", "sleep", "skip", "read-table", "collective",
-                 "exhaust-memory"]
+                 "exhaust-memory", "stuck"]
 ACTIONS = get_args(Action)
 
 
@@ -22,6 +22,8 @@ ACTIONS = get_args(Action)
 class SelftestParams:
     #: ok: log steps and finish; raise: a bug (RuntimeError); oom: MemoryError;
     #: sleep: sleep ``sleep_s`` (for time limits and cancels); skip: SkipRun;
+    #: stuck: sleep ``sleep_s`` with SIGINT and SIGTERM blocked, as a job stuck in a driver call
+    #: that never returns to Python: only SIGKILL ends it (for the GPU scripts' bounds);
     #: read-table: count the rows of the run's ``table`` asset (the asset wiring, end to end);
     #: exhaust-memory: print a warning, then fill ``exhaust_gib`` GiB of host memory page by
     #: page (under a memory cap the kernel kills the job: a host OOM kill, for real);

@@ -23,6 +23,10 @@ def run(spec: RunView, recorder: Recording) -> None:
     slow = 0.9 if p.slow_while and os.path.exists(flag) else 1.0
     for step in range(p.steps):
         recorder.log_step(step, value=float(step), loss=1.0 / (step + 1))
+    if p.action == "stuck":  # blocked here: the signals wait for a thread that never takes them
+        import signal
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     if p.sleep_s:
         time.sleep(p.sleep_s)
     if p.action == "raise":
