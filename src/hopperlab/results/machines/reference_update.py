@@ -36,9 +36,12 @@ from hopperlab.results.rows import RunRow, collect_runs
 
 #: samples a reference needs: fewer give a spread that is mostly luck
 MIN_SAMPLES = 3
-#: the one comment line this tool writes (and replaces at its next update); a person's own
-#: lines, an "Updated ..." paragraph of theirs included, are kept as they are
-TOOL_LINE = re.compile(r"^# Updated \d{4}-\d{2}-\d{2} by `hopperlab references update [^`]*`\.$")
+#: the one comment line this tool writes (and rewrites at its next update: the same day's folders
+#: are kept in it, an older day's line is replaced); a person's own lines, an "Updated ..."
+#: paragraph of theirs included, are kept as they are
+TOOL_LINE = re.compile(r"^# Updated (\d{4}-\d{2}-\d{2}) by ((?:`hopperlab references update "
+                       r"[^`]*`(?: and )?)+)\.$")
+_TOOL_FOLDER = re.compile(r"`hopperlab references update ([^`]*)`")
 
 
 @dataclass
@@ -142,7 +145,7 @@ def update(results: Path, refs_dir: Path, machine: str | None = None,
                     changed = True
             if not changed:
                 continue
-            text = header + f"# Updated {today} by `hopperlab references update {results}`.\n"
+            text = header + tool_line(today, [*_folders_of(path, today), str(results)])
             _replace_checked(path, text + _dump(name, body))
         report.written[name] = path
     return report
@@ -191,6 +194,27 @@ def _replace_checked(path: Path, text: str) -> None:
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
+
+
+def tool_line(day: str, folders: list[str]) -> str:
+    """This tool's comment line: the day and every folder that day's updates read, in order."""
+    once = list(dict.fromkeys(folders))
+    return (f"# Updated {day} by "
+            + " and ".join(f"`hopperlab references update {f}`" for f in once) + ".\n")
+
+
+def _folders_of(path: Path, day: str) -> list[str]:
+    """The folders of ``path``'s own tool line when it is of ``day`` (else none: an older
+    update's line is replaced, its entries keep their own ``source``)."""
+    if not path.is_file():
+        return []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        found = TOOL_LINE.match(line)
+        if found and found.group(1) == day:
+            return _TOOL_FOLDER.findall(found.group(2))
+    return []
 
 
 def _header(path: Path) -> str:
