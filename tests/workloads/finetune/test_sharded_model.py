@@ -213,3 +213,49 @@ def test_the_compute_probe_prices_the_keeping_layers_with_a_probe_of_their_own(m
                         seed=5, checkpointing=True, mlp_up_saved_layers=3)
     assert sharded.probe_compute(plan, "cpu", 1) == pytest.approx(1.0 + 0.5 * 10 - 0.1 * 3)
     assert seen == [(2, 0), (4, 0), (2, 2)]
+
+
+def test_the_chunked_loss_is_the_whole_batchs_loss_and_gradients():
+    """``loss_chunk_tokens``: the loss and every gradient equal the whole-logits loss's (float32
+    model; the chunked loss's softmax is float32 as the plain one's upcast is)."""
+    import torch
+
+    tokens = torch.randint(0, SHAPE.vocab, (2, 9), generator=torch.Generator().manual_seed(3))
+    plain = llama.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
+    chunked = llama.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
+    chunked.loss_chunk_tokens = 5  # 16 targets: chunks of 5, 5, 5, 1
+    loss, grads = _grads_of(plain, tokens)
+    chunk_loss, chunk_grads = _grads_of(chunked, tokens)
+    assert chunk_loss == pytest.approx(loss, rel=1e-6)
+    for a, b in zip(chunk_grads, grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.integration  # FSDP2 with CPU offload over a gloo group of one, 3 steps each way
+def test_fsdp2_offload_trains_the_same_with_the_chunked_loss(tmp_path):
+    """Under FSDP2 (the head's weight gathered inside the root's forward, its gradient
+    reduced and offloaded by FSDP2) the chunked loss trains as the plain one does."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import HashStore
+
+    def train(chunk):
+        model, _ = sharded.build_sharded(SHAPE, torch.float32, "fsdp2-cpu-offload", 5, "cpu",
+                                         cuda=False, checkpointing=True)
+        model.loss_chunk_tokens = chunk
+        opt = sharded.make_optimizer(model, "fsdp2-cpu-offload", 1e-2, 0.0)
+        losses = [sharded.train_step(model, opt, s, 1, 0, 1, 8, 2, SHAPE.vocab, 5, "cpu")[0]
+                  for s in range(3)]
+        return losses, [p.detach().to_local().clone() for p in model.parameters()]
+
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        plain, plain_w = train(None)
+        chunked, chunked_w = train(6)
+    finally:
+        dist.destroy_process_group()
+    assert chunked == pytest.approx(plain, rel=1e-5)
+    # AdamW divides each gradient by its own root mean square: a near-zero gradient's float32
+    # rounding (the chunks sum in another order) moves its weight by up to ~1e-5 of lr 1e-2
+    for a, b in zip(chunked_w, plain_w):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=5e-5)

@@ -120,7 +120,8 @@ class FinetuneParams:
     recompute_elementwise: bool = False
     #: the causal-LM loss computed in chunks of this many tokens, its gradient with it, so the
     #: float32 logits of the whole batch never exist (memory.chunked_cross_entropy; 2-3 GiB less
-    #: at the loss's peak for Llama-2-7B at 4 x 2048); None: transformers' own loss
+    #: at the loss's peak for Llama-2-7B at 4 x 2048); None: transformers' own loss. Backend
+    #: sharded: the same chunked loss inside its Llama's forward (llama.Llama)
     loss_chunk_tokens: int | None = bounded(None, at_least=1)
     #: CUDA caching allocator with expandable segments: reserved memory stays close to allocated
     #: (a GPU-memory budget is about what the GPU holds); not with memory: managed

@@ -125,13 +125,27 @@ class Llama(nn.Module):
         self.head = nn.Linear(s.hidden, s.vocab, bias=False, dtype=dtype, device=device)
         self.checkpointing = checkpointing
         self.head_dim = s.hidden // s.heads
+        #: the loss in chunks of this many tokens (``forward`` with targets); None: whole
+        self.loss_chunk_tokens: int | None = None
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits of ``tokens``; with ``targets`` (and ``loss_chunk_tokens``) the mean
+        next-token loss instead, computed chunk by chunk with its gradient
+        (``memory.chunked_cross_entropy``): the whole batch's float32 logits never exist.
+        Inside ``forward``, so that FSDP2 holds the head's gathered weight for it."""
         x = self.embed(tokens)
         cos, sin = rope_tables(tokens.shape[-1], self.head_dim, x.device, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return self.head(self.norm(x))
+        x = self.norm(x)
+        if targets is None or self.loss_chunk_tokens is None:
+            return self.head(x)
+        from hopperlab.memory.chunked_cross_entropy import LinearCrossEntropy
+
+        flat = x.reshape(-1, x.shape[-1])
+        return LinearCrossEntropy.apply(flat, self.head.weight, targets.reshape(-1),
+                                        self.loss_chunk_tokens, x.dtype, None)
 
 
 def keep_mlp_up(model: Llama, layers: int) -> int:

@@ -112,7 +112,10 @@ def batch(step: int, micro: int, rank: int, world: int, seq_len: int, vocab: int
 
 def loss_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Next-token cross entropy, in float32 at least (float64 stays float64: the tests compare
-    world sizes there)."""
+    world sizes there); in chunks inside the model's forward where it has ``loss_chunk_tokens``
+    (its softmax in float32)."""
+    if getattr(model, "loss_chunk_tokens", None) is not None:
+        return model(tokens[:, :-1], targets=tokens[:, 1:])
     logits = model(tokens[:, :-1])
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
@@ -316,6 +319,9 @@ class Plan:
     #: under checkpointing, the last N decoder layers keep their MLP's up-projection instead
     #: of recomputing it (``keep_mlp_up``): GPU memory for fewer FLOPs
     mlp_up_saved_layers: int = 0
+    #: the loss in chunks of this many tokens (``Llama.forward``); None: the whole batch's
+    #: logits, upcast to float32
+    loss_chunk_tokens: int | None = None
     #: the run's repeats (repeat_unit "windows"): after the one warm-up, ``windows`` windows of
     #: ``steps`` steps on the one built model, each recorded as a sample; 1: no samples
     windows: int = 1
@@ -350,6 +356,9 @@ def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, f
                                       timings=build_parts)
         _sync(device)
         recorder.log_metrics(build_s=time.perf_counter() - t0, **build_parts)
+        model.loss_chunk_tokens = plan.loss_chunk_tokens
+        recorder.set_tag("finetune.loss_chunk_tokens", "none" if plan.loss_chunk_tokens is None
+                         else str(plan.loss_chunk_tokens))
         saved = keep_mlp_up(model, plan.mlp_up_saved_layers)
         if plan.mlp_up_saved_layers:
             recorder.log_metric("mlp_up_saved_layers", float(saved))
@@ -423,6 +432,7 @@ def probe_compute(plan: Plan, device: Any, accum: int) -> float:
         probe = build_model(replace(plan.shape, layers=n), plan.dtype, device, plan.seed,
                             plan.checkpointing)
         keep_mlp_up(probe, keep)
+        probe.loss_chunk_tokens = plan.loss_chunk_tokens
         compile_model(probe, plan, _is_cuda(device))
         seconds = measure_compute(probe, plan, device, accum)
         del probe
