@@ -1,7 +1,8 @@
 """The Llama the sharded fine-tune trains (RMSNorm, RoPE attention, SwiGLU), built from a shape
 with random weights: a performance study needs the architecture, not the weights. Each decoder
 layer can be compiled (its checkpoint inside, so the partitioner plans the recomputation) and
-can keep its MLP's up-projection instead of recomputing it; ``sharded.py`` shards and trains it.
+can keep its MLP's up-projection instead of recomputing it, and the loss can be computed in
+chunks inside the forward; ``sharded.py`` shards and trains it.
 """
 
 from __future__ import annotations
