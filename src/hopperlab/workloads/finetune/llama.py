@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hopperlab.memory.chunked_cross_entropy import LinearCrossEntropy
 from hopperlab.workloads.finetune import shard_init
 
 
@@ -142,8 +143,6 @@ class Llama(nn.Module):
         x = self.norm(x)
         if targets is None or self.loss_chunk_tokens is None:
             return self.head(x)
-        from hopperlab.memory.chunked_cross_entropy import LinearCrossEntropy
-
         flat = x.reshape(-1, x.shape[-1])
         return LinearCrossEntropy.apply(flat, self.head.weight, targets.reshape(-1),
                                         self.loss_chunk_tokens, x.dtype, None)
