@@ -24,8 +24,8 @@
 # ($WORK/references), and `hopperlab check` of every -fresh folder against that copy.
 # Time: the host phase gets $HOST_SHARE % of what the multi phase leaves (all of it when the
 # lanes keep no run); $REF_SHARE % of a phase for the references pass, the rest for the fresh
-# runs (`timeout` stops a run at its pass's deadline; a later run is not started): what did not finish makes no
-# reference and says so; everything ends by $BUDGET_S seconds after the start. Energy probes
+# runs (`run_bounded`, benchmarks/bounded.sh, stops a run and its jobs at its pass's deadline;
+# a later run is not started): what did not finish makes no reference and says so; everything ends by $BUDGET_S seconds after the start. Energy probes
 # first (PROBE=1, the default where nvidia-smi lists a GPU): benchmarks/energy_probe.py on GPU 0,
 # bf16 and fp8, whose TFLOP per joule is the ceiling energy.txt judges each run's work per joule
 # by. Six files come back in OUT, eight with the probes:

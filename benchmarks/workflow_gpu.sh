@@ -9,8 +9,9 @@
 # GPUS (1) is snakemake's --resources gpus= (4 on a 4-GPU node for its multi-GPU runs), CORES (all)
 # its --cores (1: one job at a time, e.g. so that a link measurement has the node to itself);
 # SNAKEMAKE_TIMEOUT_S stops snakemake and the jobs it started after that long (0: never;
-# benchmarks/bounded.sh), so that what ran is still read back; RESULTS names the results folder (results-gpu); REPEATS, the `repeats` config key
-# (unset: the config's 1). Wheels missing from the node's image: in
+# benchmarks/bounded.sh), so that what ran is still read back; RESULTS names the results
+# folder (results-gpu); REPEATS, the `repeats` config key (unset: the config's 1). Wheels
+# missing from the node's image: in
 # $WHEELS (.whl-wf). At the end: a short table of the runs (benchmarks/run_table.py), `hopperlab
 # check`, and $OUT/runs.tgz with each run's small files (no profiles), for docs and fixtures.
 set -uo pipefail

@@ -523,16 +523,22 @@ def matmul_rate_tflops(device: Any, dtype: Any) -> float:
     return 2 * n ** 3 / best / 1e12
 
 
+def matmul_params(model: Llama) -> int:
+    """Parameters of the model's matrix products (global sizes, sharded or not): every 2-D
+    weight but the embedding, which is a lookup."""
+    return sum(p.numel() for name, p in model.named_parameters()
+               if p.dim() == 2 and not name.startswith("embed"))
+
+
 def step_flops_of(model: Llama, plan: "Plan", world: int) -> float:
     """FLOPs of this rank's step (``step_floor.step_flops``; global parameter sizes)."""
-    matmul = sum(p.numel() for name, p in model.named_parameters()
-                 if p.dim() == 2 and not name.startswith("embed"))
     head = model.head.weight.numel()
     tokens = plan.global_batch // world * plan.seq_len
     not_recomputed = sum(layer.gate_up.weight.numel() for layer in model.layers
                          if plan.checkpointing and layer.save_mlp_up)
-    return step_floor.step_flops(matmul, head, plan.shape.layers, plan.shape.hidden,
-                                 plan.seq_len, tokens, plan.checkpointing, not_recomputed)
+    return step_floor.step_flops(matmul_params(model), head, plan.shape.layers,
+                                 plan.shape.hidden, plan.seq_len, tokens, plan.checkpointing,
+                                 not_recomputed)
 
 
 def model_flops_per_token(model: Llama, plan: "Plan") -> float:
@@ -540,9 +546,8 @@ def model_flops_per_token(model: Llama, plan: "Plan") -> float:
     recomputation): the figure the torch backend logs as ``flops_per_token``, so that the
     energy's plausibility gate (work per joule against the node's matmul probe) judges these
     runs too."""
-    matmul = sum(p.numel() for name, p in model.named_parameters()
-                 if p.dim() == 2 and not name.startswith("embed"))
-    return step_floor.step_flops(matmul, model.head.weight.numel(), plan.shape.layers,
+    return step_floor.step_flops(matmul_params(model), model.head.weight.numel(),
+                                 plan.shape.layers,
                                  plan.shape.hidden, plan.seq_len, 1, checkpointing=False)
 
 
@@ -604,12 +609,7 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     s_iter = p50s[0]
     tokens = plan.global_batch * plan.seq_len
     elt = torch.finfo(plan.dtype).bits // 8
-    figures = {"step_time_p50_s": s_iter, "s_per_iter": s_iter, "tokens_per_s": tokens / s_iter,
-               "step_s": percentile(times, 50), "optimizer_step_s": percentile(opt_times, 50),
-               # the tokens of the steps inside the measured window (every rank's): J per unit
-               "measured_tokens": float(len(times) * tokens),
-               "optimizer_exposed_s": percentile(exposed_times, 50),
-               "optimizer_overlapped": float(overlap), "torch_threads": float(threads),
+    figures = {"optimizer_overlapped": float(overlap), "torch_threads": float(threads),
                "optimizer_delayed": float(plan.delayed_update),
                "optimizer_threads": float(opt_threads), "warmup_s": warmup_s,
                "loss_first": losses[0], "loss_last": losses[-1], "loss_drop": losses[0] - losses[-1],
@@ -640,24 +640,25 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
         flops=step_flops_of(model, plan, world), matmul_tflops=figures["matmul_tflops"],
         host_gbps=host, ranks_on_host=local, h2d_gbps=rates[0], d2h_gbps=rates[1],
         overlapped=overlap, reshard_after_forward=plan.reshard_after_forward))
-    figures.update(**floor, **step_floor.over_floor(s_iter, floor))
-    if floor.get("optimizer_floor_s", 0) > 0:
-        figures["optimizer_over_floor"] = figures["optimizer_step_s"] / floor["optimizer_floor_s"]
+    # the step's figures over every measured step, as each window's below
+    figures.update(**floor, **step_figures(s_iter, tokens, times, opt_times, exposed_times, floor))
     if floor.get("floor_compute_s", 0) > 0:
         figures["compute_measured_over_floor"] = (figures["compute_measured_s"]
                                                   / floor["floor_compute_s"])
     recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})
     if windows > 1:  # one sample per window, judged like the run (repeats.measure aggregates)
         for c, s_w in zip(cut, p50s[1:]):
-            sample = window_figures(s_w, tokens, times[c], opt_times[c], exposed_times[c], floor)
+            sample = step_figures(s_w, tokens, times[c], opt_times[c], exposed_times[c], floor)
             recorder.add_sample({k: v for k, v in sample.items() if math.isfinite(v)})
 
 
-def window_figures(s_iter: float, tokens: int, times: list[float], opt_times: list[float],
-                   exposed_times: list[float], floor: dict[str, float]) -> dict[str, float]:
-    """One window's sample: its p50 step (``s_iter``: the slowest rank's), the figures judged
-    from it and its floor ratios, this rank's own parts, and the tokens of its steps
-    (``measured_tokens``: the windows' samples sum to the run's, ``work_done_totals``)."""
+def step_figures(s_iter: float, tokens: int, times: list[float], opt_times: list[float],
+                 exposed_times: list[float], floor: dict[str, float]) -> dict[str, float]:
+    """The step's figures over ``times`` (the run's measured steps, or one window's: its
+    sample): the p50 step (``s_iter``: the slowest rank's), the figures judged from it and its
+    floor ratios, this rank's own parts, and the tokens of its steps (``measured_tokens``, the
+    work done inside the energy window; the windows' samples sum to the run's,
+    ``work_done_totals``)."""
     out = {"step_time_p50_s": s_iter, "s_per_iter": s_iter, "tokens_per_s": tokens / s_iter,
            "step_s": percentile(times, 50), "optimizer_step_s": percentile(opt_times, 50),
            "optimizer_exposed_s": percentile(exposed_times, 50),

@@ -73,8 +73,9 @@ def link_bytes(mode: str, params: int, elt_bytes: int, world: int,
     """Bytes (host->device, device->host) one step moves over this rank's host link.
 
     FSDP2 offload: this rank's parameter shard in for forward and again for backward (once
-    where the layers stay gathered from forward to backward), its gradient shard out. torchao's CPUOffloadOptimizer (one GPU, whole model): gradients out,
-    updated parameters in, once each. No offload: nothing."""
+    where the layers stay gathered from forward to backward), its gradient shard out.
+    torchao's CPUOffloadOptimizer (one GPU, whole model): gradients out, updated parameters
+    in, once each. No offload: nothing."""
     if mode not in OFFLOADED:
         return 0.0, 0.0
     share = params * elt_bytes / (world if mode.startswith("fsdp2") else 1)
