@@ -244,5 +244,5 @@ def test_the_probe_of_a_deep_model_holds_four_layers_at_most(monkeypatch):
     plan = sharded.Plan(mode="fsdp2-cpu-offload", shape=deep, seq_len=8, micro_batch=2,
                         global_batch=4, steps=1, warmup=0, dtype=torch.float32, lr=1e-3,
                         weight_decay=0.0, seed=3, checkpointing=False)
-    assert sharded.probe_compute(plan, torch.device("cpu"), accum=2) > 0
+    assert sharded.probe_compute(plan, torch.device("cpu"), accum=2, saved=0) > 0
     assert built == [2, 4]

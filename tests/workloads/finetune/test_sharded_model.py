@@ -112,6 +112,7 @@ def test_a_cpu_run_with_compile_and_the_profiled_step_says_what_it_left_out(tmp_
     assert tags["finetune.step_profile"].startswith("skipped")
     # the variant's last layer keeps its up-projection: a recomputing and a keeping graph
     assert tags["finetune.mlp_up_saved"].startswith("the last 1 of 2 decoder layers keep")
+    assert "not fitted" in tags["finetune.mlp_up_saved"]  # mlp_up_fit: no GPU memory to fit
     assert m["compile_graphs"] == 2 and m["mlp_up_saved_layers"] == 1 and m["warmup_s"] > 0
     assert not any(k.startswith("diag_") for k in m)
 
@@ -211,7 +212,7 @@ def test_the_compute_probe_prices_the_keeping_layers_with_a_probe_of_their_own(m
     plan = sharded.Plan(mode="fsdp2", shape=shape, seq_len=8, micro_batch=2, global_batch=2,
                         steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
                         seed=5, checkpointing=True, mlp_up_saved_layers=3)
-    assert sharded.probe_compute(plan, "cpu", 1) == pytest.approx(1.0 + 0.5 * 10 - 0.1 * 3)
+    assert sharded.probe_compute(plan, "cpu", 1, 3) == pytest.approx(1.0 + 0.5 * 10 - 0.1 * 3)
     assert seen == [(2, 0), (4, 0), (2, 2)]
 
 

@@ -176,6 +176,10 @@ class FinetuneParams:
     #: tokens: about 3.4 GiB of GPU memory per layer, measured on an H200, for 18.6 TFLOP
     #: less; llama.keep_mlp_up)
     mlp_up_saved_layers: int = bounded(0, at_least=0)
+    #: backend sharded on a GPU: ``mlp_up_saved_layers`` is the most; one more warm-up step
+    #: with none kept measures the memory peak, and as many of the last layers keep as the
+    #: GPU's memory holds above it (mlp_up_fit.py; the record says how many and why)
+    mlp_up_fit: bool = False
     model_shape: ModelShape = "tiny"
     global_batch: int = bounded(0, at_least=0)
     #: unused since backend nemo runs megatron-core (nemo.py), not the NeMo CLI: kept so that
@@ -202,6 +206,9 @@ class FinetuneParams:
             raise ValueError(f"mlp_up_saved_layers: what the sharded backend's checkpointed "
                              f"layers keep (backend sharded, checkpointing true), not backend "
                              f"{self.backend} with checkpointing {str(self.checkpointing).lower()}")
+        if self.mlp_up_fit and not self.mlp_up_saved_layers:
+            raise ValueError("mlp_up_fit: fits up to mlp_up_saved_layers keeping layers into the "
+                             "GPU's memory: set mlp_up_saved_layers (the most) too")
         if self.diagnose_step and self.backend != "sharded":
             raise ValueError(f"diagnose_step: only with backend sharded (its step), not "
                              f"{self.backend}")

@@ -18,7 +18,7 @@ import math
 import resource
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -33,8 +33,8 @@ from hopperlab.cuda.nvtx import measured_region
 from hopperlab.memory.pinned import pinned_empty
 from hopperlab.node.host_bandwidth import triad_gbps
 from hopperlab.workloads.base import Recording
-from hopperlab.workloads.finetune import (cpu_adamw, h2d_prefetch, host_need, shard_init,
-                                          step_floor, step_profile)
+from hopperlab.workloads.finetune import (cpu_adamw, h2d_prefetch, host_need, mlp_up_fit,
+                                          shard_init, step_floor, step_profile)
 from hopperlab.workloads.finetune.llama import (CPU_COMPILE_BACKEND, Llama, Shape, build_model,
                                                 compile_layers, keep_mlp_up)
 
@@ -319,6 +319,10 @@ class Plan:
     #: under checkpointing, the last N decoder layers keep their MLP's up-projection instead
     #: of recomputing it (``keep_mlp_up``): GPU memory for fewer FLOPs
     mlp_up_saved_layers: int = 0
+    #: ``mlp_up_saved_layers`` is the most: a sizing step (one more warm-up step) with none
+    #: kept measures the GPU memory peak and as many of the last layers keep as fit
+    #: (``mlp_up_fit``); a CPU run keeps what was asked
+    mlp_up_fit: bool = False
     #: the loss in chunks of this many tokens (``Llama.forward``); None: the whole batch's
     #: logits, upcast to float32
     loss_chunk_tokens: int | None = None
@@ -359,20 +363,26 @@ def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, f
         model.loss_chunk_tokens = plan.loss_chunk_tokens
         recorder.set_tag("finetune.loss_chunk_tokens", "none" if plan.loss_chunk_tokens is None
                          else str(plan.loss_chunk_tokens))
-        saved = keep_mlp_up(model, plan.mlp_up_saved_layers)
-        if plan.mlp_up_saved_layers:
+        fitting = plan.mlp_up_fit and plan.checkpointing and plan.mlp_up_saved_layers > 0
+        saved = keep_mlp_up(model, 0 if fitting and cuda else plan.mlp_up_saved_layers)
+        if plan.mlp_up_saved_layers and not fitting:
             recorder.log_metric("mlp_up_saved_layers", float(saved))
             recorder.set_tag("finetune.mlp_up_saved", (
                 f"the last {saved} of {len(model.layers)} decoder layers keep their MLP's "
                 f"up-projection (not recomputed in backward)") if saved else
                 "none: the model does not recompute (checkpointing off)")
+        sizing = None
+        if fitting:  # one more warm-up step: the first sizes, the next compiles what it chose
+            plan = replace(plan, warmup=plan.warmup + 1)
+            sizing = lambda: fit_mlp_up(model, plan, recorder, cuda, device, world)  # noqa: E731
         for key, value in compile_model(model, plan, cuda).items():
             recorder.set_tag(key, value)
         if plan.mode.startswith("fsdp2"):
             recorder.set_tag("finetune.reshard_after_forward",
                              str(plan.reshard_after_forward).lower())
         prefetch, why = prefetch_h2d(model, plan, world, device)
-        _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum)
+        _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum,
+             after_first_step=sizing)
         if prefetch is not None:
             prefetch.remove()
             why = prefetch.counts.describe()
@@ -385,6 +395,35 @@ def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, f
     finally:
         if own_group:
             dist.destroy_process_group()
+
+
+def fit_mlp_up(model: Llama, plan: Plan, recorder: Recording, cuda: bool, device: Any,
+               world: int) -> None:
+    """After the sizing step (none kept): as many of the last layers keep their up-projection
+    as the GPU memory left above that step's peak holds (``mlp_up_fit``), the same number on
+    every rank (the fewest any rank can hold); recorded. A CPU run keeps what was asked."""
+    if not cuda:
+        kept = keep_mlp_up(model, plan.mlp_up_saved_layers)
+        recorder.log_metric("mlp_up_saved_layers", float(kept))
+        recorder.set_tag("finetune.mlp_up_saved", (
+            f"the last {kept} of {len(model.layers)} decoder layers keep their MLP's "
+            f"up-projection: not fitted (no GPU memory to fit: a CPU run keeps what was asked)"))
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    capacity = free + torch.cuda.memory_reserved(device)  # what torch can hold on this GPU
+    tokens = plan.micro_batch * plan.seq_len
+    outcome = mlp_up_fit.fit(model, plan.mlp_up_saved_layers, tokens,
+                             torch.finfo(plan.dtype).bits // 8,
+                             torch.cuda.max_memory_allocated(device), capacity)
+    if world > 1:
+        fewest = torch.tensor([outcome.kept], device=device)
+        dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
+        if int(fewest.item()) != outcome.kept:
+            outcome = replace(outcome, kept=keep_mlp_up(model, int(fewest.item())))
+    recorder.log_metrics(mlp_up_saved_layers=float(outcome.kept),
+                         mlp_up_fit_peak_gib=outcome.peak_bytes / 2**30,
+                         mlp_up_layer_gib=outcome.layer_bytes / 2**30)
+    recorder.set_tag("finetune.mlp_up_saved", outcome.describe())
 
 
 def check_host_memory(plan: Plan, world: int, recorder: Recording, device: Any,
@@ -417,16 +456,14 @@ def check_host_memory(plan: Plan, world: int, recorder: Recording, device: Any,
                       f"AdamW states); this node has {(free or 0) / 1e9:.0f} GB available")
 
 
-def probe_compute(plan: Plan, device: Any, accum: int) -> float:
+def probe_compute(plan: Plan, device: Any, accum: int, saved: int) -> float:
     """The run's GPU compute alone (a diagnostic beside the floor): forward and backward of this
     rank's micro batches of one step on a model whole on ``device`` (``measure_compute``), with
     up to 4 decoder layers so that it fits beside the run; more layers are extrapolated from
     probes of 2 and 4, and where the run's last layers keep their MLP's up-projection
-    (``keep_mlp_up``) a third probe of 2 such layers prices them."""
-    from dataclasses import replace
-
+    (``keep_mlp_up``: ``saved`` of them) a third probe of 2 such layers prices them."""
     layers = plan.shape.layers
-    saved = min(plan.mlp_up_saved_layers, layers) if plan.checkpointing else 0
+    saved = min(saved, layers) if plan.checkpointing else 0
 
     def timed(n: int, keep: int) -> float:
         probe = build_model(replace(plan.shape, layers=n), plan.dtype, device, plan.seed,
@@ -552,7 +589,8 @@ def model_flops_per_token(model: Llama, plan: "Plan") -> float:
 
 
 def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None,
-         model: Llama, device: Any, rank: int, world: int, accum: int) -> None:
+         model: Llama, device: Any, rank: int, world: int, accum: int,
+         after_first_step: Callable[[], None] | None = None) -> None:
     n_params = sum(p.numel() for p in model.parameters())  # global sizes, sharded or not
     threads = plan.cpus or torch.get_num_threads()
     torch.set_num_threads(threads)  # the job's CPUs, whatever a launcher left in the pool
@@ -584,6 +622,8 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
             losses.append(loss)
             if step < plan.warmup:  # first kernels, allocator, pinned blocks, compilation
                 warmup_s += dt
+            if step == 0 and after_first_step is not None:  # a warm-up step (fit_mlp_up)
+                after_first_step()
             if step >= plan.warmup:
                 times.append(dt)
                 opt_times.append(opt_s)
@@ -627,7 +667,8 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     local = ranks_on_host(world)
     figures["flops_per_token"] = model_flops_per_token(model, plan)
     figures["matmul_tflops"] = matmul_rate_tflops(device, plan.dtype)
-    figures["compute_measured_s"] = probe_compute(plan, device, accum)  # diagnostic
+    kept = sum(1 for layer in model.layers if layer.save_mlp_up)
+    figures["compute_measured_s"] = probe_compute(plan, device, accum, kept)  # diagnostic
     host = None
     if plan.mode in step_floor.OFFLOADED:
         triad = node_triad(n_params * elt // world, threads, local)

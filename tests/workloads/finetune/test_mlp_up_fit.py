@@ -1,0 +1,139 @@
+"""How many layers keep their MLP's up-projection on a GPU (mlp_up_fit.py): the room above a
+sizing step's peak, applied to the last layers, recorded; a compiled layer follows the new flag
+at its next call (one more graph) and trains the same."""
+
+from __future__ import annotations
+
+import pytest
+
+from hopperlab.workloads.finetune import llama, mlp_up_fit, sharded
+
+GIB = 2**30
+SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
+
+
+def test_a_13b_layer_keeps_its_up_projection_and_its_input():
+    shape = llama.Shape(hidden=5120, heads=40, ffn=13824, vocab=32000, layers=40)
+    # 65,536 bf16 tokens: gate and up (27,648 wide) and the norm they came from (5,120)
+    assert mlp_up_fit.layer_bytes(shape, 65536, 2) == 65536 * (27648 + 5120) * 2
+    assert mlp_up_fit.layer_bytes(shape, 65536, 2) / GIB == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("peak,most,want", [
+    (60 * GIB, 40, 18),  # (139.8 - 5.6 - 60) / 4 = 18.5
+    (60 * GIB, 10, 10),  # at most what was asked
+    (134 * GIB, 40, 0),  # no room above the peak
+    (139 * GIB, 40, 0),  # the peak inside the margin
+])
+def test_the_layers_that_fit_are_the_room_above_the_peak_less_the_margin(peak, most, want):
+    capacity = int(139.8 * GIB)
+    margin = mlp_up_fit.margin_for(capacity)
+    assert margin == int(0.04 * capacity)
+    assert mlp_up_fit.layers_that_fit(peak, capacity, 4 * GIB, most, margin) == want
+
+
+def test_a_small_gpu_still_keeps_the_least_margin():
+    assert mlp_up_fit.margin_for(16 * GIB) == mlp_up_fit.MARGIN_MIN_BYTES
+
+
+def test_fitting_keeps_the_last_layers_and_says_why():
+    import torch
+
+    model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
+    per_layer = mlp_up_fit.layer_bytes(SHAPE, 18, 4)
+    capacity = 100 * GIB
+    peak = capacity - mlp_up_fit.margin_for(capacity) - 2 * per_layer + 1  # room for 1 layer
+    fit = mlp_up_fit.fit(model, 3, 18, 4, peak, capacity)
+    assert fit.kept == 1 and fit.most == 3 and fit.layers == 3
+    assert [layer.save_mlp_up for layer in model.layers] == [False, False, True]
+    assert fit.describe().startswith("fitted after a sizing step: the last 1 of 3 decoder layers")
+    assert mlp_up_fit.model_shape(model) == SHAPE
+
+
+class _Recorder:
+    def __init__(self):
+        self.metrics, self.tags = {}, {}
+
+    def log_metric(self, key, value):
+        self.metrics[key] = value
+
+    def log_metrics(self, metrics=None, **kw):
+        self.metrics.update(metrics or {}, **kw)
+
+    def set_tag(self, key, value):
+        self.tags[key] = value
+
+
+def _plan(**kw):
+    import torch
+
+    return sharded.Plan(mode="fsdp2", shape=SHAPE, seq_len=9, micro_batch=2, global_batch=2,
+                        steps=1, warmup=1, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
+                        seed=5, checkpointing=True, mlp_up_saved_layers=3, mlp_up_fit=True, **kw)
+
+
+def test_on_a_gpu_the_record_holds_what_the_sizing_step_measured(monkeypatch):
+    """The GPU branch with torch.cuda's memory readings stood in: what torch can hold is the
+    free memory plus what its allocator already reserved."""
+    import torch
+
+    model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
+    per_layer = mlp_up_fit.layer_bytes(SHAPE, 18, 4)
+    reserved, peak = 10 * GIB, 8 * GIB
+    free = 2 * per_layer + 1  # with what is reserved: room above peak and margin for 2 layers
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, 200 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: peak)
+    monkeypatch.setattr(mlp_up_fit, "MARGIN_SHARE", 0.0)
+    monkeypatch.setattr(mlp_up_fit, "MARGIN_MIN_BYTES", reserved - peak)
+    rec = _Recorder()
+    sharded.fit_mlp_up(model, _plan(), rec, True, "cpu", 1)
+    assert [layer.save_mlp_up for layer in model.layers] == [False, True, True]
+    assert rec.metrics["mlp_up_saved_layers"] == 2
+    assert rec.metrics["mlp_up_fit_peak_gib"] == pytest.approx(8.0)
+    assert "the last 2 of 3" in rec.tags["finetune.mlp_up_saved"]
+
+
+def test_a_cpu_run_keeps_what_was_asked_and_says_it_was_not_fitted():
+    import torch
+
+    model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
+    rec = _Recorder()
+    sharded.fit_mlp_up(model, _plan(), rec, False, "cpu", 1)
+    assert all(layer.save_mlp_up for layer in model.layers)
+    assert rec.metrics["mlp_up_saved_layers"] == 3
+    assert "not fitted" in rec.tags["finetune.mlp_up_saved"]
+
+
+def test_a_compiled_layer_follows_the_flag_set_after_its_first_step():
+    """The sizing step runs the layers compiled with none kept; fitting then sets the flag:
+    the next call compiles the keeping kind (one more graph) and the gradients stay those of
+    the uncompiled model."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    tokens = torch.randint(0, SHAPE.vocab, (2, 9), generator=torch.Generator().manual_seed(3))
+    reference = llama.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
+    sharded.loss_of(reference, tokens).backward()
+    torch._dynamo.reset()
+    model = llama.build_model(SHAPE, torch.float64, "cpu", seed=5, checkpointing=True)
+    llama.compile_layers(model, backend=llama.CPU_COMPILE_BACKEND)
+    before = counters["stats"]["unique_graphs"]
+    sharded.loss_of(model, tokens).backward()
+    assert counters["stats"]["unique_graphs"] - before == 1  # one kind of layer so far
+    model.zero_grad(set_to_none=True)
+    llama.keep_mlp_up(model, 2)
+    sharded.loss_of(model, tokens).backward()
+    assert counters["stats"]["unique_graphs"] - before == 2  # the keeping kind, traced now
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_fitting_needs_the_most_it_may_keep():
+    from hopperlab.workloads.finetune import FinetuneParams
+
+    with pytest.raises(ValueError, match="mlp_up_fit"):
+        FinetuneParams(backend="sharded", method="full", checkpointing=True, mlp_up_fit=True)
+    params = FinetuneParams(backend="sharded", method="full", checkpointing=True,
+                            mlp_up_saved_layers=4, mlp_up_fit=True)
+    assert params.mlp_up_fit
