@@ -72,26 +72,60 @@ def _plan(**kw):
                         seed=5, checkpointing=True, mlp_up_saved_layers=3, mlp_up_fit=True, **kw)
 
 
-def test_on_a_gpu_the_record_holds_what_the_sizing_step_measured(monkeypatch):
+def test_the_second_sizing_step_adds_the_layers_that_fit_at_the_measured_rate():
+    """The estimate (4 units a layer) kept 2; they added 3 units each, measured: at that rate
+    the room left holds 1 more; never more than asked."""
+    import torch
+
+    model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
+    first = mlp_up_fit.Fit(kept=2, most=3, layers=3, peak_bytes=100, capacity_bytes=200,
+                           layer_bytes=4, margin_bytes=10, estimate_gib=4 / GIB)
+    llama.keep_mlp_up(model, 2)
+    refined = mlp_up_fit.refine(model, first, 106)  # room: 200 - 10 - 106 = 84
+    assert refined.kept == 3 and refined.layer_bytes == 3 and refined.first_kept == 2
+    assert [layer.save_mlp_up for layer in model.layers] == [True, True, True]
+    said = refined.describe()
+    assert said.startswith("fitted after two sizing steps: the last 3 of 3 decoder layers")
+    assert "with the 2 an estimate" in said
+    none = mlp_up_fit.refine(model, replace_kept(first, 0), 100)
+    assert none.kept == 0 and none.second_peak_bytes == 100
+
+
+def replace_kept(fit, kept):
+    from dataclasses import replace
+
+    return replace(fit, kept=kept)
+
+
+def test_on_a_gpu_the_record_holds_what_the_sizing_steps_measured(monkeypatch):
     """The GPU branch with torch.cuda's memory readings stood in: what torch can hold is the
-    free memory plus what its allocator already reserved."""
+    free memory plus what its allocator already reserved; the first step's estimate keeps 1
+    layer, which the second step measures at half the estimate: the room left holds 1 more at
+    that rate."""
     import torch
 
     model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
     per_layer = mlp_up_fit.layer_bytes(SHAPE, 18, 4)
-    reserved, peak = 10 * GIB, 8 * GIB
-    free = 2 * per_layer + 1  # with what is reserved: room above peak and margin for 2 layers
+    reserved, peaks = 10 * GIB, [8 * GIB, 8 * GIB + per_layer // 2]
+    free = per_layer + per_layer // 2 - 1  # with what is reserved: room for just under 1.5
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, 200 * GIB))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: peak)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: peaks[0])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: peaks.pop(0))
     monkeypatch.setattr(mlp_up_fit, "MARGIN_SHARE", 0.0)
-    monkeypatch.setattr(mlp_up_fit, "MARGIN_MIN_BYTES", reserved - peak)
+    monkeypatch.setattr(mlp_up_fit, "MARGIN_MIN_BYTES", reserved - 8 * GIB)
     rec = _Recorder()
-    sharded.fit_mlp_up(model, _plan(), rec, True, "cpu", 1)
+    fitting = sharded.MlpUpFitting(model, _plan(), rec, True, "cpu", 1)
+    fitting.after_step(0)
+    assert [layer.save_mlp_up for layer in model.layers] == [False, False, True]
+    assert "finetune.mlp_up_saved" not in rec.tags  # said once, after the second step
+    fitting.after_step(1)
+    fitting.after_step(2)  # later warm-up steps change nothing
     assert [layer.save_mlp_up for layer in model.layers] == [False, True, True]
     assert rec.metrics["mlp_up_saved_layers"] == 2
     assert rec.metrics["mlp_up_fit_peak_gib"] == pytest.approx(8.0)
-    assert "the last 2 of 3" in rec.tags["finetune.mlp_up_saved"]
+    assert rec.metrics["mlp_up_layer_gib"] * GIB == pytest.approx(per_layer // 2, abs=1)
+    assert rec.tags["finetune.mlp_up_saved"].startswith("fitted after two sizing steps: the last 2")
 
 
 def test_a_cpu_run_keeps_what_was_asked_and_says_it_was_not_fitted():
@@ -99,7 +133,7 @@ def test_a_cpu_run_keeps_what_was_asked_and_says_it_was_not_fitted():
 
     model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
     rec = _Recorder()
-    sharded.fit_mlp_up(model, _plan(), rec, False, "cpu", 1)
+    sharded.MlpUpFitting(model, _plan(), rec, False, "cpu", 1).after_step(0)
     assert all(layer.save_mlp_up for layer in model.layers)
     assert rec.metrics["mlp_up_saved_layers"] == 3
     assert "not fitted" in rec.tags["finetune.mlp_up_saved"]

@@ -176,9 +176,10 @@ class FinetuneParams:
     #: tokens: about 3.4 GiB of GPU memory per layer, measured on an H200, for 18.6 TFLOP
     #: less; llama.keep_mlp_up)
     mlp_up_saved_layers: int = bounded(0, at_least=0)
-    #: backend sharded on a GPU: ``mlp_up_saved_layers`` is the most; one more warm-up step
-    #: with none kept measures the memory peak, and as many of the last layers keep as the
-    #: GPU's memory holds above it (mlp_up_fit.py; the record says how many and why)
+    #: backend sharded on a GPU: ``mlp_up_saved_layers`` is the most; two more warm-up steps
+    #: measure the memory peak with none kept and what a keeping layer adds, and as many of
+    #: the last layers keep as the GPU's memory holds (mlp_up_fit.py; the record says how many
+    #: and why)
     mlp_up_fit: bool = False
     model_shape: ModelShape = "tiny"
     global_batch: int = bounded(0, at_least=0)

@@ -1,16 +1,20 @@
 """How many decoder layers can keep their MLP's up-projection (``llama.keep_mlp_up``) on this
-GPU, measured rather than guessed: a first step with none kept gives the step's peak; a keeping
-layer adds at most its up-projection's output and input for the whole step, so the layers that
-fit are the room above that peak, less a margin for the allocator's fragments.
+GPU, measured rather than guessed, in two sizing steps: the first, with none kept, gives the
+step's peak, and the layers an estimate of each one's bytes (its up-projection's output and
+input) fits above it, less a margin for the allocator's fragments, keep; the second measures
+the peak with them and so what a keeping layer really adds, and the layers that still fit at
+that rate join them.
 
-Why measured: the peak depends on the loss (whole or chunked), the checkpoints, torch's version
-and what the GPU reserves; on 2026-11-28 a guess of 2.5 GiB a layer ran 20 keeping layers of the
-13B out of an H200's 139.8 GiB. Figures: docs/benchmarks/distributed.md.
+Why measured: the peak depends on the loss (whole or chunked), the checkpoints, the compiled
+graph's saved tensors, torch's version and what the GPU reserves. On 2026-11-28 a guess of 2.5
+GiB a layer ran 20 keeping layers of the 13B out of an H200's 139.8 GiB; the estimate of 4 GiB
+kept 17 at a peak of 115.5 GiB, about 3.0 GiB a layer measured. Figures:
+docs/benchmarks/distributed.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hopperlab.workloads.finetune.llama import Llama, Shape, keep_mlp_up
 
@@ -30,18 +34,29 @@ class Fit:
     #: the most the run asked for (``mlp_up_saved_layers``)
     most: int
     layers: int
-    #: the sizing step's peak with no layer keeping, and what torch can hold on the GPU
+    #: the first sizing step's peak with no layer keeping, and what torch can hold on the GPU
     peak_bytes: int
     capacity_bytes: int
+    #: a keeping layer's bytes: estimated (``layer_bytes``), then measured by the second step
     layer_bytes: int
     margin_bytes: int
+    #: the layers the estimate kept and the second step's peak with them (None: not refined)
+    first_kept: int | None = None
+    second_peak_bytes: int | None = None
+    #: the first step's estimate of a layer's bytes, said beside the measured one
+    estimate_gib: float = 0.0
 
     def describe(self) -> str:
-        return (f"fitted after a sizing step: the last {self.kept} of {self.layers} decoder "
-                f"layers keep their MLP's up-projection (at most {self.most} asked; peak "
-                f"{self.peak_bytes / GIB:.1f} GiB with none kept, {self.layer_bytes / GIB:.2f} "
-                f"GiB a keeping layer, {self.capacity_bytes / GIB:.1f} GiB for torch on the GPU "
-                f"less a {self.margin_bytes / GIB:.1f} GiB margin)")
+        said = (f"the last {self.kept} of {self.layers} decoder layers keep their MLP's "
+                f"up-projection (at most {self.most} asked; {self.capacity_bytes / GIB:.1f} GiB "
+                f"for torch on the GPU less a {self.margin_bytes / GIB:.1f} GiB margin; peak "
+                f"{self.peak_bytes / GIB:.1f} GiB with none kept")
+        if self.second_peak_bytes is None:
+            return (f"fitted after a sizing step: {said}, {self.layer_bytes / GIB:.2f} GiB a "
+                    f"keeping layer estimated)")
+        return (f"fitted after two sizing steps: {said}, {self.second_peak_bytes / GIB:.1f} GiB "
+                f"with the {self.first_kept} an estimate of {self.estimate_gib:.2f} GiB a layer "
+                f"kept, so {self.layer_bytes / GIB:.2f} GiB a keeping layer measured)")
 
 
 def layer_bytes(shape: Shape, tokens: int, elt_bytes: int) -> int:
@@ -67,14 +82,30 @@ def layers_that_fit(peak_bytes: int, capacity_bytes: int, per_layer_bytes: int, 
 
 def fit(model: Llama, most: int, tokens: int, elt_bytes: int, peak_bytes: int,
         capacity_bytes: int) -> Fit:
-    """Let the last layers that fit keep their up-projection (``keep_mlp_up``, at most
-    ``most``) and say so. The compiled layers see the new flag at their next call (a guard:
-    one more graph, compiled in the next warm-up step)."""
+    """After the first sizing step: let the last layers the estimate fits keep their
+    up-projection (``keep_mlp_up``, at most ``most``) and say so. The compiled layers see the
+    new flag at their next call (a guard: one more graph, compiled in the next step)."""
     per_layer = layer_bytes(model_shape(model), tokens, elt_bytes)
     margin = margin_for(capacity_bytes)
     kept = keep_mlp_up(model, layers_that_fit(peak_bytes, capacity_bytes, per_layer, most, margin))
     return Fit(kept=kept, most=most, layers=len(model.layers), peak_bytes=peak_bytes,
-               capacity_bytes=capacity_bytes, layer_bytes=per_layer, margin_bytes=margin)
+               capacity_bytes=capacity_bytes, layer_bytes=per_layer, margin_bytes=margin,
+               estimate_gib=per_layer / GIB)
+
+
+def refine(model: Llama, first: Fit, second_peak_bytes: int) -> Fit:
+    """After the second sizing step (``first.kept`` layers keeping): what a keeping layer
+    really added, (second peak - first peak) / layers kept, and as many more of the last
+    layers keep as fit at that rate above the second peak (never fewer than the first kept:
+    they fitted, measured)."""
+    if first.kept == 0:  # nothing kept: nothing to measure a layer by
+        return replace(first, second_peak_bytes=second_peak_bytes, first_kept=0)
+    measured = max(1, (second_peak_bytes - first.peak_bytes) // first.kept)
+    more = layers_that_fit(second_peak_bytes, first.capacity_bytes, measured,
+                           first.most - first.kept, first.margin_bytes)
+    kept = keep_mlp_up(model, first.kept + more)
+    return replace(first, kept=kept, layer_bytes=measured, first_kept=first.kept,
+                   second_peak_bytes=second_peak_bytes)
 
 
 def model_shape(model: Llama) -> Shape:

@@ -319,9 +319,9 @@ class Plan:
     #: under checkpointing, the last N decoder layers keep their MLP's up-projection instead
     #: of recomputing it (``keep_mlp_up``): GPU memory for fewer FLOPs
     mlp_up_saved_layers: int = 0
-    #: ``mlp_up_saved_layers`` is the most: a sizing step (one more warm-up step) with none
-    #: kept measures the GPU memory peak and as many of the last layers keep as fit
-    #: (``mlp_up_fit``); a CPU run keeps what was asked
+    #: ``mlp_up_saved_layers`` is the most: two sizing steps (two more warm-up steps) measure
+    #: the GPU memory peak and what a keeping layer adds, and as many of the last layers keep
+    #: as fit (``MlpUpFitting``); a CPU run keeps what was asked
     mlp_up_fit: bool = False
     #: the loss in chunks of this many tokens (``Llama.forward``); None: the whole batch's
     #: logits, upcast to float32
@@ -372,9 +372,9 @@ def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, f
                 f"up-projection (not recomputed in backward)") if saved else
                 "none: the model does not recompute (checkpointing off)")
         sizing = None
-        if fitting:  # one more warm-up step: the first sizes, the next compiles what it chose
-            plan = replace(plan, warmup=plan.warmup + 1)
-            sizing = lambda: fit_mlp_up(model, plan, recorder, cuda, device, world)  # noqa: E731
+        if fitting:  # two more warm-up steps, the sizing ones (MlpUpFitting)
+            plan = replace(plan, warmup=plan.warmup + 2)
+            sizing = MlpUpFitting(model, plan, recorder, cuda, device, world).after_step
         for key, value in compile_model(model, plan, cuda).items():
             recorder.set_tag(key, value)
         if plan.mode.startswith("fsdp2"):
@@ -382,7 +382,7 @@ def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, f
                              str(plan.reshard_after_forward).lower())
         prefetch, why = prefetch_h2d(model, plan, world, device)
         _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum,
-             after_first_step=sizing)
+             after_warmup_step=sizing)
         if prefetch is not None:
             prefetch.remove()
             why = prefetch.counts.describe()
@@ -397,33 +397,60 @@ def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, f
             dist.destroy_process_group()
 
 
-def fit_mlp_up(model: Llama, plan: Plan, recorder: Recording, cuda: bool, device: Any,
-               world: int) -> None:
-    """After the sizing step (none kept): as many of the last layers keep their up-projection
-    as the GPU memory left above that step's peak holds (``mlp_up_fit``), the same number on
-    every rank (the fewest any rank can hold); recorded. A CPU run keeps what was asked."""
-    if not cuda:
-        kept = keep_mlp_up(model, plan.mlp_up_saved_layers)
-        recorder.log_metric("mlp_up_saved_layers", float(kept))
-        recorder.set_tag("finetune.mlp_up_saved", (
-            f"the last {kept} of {len(model.layers)} decoder layers keep their MLP's "
-            f"up-projection: not fitted (no GPU memory to fit: a CPU run keeps what was asked)"))
-        return
-    free, _ = torch.cuda.mem_get_info(device)
-    capacity = free + torch.cuda.memory_reserved(device)  # what torch can hold on this GPU
-    tokens = plan.micro_batch * plan.seq_len
-    outcome = mlp_up_fit.fit(model, plan.mlp_up_saved_layers, tokens,
-                             torch.finfo(plan.dtype).bits // 8,
-                             torch.cuda.max_memory_allocated(device), capacity)
-    if world > 1:
-        fewest = torch.tensor([outcome.kept], device=device)
+class MlpUpFitting:
+    """The two sizing steps of ``mlp_up_fit`` (the first two warm-up steps): after the first
+    (none kept) as many of the last layers keep their up-projection as an estimate fits above
+    its GPU memory peak; after the second, more join at the rate a keeping layer measured. The
+    same number on every rank (the fewest any rank holds); recorded. A CPU run keeps what
+    was asked (no GPU memory to fit)."""
+
+    def __init__(self, model: Llama, plan: Plan, recorder: Recording, cuda: bool, device: Any,
+                 world: int) -> None:
+        self.model, self.plan, self.recorder = model, plan, recorder
+        self.cuda, self.device, self.world = cuda, device, world
+        self.first: mlp_up_fit.Fit | None = None
+
+    def after_step(self, step: int) -> None:
+        if step > 1:
+            return
+        if not self.cuda:
+            if step == 0:
+                self._cpu()
+            return
+        peak = torch.cuda.max_memory_allocated(self.device)
+        if step == 0:
+            free, _ = torch.cuda.mem_get_info(self.device)
+            capacity = free + torch.cuda.memory_reserved(self.device)  # what torch can hold
+            self.first = mlp_up_fit.fit(self.model, self.plan.mlp_up_saved_layers,
+                                        self.plan.micro_batch * self.plan.seq_len,
+                                        torch.finfo(self.plan.dtype).bits // 8, peak, capacity)
+            self._agree(self.first)
+            torch.cuda.reset_peak_memory_stats(self.device)  # the next step's own peak
+            return
+        assert self.first is not None
+        outcome = self._agree(mlp_up_fit.refine(self.model, self.first, peak))
+        self.recorder.log_metrics(mlp_up_saved_layers=float(outcome.kept),
+                                  mlp_up_fit_peak_gib=outcome.peak_bytes / 2**30,
+                                  mlp_up_fit_second_peak_gib=peak / 2**30,
+                                  mlp_up_layer_gib=outcome.layer_bytes / 2**30)
+        self.recorder.set_tag("finetune.mlp_up_saved", outcome.describe())
+
+    def _agree(self, outcome: mlp_up_fit.Fit) -> mlp_up_fit.Fit:
+        """The fewest layers any rank can keep, kept on every rank."""
+        if self.world == 1:
+            return outcome
+        fewest = torch.tensor([outcome.kept], device=self.device)
         dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
-        if int(fewest.item()) != outcome.kept:
-            outcome = replace(outcome, kept=keep_mlp_up(model, int(fewest.item())))
-    recorder.log_metrics(mlp_up_saved_layers=float(outcome.kept),
-                         mlp_up_fit_peak_gib=outcome.peak_bytes / 2**30,
-                         mlp_up_layer_gib=outcome.layer_bytes / 2**30)
-    recorder.set_tag("finetune.mlp_up_saved", outcome.describe())
+        if int(fewest.item()) == outcome.kept:
+            return outcome
+        return replace(outcome, kept=keep_mlp_up(self.model, int(fewest.item())))
+
+    def _cpu(self) -> None:
+        kept = keep_mlp_up(self.model, self.plan.mlp_up_saved_layers)
+        self.recorder.log_metric("mlp_up_saved_layers", float(kept))
+        self.recorder.set_tag("finetune.mlp_up_saved", (
+            f"the last {kept} of {len(self.model.layers)} decoder layers keep their MLP's "
+            f"up-projection: not fitted (no GPU memory to fit: a CPU run keeps what was asked)"))
 
 
 def check_host_memory(plan: Plan, world: int, recorder: Recording, device: Any,
@@ -590,7 +617,7 @@ def model_flops_per_token(model: Llama, plan: "Plan") -> float:
 
 def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None,
          model: Llama, device: Any, rank: int, world: int, accum: int,
-         after_first_step: Callable[[], None] | None = None) -> None:
+         after_warmup_step: Callable[[int], None] | None = None) -> None:
     n_params = sum(p.numel() for p in model.parameters())  # global sizes, sharded or not
     threads = plan.cpus or torch.get_num_threads()
     torch.set_num_threads(threads)  # the job's CPUs, whatever a launcher left in the pool
@@ -622,8 +649,8 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
             losses.append(loss)
             if step < plan.warmup:  # first kernels, allocator, pinned blocks, compilation
                 warmup_s += dt
-            if step == 0 and after_first_step is not None:  # a warm-up step (fit_mlp_up)
-                after_first_step()
+            if step < plan.warmup and after_warmup_step is not None:  # MlpUpFitting
+                after_warmup_step(step)
             if step >= plan.warmup:
                 times.append(dt)
                 opt_times.append(opt_s)
