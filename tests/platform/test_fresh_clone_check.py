@@ -17,13 +17,16 @@ FIX = REPO / "tests" / "fixtures" / "machines"
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("results, machine", [
-    ("results-h200", "h200-141g-pcie5-x86_64"), ("results-h100", "h100-80g-pcie5-x86_64"),
+@pytest.mark.parametrize("results, machine, strict", [
+    # the one-run values of 2026-11-24: references from repeats replaced most of them since
+    # (tests/fixtures/machines/README.md): none a regression, some inconclusive or unjudged
+    ("results-h200", "h200-141g-pcie5-x86_64", False),
+    ("results-h100", "h100-80g-pcie5-x86_64", True),
     # the fresh runs (repeats=1) of references_gpu.sh's 2026-11-28 calls, judged by the
     # references shipped from their repeats: 1-GPU (host CPU [GenuineIntel 6-207-2]) and TP 2
-    ("results-h200-fresh", "h200-141g-pcie5-x86_64"),
-    ("results-2xh200-fresh", "2xh200-141g-pcie5-x86_64")])
-def test_a_fresh_clone_judges_every_run_of_the_lent_kind(tmp_path, results, machine):
+    ("results-h200-fresh", "h200-141g-pcie5-x86_64", True),
+    ("results-2xh200-fresh", "2xh200-141g-pcie5-x86_64", True)])
+def test_a_fresh_clone_judges_every_run_of_the_lent_kind(tmp_path, results, machine, strict):
     tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "Snakefile", "configs",
                               "experiments", "workflow", "models"], capture_output=True,
                              text=True, check=True).stdout.split()
@@ -35,8 +38,10 @@ def test_a_fresh_clone_judges_every_run_of_the_lent_kind(tmp_path, results, mach
     runs = shutil.copytree(FIX / results, tmp_path / results)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run([sys.executable, "-m", "hopperlab.cli", "check", str(runs), "--root",
-                           str(clone), "--strict"], capture_output=True, text=True, env=env,
-                          timeout=120)
+                           str(clone)] + (["--strict"] if strict else []), capture_output=True,
+                          text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     line = next(x for x in done.stdout.splitlines() if x.startswith("[hopperlab] check"))
-    assert f"({machine})" in line and "pass" in line and "no-reference" not in line, line
+    assert f"({machine})" in line and "pass" in line and "regression" not in line, line
+    if strict:
+        assert "no-reference" not in line and "inconclusive" not in line, line

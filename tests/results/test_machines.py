@@ -153,13 +153,18 @@ def _refs(tmp_path: Path, machine: str, body: dict) -> Path:
 def test_shipped_references_load_and_judge_the_fixtures():
     for path in REFS.glob("*.yaml"):
         references.load_references(path)
-    for m in ("h200", "h100"):  # the runs the references were taken from: every one passes
+    # the runs of 2026-11-24 and the fresh runs of the references from repeats: none is a
+    # regression; every one passes but two 2026-11-24 H200 runs that references from repeats
+    # replaced (tests/fixtures/machines/README.md): kv-cache offload at 49.09 ms against 46.49
+    # (x1.056 of one sample: inconclusive) and h2d-pageable, no longer judged
+    known = {"h200": {"inference/kv-cache/offload": "inconclusive",
+                      "membench/copy/h2d-pageable": "no-reference"}}
+    for m in ("h200", "h100", "h200-fresh"):
         rows = collect_runs(FIX / f"results-{m}")
         judged = references.judge_rows(rows, REFS)
         verdicts = {r.key: r.reference_check for r in rows}
         assert verdicts["membench/copy/h2d-pinned"] == "pass"
-        assert verdicts["finetune/lora-llama2-7b/offload-recompute"] == "pass"
-        assert set(verdicts.values()) == {"pass"}, verdicts
+        assert {k: v for k, v in verdicts.items() if v != "pass"} == known.get(m, {}), verdicts
         assert not references.regressions(judged)
 
 

@@ -685,6 +685,11 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
     if cuda:
         figures["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         figures["peak_gpu_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        # the caching allocator's retries (each frees its cache and waits for the GPU: idle
+        # time near a full GPU, e.g. under mlp_up_fit) and its reserved peak
+        stats = torch.cuda.memory_stats(device)
+        figures["gpu_alloc_retries"] = float(stats.get("num_alloc_retries", 0))
+        figures["peak_gpu_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
     pinned = pinned_host_gb() if cuda else None
     if pinned is not None:
         figures["pinned_host_peak_gb"] = pinned
