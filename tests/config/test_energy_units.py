@@ -71,6 +71,20 @@ def test_database_queries_scanned_gb_and_the_duckdb_window():
     assert "cost_per_1k_duckdb_queries" not in figures and "cost_per_1k_queries" in figures
 
 
+def test_the_duckdb_window_divides_its_own_joules_by_the_queries_it_ran():
+    """Issue 36: the DuckDB peer's J per query = its window's joules / the queries the peer
+    executed inside that window, beside the GPU side's, each from its own window."""
+    m = {"energy_gpu_j": 500.0, "energy_window_s": 2.0, "q1_time_ms": 10.0, "q6_time_ms": 30.0,
+         "measured_queries": 4.0, "q1_duckdb_ms": 100.0, "q6_duckdb_ms": 300.0,
+         "duckdb_measured_queries": 8.0, "duckdb_energy_gpu_j": 80.0,
+         "duckdb_energy_host_j": 320.0, "duckdb_energy_window_s": 4.0}
+    out = energy_figures(m, units("database"))
+    assert out["energy_per_1k_queries_j"] == pytest.approx(500.0 / 4.0 * 1e3)
+    assert out["energy_per_1k_duckdb_queries_j"] == pytest.approx(80.0 / 8.0 * 1e3)
+    assert out["energy_node_per_1k_duckdb_queries_j"] == pytest.approx(400.0 / 8.0 * 1e3)
+    assert out["duckdb_queries_per_j"] == pytest.approx(8.0 / 80.0)
+
+
 def test_membench_gb_copied_per_joule():
     m = {"energy_gpu_j": 900.0, "energy_window_s": 3.0, "gbps_at_largest": 50.0}
     out = energy_figures(m, units("membench"))

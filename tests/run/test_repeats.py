@@ -128,3 +128,76 @@ def test_snakemake_config_repeats_reaches_the_job(tmp_path):
     record = json.loads((run_dir / "metrics.json").read_text())
     assert len(read_samples(run_dir)) == 3 and record["metrics"]["value_n"] == 3
     assert json.loads((run_dir / "spec.json").read_text())["repeats"] == 3
+
+
+# --------------------------------------------------------------------------- energy's work done
+def _measured(tmp_path: Path, family: str, workload, repeats: int = 3):
+    """``repeats.measure`` over a stand-in entry: the run's recorder (its final metrics)."""
+    from types import SimpleNamespace
+
+    from hopperlab.core.rundir import Recorder
+    from hopperlab.run.repeats import measure
+    from hopperlab.workloads import family_info
+
+    rec = Recorder(tmp_path / "run", identity={"family": family})
+    measure(workload, SimpleNamespace(repeats=repeats, headline_metrics=()), rec,
+            family_info(family))
+    return rec
+
+
+def test_reruns_sum_the_bytes_each_window_copied_not_their_median(tmp_path):
+    """membench reruns: each rerun's window copied its own bytes; the meter adds the windows'
+    joules, so the run's work done is the sum, and J per TB = every joule / every byte."""
+    from hopperlab.config.energy import energy_figures
+    from hopperlab.core import energy_names as N
+    from hopperlab.workloads import family_info
+
+    copied = iter([1.5, 2.0, 4.5])
+
+    def rerun(spec, rec):
+        rec.log_metrics({"measured_gb_copied": next(copied), "gbps_at_largest": 10.0})
+
+    metrics = _measured(tmp_path, "membench", rerun).metrics
+    assert metrics["measured_gb_copied"] == 8.0
+    figures = energy_figures({**metrics, N.ENERGY_GPU_J: 80.0, N.ENERGY_WINDOW_S: 3.0},
+                             family_info("membench").work_units)
+    assert figures["energy_per_tb_copied_j"] == pytest.approx(80.0 / 8.0 * 1000)
+
+
+def test_a_count_some_samples_lack_is_dropped_and_the_energy_goes_by_the_rate(tmp_path):
+    """One rerun without its count (or with a NaN): the windows' total is unknown, and the
+    median of the others would divide every window's joules by part of their work."""
+    from hopperlab.config.energy import energy_basis
+    from hopperlab.core import energy_names as N
+    from hopperlab.workloads import family_info
+
+    for missing in ({}, {"measured_gb_copied": math.nan}):
+        copied = iter([{"measured_gb_copied": 2.0}, missing, {"measured_gb_copied": 2.0}])
+
+        def rerun(spec, rec):
+            rec.log_metrics({**next(copied), "gbps_at_largest": 10.0})
+
+        rec = _measured(tmp_path / str(len(missing)), "membench", rerun)
+        assert "measured_gb_copied" not in rec.metrics
+        why = rec.tags[N.TAG_WORK_NOT_COUNTED]
+        assert why.startswith("measured_gb_copied not counted in every one of the 3 samples")
+        basis = energy_basis({**rec.metrics, N.ENERGY_GPU_J: 80.0, N.ENERGY_WINDOW_S: 3.0},
+                             family_info("membench").work_units, None, why)
+        assert basis.startswith("rate: ") and basis.endswith(why)
+
+
+def test_windows_that_log_the_total_outside_their_samples_keep_it(tmp_path):
+    """The database and recommender log every window's work once, after the windows, not in
+    the samples: that total is the run's work done, left as it is."""
+    from hopperlab.core import energy_names as N
+
+    def windows(spec, rec):
+        for w in range(spec.repeats):
+            rec.add_sample({"q1_time_ms": 10.0 + w})
+        rec.log_metrics({"measured_queries": 3 * 4.0, "measured_bytes_scanned": 3 * 4e9})
+
+    rec = _measured(tmp_path, "database", windows)
+    assert N.TAG_WORK_NOT_COUNTED not in rec.tags
+    metrics = rec.metrics
+    assert metrics["measured_queries"] == 12.0
+    assert metrics["measured_bytes_scanned"] == 12e9

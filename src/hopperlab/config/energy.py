@@ -48,10 +48,11 @@ def _window(metrics: Mapping[str, float], window: str) -> tuple[float | None, fl
 
 def work_done(unit: WorkUnit, metrics: Mapping[str, float],
               params: Mapping[str, Any] | None = None) -> float | None:
-    """The units of work completed inside the measured window(s): the product of the unit's
+    """The units of work completed inside the unit's window(s) (the measured one, or its own
+    ``window``: the DuckDB peer's queries in window ``duckdb``): the product of the unit's
     ``done`` metrics, x its ``scale_param``; None when the unit does not say or a figure is
     missing."""
-    if not unit.done or unit.window:
+    if not unit.done:
         return None
     value = 1.0
     for name in unit.done:

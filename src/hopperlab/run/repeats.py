@@ -11,10 +11,12 @@ measurement (a model trained before its latency is measured) declares ``repeat_u
 from __future__ import annotations
 
 import gc
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from hopperlab.core.energy_names import TAG_WORK_NOT_COUNTED
 from hopperlab.core.rundir import Recorder
 from hopperlab.core.stats import aggregate_samples
 from hopperlab.workloads.base import FamilyInfo
@@ -72,17 +74,47 @@ def measure(workload: Callable[[Any, Recorder], None], spec: Any, rec: Recorder,
             _release_memory()
         rec.repeat = None
     rec.metrics.update(aggregate_samples(rec.samples, stat_metrics(spec, info)))
+    _settle_work_done(rec, info)
+
+
+def _settle_work_done(rec: Recorder, info: FamilyInfo) -> None:
+    """The run's work done from its samples: every window's summed where each sample counted
+    it; dropped, with the reason in tag ``energy.work_not_counted``, where only some did (the
+    median ``aggregate_samples`` left would be a part of the work of every window's joules)."""
     rec.metrics.update(work_done_totals(rec.samples, info))
+    uncounted = work_done_uncounted(rec.samples, info)
+    for name in uncounted:
+        rec.metrics.pop(name, None)
+    if uncounted and TAG_WORK_NOT_COUNTED not in rec.tags:
+        rec.set_tag(TAG_WORK_NOT_COUNTED, f"{', '.join(uncounted)} not counted in every one of "
+                    f"the {len(rec.samples)} samples: the windows' total is unknown")
+
+
+def _work_done_names(info: FamilyInfo) -> list[str]:
+    """Every metric a unit of the family multiplies into its work done (``WorkUnit.done``)."""
+    return sorted({n for u in info.work_units for n in u.done})
+
+
+def _counted(sample: dict[str, float], name: str) -> bool:
+    """Whether ``sample`` counted ``name``: present and finite (a NaN is a count that failed)."""
+    return name in sample and math.isfinite(float(sample[name]))
 
 
 def work_done_totals(samples: list[dict[str, float]], info: FamilyInfo) -> dict[str, float]:
-    """The work done inside the measured windows (``WorkUnit.done``) summed over the samples
-    that carry it: the meter adds every window's joules, so J per unit divides by every
-    window's work, not by one sample's (the median ``aggregate_samples`` gives)."""
-    names = {n for u in info.work_units for n in u.done}
+    """The work done inside the measured windows (``WorkUnit.done``) summed over the samples,
+    where every sample counted it: the meter adds every window's joules, so J per unit divides
+    by every window's work, not by one sample's (the median ``aggregate_samples`` gives)."""
     out: dict[str, float] = {}
-    for name in names:
-        values = [float(s[name]) for s in samples if name in s]
-        if values and len(values) == len(samples):
-            out[name] = sum(values)
+    for name in _work_done_names(info):
+        if samples and all(_counted(s, name) for s in samples):
+            out[name] = sum(float(s[name]) for s in samples)
     return out
+
+
+def work_done_uncounted(samples: list[dict[str, float]], info: FamilyInfo) -> list[str]:
+    """The work-done metrics some samples counted and others did not (absent or not finite):
+    the windows' total is unknown, and the median of the samples that have it would divide
+    every window's joules by a part of their work. Such a metric is dropped from the run's
+    figures, so its J per unit goes by the rate and says so (``energy.basis``)."""
+    return [name for name in _work_done_names(info)
+            if any(name in s for s in samples) and not all(_counted(s, name) for s in samples)]

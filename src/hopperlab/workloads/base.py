@@ -63,9 +63,10 @@ class WorkUnit:
     metrics ending in ``time_suffix`` summed, in ms), ``count_per_ms`` (how many metrics end in
     ``time_suffix``, over their sum in ms). ``size`` units make one priced amount.
 
-    Energy (``hopperlab.config.energy``): ``energy_per_...`` is the mean power of the run's
-    ``window`` (``""``: the measured window) over the units per second, and ``work_per_j`` names
-    the units per joule, in ``work_scale`` base units (GB scanned: 1e9 bytes). A unit with a
+    Energy (``hopperlab.config.energy``): ``energy_per_...`` is the joules of the run's
+    ``window`` (``""``: the measured window) over the work done inside it (``done``), else its
+    mean power over the units per second, and ``work_per_j`` names the units per joule, in
+    ``work_scale`` base units (GB scanned: 1e9 bytes). A unit with a
     ``window`` of its own (the database's DuckDB peer) is not priced: the run's resources did
     not do that work.
     """
@@ -82,9 +83,10 @@ class WorkUnit:
     work_scale: float = 1.0
     window: str = ""
     #: metrics whose product (times ``scale_param``) is the units of work completed inside the
-    #: measured window(s), e.g. finetune's ``measured_tokens``: what the window's joules are
-    #: divided by (issue 36: a stall inside the window is paid for). Empty: energy per unit
-    #: divides the window's mean power by the rate (tag ``energy.basis`` says which)
+    #: unit's window(s) (``window``; ``""``: the measured one), e.g. finetune's
+    #: ``measured_tokens``, the DuckDB peer's ``duckdb_measured_queries``: what the window's
+    #: joules are divided by (issue 36: a stall inside the window is paid for). Empty: energy
+    #: per unit divides the window's mean power by the rate (tag ``energy.basis`` says which)
     done: tuple[str, ...] = ()
 
     @property

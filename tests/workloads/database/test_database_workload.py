@@ -267,3 +267,33 @@ def test_repeats_are_windows_of_the_queries_after_one_load(tmp_path, tpch):
     repeats.measure(workload.run, s, rec, DB)
     assert len(rec.samples) == 2 and {"q1_time_ms", "q6_time_ms"} <= set(rec.samples[1])
     assert rec.metrics["q6_time_ms_n"] == 2 and rec.metrics["all_correct"] == 1.0
+
+
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
+def test_the_duckdb_queries_counted_are_those_its_window_ran(tmp_path, tpch, monkeypatch):
+    """Issue 36: the DuckDB peer's work done is every query it executed while its own energy
+    window was open (warm-ups too: they run inside), so its J per query is the window's joules
+    over them; the GPU side's count is its own window's."""
+    from hopperlab.core.window import listening
+
+    open_windows: list[str] = []
+    ran = {"duckdb": 0, "other": 0}
+    real_run = DuckPeer.run
+
+    def counting_run(self, text):
+        ran["duckdb" if "duckdb" in open_windows else "other"] += 1
+        return real_run(self, text)
+
+    def listener(event, name):
+        if event == "start":
+            open_windows.append(name)
+        else:
+            open_windows.remove(name)
+
+    monkeypatch.setattr(DuckPeer, "run", counting_run)
+    with listening(listener):
+        record, _ = finish(tmp_path, spec(tpch, queries=("q1", "q6"), warmup=1, repeats=2))
+    m = record["metrics"]
+    assert record["status"] == "ok"
+    assert ran["duckdb"] > 0 and m["duckdb_measured_queries"] == ran["duckdb"]
+    assert m["measured_queries"] == 2 * (1 + 2)

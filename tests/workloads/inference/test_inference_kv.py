@@ -326,3 +326,66 @@ def test_repeats_are_windows_on_one_loaded_model(assets, tmp_path):
     repeats.measure(run, s, rec, INF)
     assert len(rec.samples) == 2 and "model_load_s" not in rec.samples[0]
     assert rec.metrics["ttft_ms_p50_n"] == 2
+
+
+# --------------------------------------------------------------------------- energy's work done
+def test_a_kv_cache_window_counts_every_reply_token_and_one_first_token_a_round():
+    """Issue 36: a round generates its whole reply inside the window (the prefill's first token,
+    then the decode steps), as the other studies count; ``decode_tokens`` leaves the first out."""
+    from hopperlab.workloads.inference.dialogue import RoundRecord
+    from hopperlab.workloads.inference.workload import kv_window_work
+
+    records = [RoundRecord(session=s, round=r, how="fresh", cached_tokens=0, prefill_tokens=9,
+                           ttft_s=0.1, decode_s=0.2, decode_tokens=4, reply=[7] * 5)
+               for s in range(2) for r in range(3)]
+    assert kv_window_work(records) == {"measured_generated_tokens": 6 * 5.0,
+                                       "measured_first_tokens": 6.0}
+
+
+@pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
+def test_the_tokens_counted_are_the_tokens_generated_inside_the_energy_window(
+        assets, tmp_path, monkeypatch):
+    """The kv-cache run's work done is what its model generated while the measured window was
+    open (the warm-up sessions outside), counted at the prefill and decode calls; J per unit =
+    the window's joules / those tokens."""
+    from hopperlab.config.energy import energy_figures
+    from hopperlab.core import energy_names as N
+    from hopperlab.core.window import MEASURED, listening
+    from hopperlab.workloads.inference import FAMILY
+    from hopperlab.workloads.inference import dialogue
+
+    events: list[str] = []
+    tokens = {True: 0, False: 0}      # by whether the window was open
+    firsts = {True: 0, False: 0}
+    real_prefill, real_decode = dialogue.prefill, dialogue.decode
+
+    def is_open() -> bool:
+        return bool(events) and events[-1] == "start"
+
+    def prefill(model, ids, cache):
+        first = real_prefill(model, ids, cache)
+        tokens[is_open()] += first.numel()
+        firsts[is_open()] += first.numel()
+        return first
+
+    def decode(model, first, cache, steps):
+        out = real_decode(model, first, cache, steps)
+        tokens[is_open()] += out.numel() - first.numel()     # the first is the prefill's
+        return out
+
+    monkeypatch.setattr(dialogue, "prefill", prefill)
+    monkeypatch.setattr(dialogue, "decode", decode)
+    params = {**DIALOGUE, "sessions": 2, "rounds": 2, "context_tokens": 16, "reply_tokens": 4,
+              "warmup": 1}
+    with listening(lambda event, name: events.append(event) if name == MEASURED else None):
+        m = _run(assets, tmp_path, "work", policy="offload", **params)["metrics"]
+    assert events == ["start", "end"]
+    assert tokens[False] > 0                   # the warm-up sessions, outside the window
+    assert m["measured_generated_tokens"] == tokens[True] == 2 * 2 * 4
+    assert m["measured_first_tokens"] == firsts[True] == 2 * 2
+    joules = 40.0
+    figures = energy_figures({**m, N.ENERGY_GPU_J: joules, N.ENERGY_WINDOW_S: 2.0},
+                             FAMILY.work_units)
+    assert figures["energy_per_1m_generated_tokens_j"] == pytest.approx(
+        joules / tokens[True] * 1e6)
+    assert figures["energy_per_1k_first_tokens_j"] == pytest.approx(joules / firsts[True] * 1e3)

@@ -152,3 +152,56 @@ def test_repeats_are_windows_of_timed_requests_on_the_one_built_model(tmp_path, 
     steps = [s["step"] for s in map(__import__("json").loads,
                                     (tmp_path / "run" / "steps.jsonl").read_text().splitlines())]
     assert steps == list(range(6))                           # one step per timed request
+
+
+def test_the_tokens_counted_are_the_tokens_generated_inside_the_energy_window(tmp_path,
+                                                                               monkeypatch):
+    """Issue 36: the TP run's work done is what its server generated while the measured window
+    was open (every window of a repeated run, summed; the warm-up request outside), counted
+    here at the server's prefill and decode steps, not from the params."""
+    from hopperlab.config.energy import energy_basis, energy_figures
+    from hopperlab.core import energy_names as N
+    from hopperlab.core.rundir import Recorder
+    from hopperlab.core.window import MEASURED, listening
+    from hopperlab.run.repeats import measure
+    from hopperlab.workloads.base import fake_run
+    from hopperlab.workloads.inference import FAMILY, InferenceParams
+    from hopperlab.workloads.inference import workload
+
+    events: list[str] = []
+    tokens = {True: 0, False: 0}      # by whether the window was open
+    firsts = {True: 0, False: 0}
+    real_prefill, real_decode = tp.Server.prefill, tp.Server.decode
+
+    def is_open() -> bool:
+        return bool(events) and events[-1] == "start"
+
+    def prefill(self, prompts):
+        tokens[is_open()] += prompts.shape[0]
+        firsts[is_open()] += prompts.shape[0]
+        real_prefill(self, prompts)
+
+    def decode(self, steps):
+        tokens[is_open()] += steps * self.batch
+        real_decode(self, steps)
+
+    monkeypatch.setattr(tp.Server, "prefill", prefill)
+    monkeypatch.setattr(tp.Server, "decode", decode)
+    params = InferenceParams(study="tensor-parallel", model_shape="tiny", dtype="float32",
+                             prompt_tokens=8, decode_tokens=5, requests=2, warmup=1,
+                             concurrency=3)
+    rec = Recorder(tmp_path / "run", identity={"family": "inference"})
+    with listening(lambda event, name: events.append(event) if name == MEASURED else None):
+        measure(workload.run, fake_run(params, repeats=2), rec, FAMILY)
+    m = rec.finish("ok")["metrics"]
+    assert events == ["start", "end"] * 2
+    assert tokens[False] > 0                   # the warm-up ran, outside the windows
+    assert m["measured_generated_tokens"] == tokens[True]
+    assert m["measured_first_tokens"] == firsts[True]
+    joules = 90.0
+    metrics = {**m, N.ENERGY_GPU_J: joules, N.ENERGY_WINDOW_S: 3.0}
+    assert energy_basis(metrics, FAMILY.work_units).startswith(f"work done: {tokens[True]:g}")
+    figures = energy_figures(metrics, FAMILY.work_units)
+    assert figures["energy_per_1m_generated_tokens_j"] == pytest.approx(
+        joules / tokens[True] * 1e6)
+    assert figures["energy_per_1k_first_tokens_j"] == pytest.approx(joules / firsts[True] * 1e3)

@@ -300,3 +300,43 @@ def test_an_alloc_run_says_why_its_energy_is_by_the_rate(tmp_path):
     metrics = {**record["metrics"], N.ENERGY_GPU_J: 100.0, N.ENERGY_WINDOW_S: 2.0}
     basis = energy_basis(metrics, FAMILY.work_units, None, why)
     assert basis.startswith("rate: ") and basis.endswith("work done not counted: " + why)
+
+
+@pytest.mark.parametrize("use_torch", [True, False], ids=["torch", "numpy"])
+@pytest.mark.parametrize("direction", ["h2d", "bidir"])
+def test_the_bytes_counted_are_the_bytes_copied_inside_the_energy_window(
+        tmp_path, monkeypatch, direction, use_torch):
+    """Issue 36: every copy the run makes is counted, and only inside the measured window (the
+    energy meter's): its joules over ``measured_gb_copied`` are joules per byte it moved. Without
+    torch the run opens the window too (it used to leave the meter the whole workload call)."""
+    if use_torch:
+        pytest.importorskip("torch")
+    from hopperlab.config.energy import energy_figures
+    from hopperlab.core import energy_names as N
+    from hopperlab.core.window import MEASURED, listening
+    from hopperlab.workloads.membench.common import HostBackend
+    from hopperlab.workloads.membench.copies import MEASURED_GB_COPIED
+
+    events: list[str] = []
+    inside: list[int] = []     # list.append: the bidir copies come from two threads
+    outside: list[int] = []
+    real_copy = HostBackend.copy
+
+    def counting_copy(self, dst, src):
+        (inside if events and events[-1] == "start" else outside).append(int(dst.nbytes))
+        real_copy(self, dst, src)
+
+    monkeypatch.setattr(HostBackend, "copy", counting_copy)
+    with listening(lambda event, name: events.append(event) if name == MEASURED else None):
+        record, _ = run_variant(tmp_path, spec(test="copy", direction=direction,
+                                               host_memory="pageable"), use_torch=use_torch)
+    assert record["status"] == "ok", record["reason"]
+    assert events == ["start", "end"]            # one measured window
+    assert inside and not outside
+    copied = record["metrics"][MEASURED_GB_COPIED]
+    assert copied * GB == pytest.approx(sum(inside))
+    joules = 50.0
+    metrics = {**record["metrics"], N.ENERGY_GPU_J: joules, N.ENERGY_WINDOW_S: 1.0}
+    figures = energy_figures(metrics, FAMILY.work_units)
+    assert figures["energy_per_tb_copied_j"] == pytest.approx(joules / (sum(inside) / 1e12))
+    assert figures["gb_copied_per_j"] == pytest.approx(sum(inside) / GB / joules)

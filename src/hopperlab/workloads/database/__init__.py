@@ -94,7 +94,7 @@ WORK_UNITS = (WorkUnit("cost_per_1k_queries", "per 1000 queries", 1e3, "count_pe
               WorkUnit("cost_per_1k_duckdb_queries", "per 1000 DuckDB queries", 1e3,
                        "count_per_ms", time_suffix="_duckdb_ms",
                        work_per_j="duckdb_queries_per_j", work_label="DuckDB queries per joule",
-                       window="duckdb"))
+                       window="duckdb", done=("duckdb_measured_queries",)))
 FLOORS = {f"{q}_time_ms": f"{q}_floor_ms" for q in QUERIES}
 
 FAMILY = FamilyInfo(

@@ -38,13 +38,18 @@ class DuckPeer:
         self.con = duckdb.connect()
         self.con.execute(f"SET threads={self.threads}")
         self.version = duckdb.__version__
+        #: queries executed so far (``run``): what an energy window around the peer counts
+        self.executed = 0
         for table, cols in needs.items():
             files = ", ".join(f"'{p}'" for p in table_files(Path(folder), table))
             self.con.execute(f"CREATE TABLE {table} AS SELECT {', '.join(cols)} "
                              f"FROM read_parquet([{files}])")
 
     def run(self, text: str) -> list[tuple]:
-        return [tuple(r) for r in self.con.execute(text).fetchall()]
+        """The answer to ``text``, every row fetched; counted in ``executed``."""
+        rows = [tuple(r) for r in self.con.execute(text).fetchall()]
+        self.executed += 1
+        return rows
 
     def timed(self, text: str, warmup: int, repeats: int) -> tuple[list[tuple], list[float]]:
         """The answer and ``repeats`` wall times (ms) after ``warmup`` untimed runs."""

@@ -37,6 +37,8 @@ from hopperlab.workloads.database.sql import SQL
 
 #: the energy window of the DuckDB peer's timed queries (its figures: ``duckdb_energy_*``)
 DUCKDB_WINDOW = "duckdb"
+#: the queries the DuckDB peer executed inside its window (``WorkUnit.done`` of its unit)
+DUCKDB_MEASURED_QUERIES = "duckdb_measured_queries"
 
 
 def check_system_memory(device: Any, recorder: Recording) -> None:
@@ -116,11 +118,14 @@ def run(spec: RunView, recorder: Recording) -> None:
     recorder.set_tag("database.duckdb", f"duckdb {peer.version}, {peer.threads} threads")
     expected: dict[str, list[tuple]] = {}
     duck_ms: dict[str, float] = {}
+    before = peer.executed
     with window(DUCKDB_WINDOW):  # its own energy window: the same queries on the host's cores
         for q in params.queries:
             rows, times = peer.timed(SQL[q], params.warmup, params.repeats)
             expected[q] = rows
             duck_ms[q] = sorted(times)[len(times) // 2]
+    # every query the peer executed inside its window, warm-ups too: its joules over them
+    recorder.log_metric(DUCKDB_MEASURED_QUERIES, float(peer.executed - before))
     peer.close()
 
     link = params.link_gbps

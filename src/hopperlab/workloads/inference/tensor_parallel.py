@@ -401,14 +401,18 @@ class Server:
 
 def serve(server: Server, prompts: torch.Tensor, new_tokens: int, sync: Any) -> dict[str, float]:
     """One request batch: prefill the prompts, then ``new_tokens - 1`` greedy decode steps after
-    the first token. Times on the wall clock after ``sync()``; returns ttft and decode seconds."""
+    the first token. Times on the wall clock after ``sync()``; returns ttft and decode seconds,
+    and the tokens the batch generated (``generated_tokens``: every sequence's first token and
+    its decode steps; ``first_tokens``: one a sequence), which a caller's energy window counts."""
+    sequences, steps = int(prompts.shape[0]), new_tokens - 1
     sync()
     t0 = time.perf_counter()
     server.prefill(prompts)
     sync()
     ttft = time.perf_counter() - t0
     t1 = time.perf_counter()
-    server.decode(new_tokens - 1)
+    server.decode(steps)
     sync()
     decode = time.perf_counter() - t1
-    return {"ttft_s": ttft, "decode_s": decode, "latency_s": ttft + decode}
+    return {"ttft_s": ttft, "decode_s": decode, "latency_s": ttft + decode,
+            "generated_tokens": float(sequences * (1 + steps)), "first_tokens": float(sequences)}

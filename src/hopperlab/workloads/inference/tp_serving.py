@@ -35,6 +35,8 @@ from hopperlab.workloads.inference.tp_floor import (
 
 #: decode steps replayed with and without their all-reduces, for what the collectives cost
 _COLLECTIVE_PROBE_STEPS = 20
+#: one window's requests: latencies, times to first token, seconds per decode step
+Timings = tuple[list[float], list[float], list[float]]
 
 
 def _rates(torch: Any, device: Any, floor: TPShape, batch: int, tokens: int) -> NodeRates:
@@ -113,10 +115,11 @@ def run(spec: RunView, recorder: Recording, params: InferenceParams) -> None:
     lat, ttft, dec = [], [], []  # every window's requests: what the floors are set against
     for w in range(windows):
         recorder.repeat = w if windows > 1 else None
-        got = _timed_requests(request, recorder, params, batch, first_step=w * params.requests)
+        got, work = _timed_requests(request, recorder, params, batch,
+                                    first_step=w * params.requests)
         for pooled, mine in zip((lat, ttft, dec), got):
             pooled.extend(mine)
-        recorder.log_metrics({**_request_figures(*got, batch), **window_work(params)})
+        recorder.log_metrics({**_request_figures(*got, batch), **work})
         if windows > 1:
             recorder.add_sample(dict(recorder.metrics))
     recorder.repeat = None
@@ -143,13 +146,16 @@ def run(spec: RunView, recorder: Recording, params: InferenceParams) -> None:
 
 
 def _timed_requests(request: Any, recorder: Recording, params: InferenceParams, batch: int,
-                    first_step: int) -> tuple[list[float], list[float], list[float]]:
+                    first_step: int) -> tuple[Timings, dict[str, float]]:
     """One window: the timed requests inside the measured region (the profiler's capture, the
-    energy window); per request its latency, time to first token and seconds per decode step."""
+    energy window); per request its latency, time to first token and seconds per decode step,
+    and the work the window holds (``window_work``)."""
     lat, ttft, dec = [], [], []
+    served: list[dict[str, float]] = []
     with measured_region():
         for i in range(params.requests):
             t = request()
+            served.append(t)
             decode_tps = batch * max(params.decode_tokens - 1, 1) / max(t["decode_s"], 1e-9)
             recorder.log_step(first_step + i, latency_ms=t["latency_s"] * 1e3,
                               ttft_ms=t["ttft_s"] * 1e3, decode_tokens_per_s=decode_tps,
@@ -157,7 +163,7 @@ def _timed_requests(request: Any, recorder: Recording, params: InferenceParams, 
             lat.append(t["latency_s"])
             ttft.append(t["ttft_s"])
             dec.append(t["decode_s"] / max(params.decode_tokens - 1, 1))
-    return lat, ttft, dec
+    return (lat, ttft, dec), window_work(served)
 
 
 def _request_figures(lat: list[float], ttft: list[float], dec: list[float],
@@ -168,14 +174,13 @@ def _request_figures(lat: list[float], ttft: list[float], dec: list[float],
             "decode_ms_per_token": percentile(dec, 50) * 1e3, "step_s": percentile(lat, 50)}
 
 
-def window_work(params: InferenceParams) -> dict[str, float]:
-    """The work inside the measured window (the timed requests; the warm-up ran before it):
-    every token the requests generated (per sequence the prefill's first token and the
-    ``decode_tokens - 1`` decode steps after it) and their first tokens. What the window's
-    joules, summed over the ranks' GPUs, are divided by (issue 36); repeated windows add up."""
-    sequences = params.requests * params.concurrency
-    return {"measured_generated_tokens": float(sequences * params.decode_tokens),
-            "measured_first_tokens": float(sequences)}
+def window_work(served: list[dict[str, float]]) -> dict[str, float]:
+    """The work inside the measured window, counted from the requests it served (``tp.serve``;
+    the warm-up ran before it): every token they generated (per sequence the prefill's first
+    token and the decode steps after it) and their first tokens. What the window's joules,
+    summed over the ranks' GPUs, are divided by (issue 36); repeated windows add up."""
+    return {"measured_generated_tokens": float(sum(t["generated_tokens"] for t in served)),
+            "measured_first_tokens": float(sum(t["first_tokens"] for t in served))}
 
 
 def _floor_figures(floor: TPShape, rates: NodeRates, params: InferenceParams,

@@ -211,13 +211,19 @@ def run_kv_cache(model: Any, rt: Runtime, p: InferenceParams, recorder: Recordin
     recorder.log_metric("sessions_served", len({r.session for r in records
                                                 if r.round == p.rounds - 1}))
     recorder.log_metric("rounds_served", len(records))
-    # the work inside this window's measured region (the warm-up sessions ran before it):
-    # what its joules are divided by (a repeated run's windows are summed)
-    recorder.log_metrics({"measured_generated_tokens": float(decode_tokens),
-                          "measured_first_tokens": float(len(records))})
+    recorder.log_metrics(kv_window_work(records))
     replies = {str(c.session): [r.reply for r in records if r.session == c.session]
                for c in convs}
     recorder.artifact_path("replies.json").write_text(json.dumps(replies) + "\n")
+
+
+def kv_window_work(records: list[Any]) -> dict[str, float]:
+    """The work inside a kv-cache window's measured region (the warm-up sessions ran before
+    it): every token its rounds generated, each reply whole (the prefill's first token and the
+    decode steps after it, as the other studies count), and one first token a round. What the
+    window's joules are divided by (issue 36); a repeated run's windows are summed."""
+    return {"measured_generated_tokens": float(sum(len(r.reply) for r in records)),
+            "measured_first_tokens": float(len(records))}
 
 
 # --------------------------------------------------------------------------- weight streaming

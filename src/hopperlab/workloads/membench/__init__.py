@@ -132,7 +132,9 @@ METRIC_DIRECTIONS = {"gbps_peak": HIGHER, "gbps_at_largest": HIGHER, "h2d_gbps_a
               "busbw_gbps_at_largest": HIGHER, "latency_us_small": LOWER,
               "latency_us_decode_b1": LOWER, "latency_us_decode_b8": LOWER}
 #: cost by the rate at the largest size; energy by the bytes every copy of the sweep moved
-#: inside the measured window (``measured_gb_copied``, GB; issue 36)
+#: inside the measured window (``measured_gb_copied``, GB; issue 36). The alloc and collective
+#: tests copy nothing over the host link and count none: their J per unit is by the rate, and
+#: tag ``energy.work_not_counted`` says why (``workload._NOT_COUNTED``)
 WORK_UNITS = (WorkUnit("cost_per_tb_copied", "per TB copied (at the largest size)", 1e12 / 1e9,
                        "per_s", "gbps_at_largest", work_per_j="gb_copied_per_j",
                        work_label="GB copied per joule", done=("measured_gb_copied",)),)

@@ -16,6 +16,7 @@ from hopperlab.core.energy_names import TAG_WORK_NOT_COUNTED
 from hopperlab.workloads.base import Recording, RunView, spec_params
 from hopperlab.cuda.nvtx import nvtx_range, profiled_region
 from hopperlab.core.rundir import SkipRun
+from hopperlab.core.window import MEASURED, window
 from hopperlab.workloads.membench import HEADLINE_METRICS, MembenchParams, headline_metrics
 from hopperlab.workloads.membench import collective
 from hopperlab.workloads.membench.allocation import check_alloc, run_alloc
@@ -80,10 +81,15 @@ def run(spec: RunView, recorder: Recording, *, use_torch: bool = True) -> None:
 @contextmanager
 def _profiling(env: Env, profiler: str, recorder: Recording) -> Iterator[Callable[[str], Any]]:
     """Yield ``mark(name)``: a context manager around one size's measurement (an NVTX range and a
-    torch ``record_function`` where torch is, nothing otherwise), inside the measured region."""
+    torch ``record_function`` where torch is, nothing otherwise), inside the measured region.
+
+    Without torch the measured window is opened all the same (no device to synchronise): the
+    energy meter then reads the sweep whose bytes ``measured_gb_copied`` counts, not the whole
+    workload call (issue 36: the window's joules over the work done inside it)."""
     recorder.set_tag("membench.profiler", profiler)
     if env.torch is None:
-        yield lambda name: nullcontext()
+        with window(MEASURED):
+            yield lambda name: nullcontext()
         return
     with profiled_region(profiler, recorder):
         yield nvtx_range
