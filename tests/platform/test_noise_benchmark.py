@@ -83,6 +83,20 @@ def test_the_duty_is_tuned_towards_the_target_slowdown():
     assert N.next_duty(0.2, 0.20) == 0.1        # twice the target: halve it
     assert N.next_duty(0.2, 0.0) == 0.8         # no effect: at most 4x per cycle
     assert N.next_duty(0.2, None) == 0.2        # nothing measured: unchanged
+
+
+def test_a_duty_bracket_once_known_is_never_left():
+    """The GPU recommender's calibration of 2026-11-28 05:56 UTC: +4.4 % at 0.25, +30.9 % at
+    0.569; the proportional rule sent it to 0.184 (+0.4 %), below a duty known too weak. With
+    the bracket the next duty lies between, interpolated; a bracket upside down (more duty,
+    less slowdown: noise) leaves the proportional rule."""
+    N = _noise_gpu()
+    nxt = N.next_duty(0.569, 0.309, [(0.25, 0.044)])
+    assert 0.25 < nxt < 0.569
+    assert abs(nxt - (0.25 + (0.10 - 0.044) * (0.569 - 0.25) / (0.309 - 0.044))) < 1e-12
+    # the closest bracket of several tries
+    assert 0.30 < N.next_duty(0.30, 0.08, [(0.25, 0.044), (0.569, 0.309), (0.35, 0.13)]) < 0.35
+    assert N.next_duty(0.2, 0.20, [(0.4, 0.05)]) == 0.1  # upside down: proportional
     assert N.worse_ratio([1.1, 1.1], [1.0, 1.0], "lower") == 1.1 / 1.0 - 1
     assert abs(N.worse_ratio([90.0], [100.0], "higher") - 0.1111) < 1e-3
 
