@@ -171,3 +171,28 @@ def test_fitting_needs_the_most_it_may_keep():
     params = FinetuneParams(backend="sharded", method="full", checkpointing=True,
                             mlp_up_saved_layers=4, mlp_up_fit=True)
     assert params.mlp_up_fit
+
+
+def test_ranks_keep_the_fewest_layers_any_of_them_fits(monkeypatch):
+    """Two ranks: this one fits 2 layers, the other 1 (the all-reduce's MIN stood in); both
+    keep 1, and the second step measures a layer by the 1 kept."""
+    import torch
+
+    model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
+    per_layer = mlp_up_fit.layer_bytes(SHAPE, 18, 4)
+    peaks = [8 * GIB, 8 * GIB + per_layer]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * per_layer, 200 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 10 * GIB)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: peaks[0])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: peaks.pop(0))
+    monkeypatch.setattr(mlp_up_fit, "MARGIN_SHARE", 0.0)
+    monkeypatch.setattr(mlp_up_fit, "MARGIN_MIN_BYTES", 2 * GIB)
+    monkeypatch.setattr(sharded.dist, "all_reduce", lambda t, op=None: t.fill_(min(int(t), 1)))
+    rec = _Recorder()
+    fitting = sharded.MlpUpFitting(model, _plan(), rec, True, "cpu", 2)
+    fitting.after_step(0)
+    assert fitting.first.kept == 1
+    assert [layer.save_mlp_up for layer in model.layers] == [False, False, True]
+    fitting.after_step(1)
+    assert rec.metrics["mlp_up_layer_gib"] * GIB == pytest.approx(per_layer, abs=1)
+    assert rec.metrics["mlp_up_saved_layers"] == 1

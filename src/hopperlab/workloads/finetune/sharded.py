@@ -421,10 +421,10 @@ class MlpUpFitting:
         if step == 0:
             free, _ = torch.cuda.mem_get_info(self.device)
             capacity = free + torch.cuda.memory_reserved(self.device)  # what torch can hold
-            self.first = mlp_up_fit.fit(self.model, self.plan.mlp_up_saved_layers,
-                                        self.plan.micro_batch * self.plan.seq_len,
-                                        torch.finfo(self.plan.dtype).bits // 8, peak, capacity)
-            self._agree(self.first)
+            self.first = self._agree(mlp_up_fit.fit(
+                self.model, self.plan.mlp_up_saved_layers,
+                self.plan.micro_batch * self.plan.seq_len,
+                torch.finfo(self.plan.dtype).bits // 8, peak, capacity))
             torch.cuda.reset_peak_memory_stats(self.device)  # the next step's own peak
             return
         assert self.first is not None
