@@ -196,3 +196,4 @@ def test_ranks_keep_the_fewest_layers_any_of_them_fits(monkeypatch):
     fitting.after_step(1)
     assert rec.metrics["mlp_up_layer_gib"] * GIB == pytest.approx(per_layer, abs=1)
     assert rec.metrics["mlp_up_saved_layers"] == 1
+
