@@ -160,8 +160,6 @@ def test_fp8_on_a_cpu_emulates_the_fp8_product(model_dir, batch, method):
 def test_a_setting_the_backend_would_ignore_is_refused():
     """expandable_segments is applied by the torch backend only (techniques.py): the sharded and
     nemo backends would have run without it, silently."""
-    from hopperlab.workloads.finetune import FinetuneParams
-
     for backend in ("sharded", "nemo"):
         with pytest.raises(ValueError, match="expandable_segments: the torch backend's"):
             FinetuneParams(backend=backend, method="full" if backend == "sharded" else "lora",
