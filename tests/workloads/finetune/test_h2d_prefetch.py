@@ -45,15 +45,18 @@ def _train(plan: sharded.Plan, steps: int = 3):
 
 
 def test_fsdp2_reads_every_staged_copy_and_trains_the_same(one_rank):
-    """Each forward stages layers 0..L-1 (layer 0 during the root's pre-forward); FSDP2's
-    world-size-1 path reads every parameter's staged copy, none is dropped, and losses and
-    weights equal a run without the prefetcher exactly (the same float64 values copied)."""
+    """Each forward stages layers 0..L-1 (layer 0 during the root's pre-forward) and, the
+    layers resharding after forward (the default), each backward stages them again (the last
+    right after its forward, layer i-1 as layer i's backward begins); FSDP2's world-size-1
+    path reads every parameter's staged copy, none is dropped, and losses and weights equal a
+    run without the prefetcher exactly (the same float64 values copied)."""
     plain_losses, plain_weights, none, why_off = _train(_plan(h2d_prefetch=False))
     assert none is None and why_off.startswith("off")
     losses, weights, prefetch, _ = _train(_plan())
     assert prefetch is not None
     per_forward = 6 * SHAPE.layers  # each layer's two norms, qkv, o, gate_up and down
-    assert prefetch.counts.staged == 3 * per_forward
+    assert prefetch.counts.staged == 3 * 2 * per_forward  # 3 steps, forward and backward
+    assert prefetch.counts.backward and "in backward" in prefetch.counts.describe()
     assert prefetch.counts.read == prefetch.counts.staged and prefetch.counts.dropped == 0
     assert losses == plain_losses
     assert all(torch.equal(a, b) for a, b in zip(weights, plain_weights))
@@ -67,6 +70,8 @@ def test_layers_kept_gathered_from_forward_to_backward_train_the_same(one_rank):
     assert losses == base_losses
     assert all(torch.equal(a, b) for a, b in zip(weights, base_weights))
     assert prefetch.counts.read == prefetch.counts.staged > 0
+    # kept gathered, nothing is copied again in backward: the forward's staging only
+    assert prefetch.counts.staged == 3 * 6 * SHAPE.layers and not prefetch.counts.backward
 
 
 def test_a_copy_fsdp2_did_not_read_is_dropped_and_counted(one_rank):

@@ -8,9 +8,12 @@ the *compute* stream, right before the layer's own kernels (torch 2.11 and 2.13 
 step in which the GPU only copied (at 2 GPUs the same bytes ride the all-gather streams and
 hide). Here a forward pre-hook on layer *i* enqueues layer *i+1*'s host shards on a copy
 stream into fresh device tensors, and those FSDP parameters read the staged copy (after the
-compute stream waits on its event) instead of copying again. A staged copy that FSDP2 did
-not read (another torch's path) is dropped at the next prefetch and counted: the record says
-how many copies were read (``PrefetchCounts``), so a path that bypasses this shows as 0.
+compute stream waits on its event) instead of copying again. Layers that reshard after
+forward are copied again in backward (FSDP2's pre-backward, the same path): there the last
+layer is staged right after its forward and layer *i-1* when layer *i*'s output gradient
+arrives (a tensor hook), a layer's backward ahead. A staged copy that FSDP2 did not read
+(another torch's path) is dropped at the next prefetch and counted: the record says how many
+copies were read (``PrefetchCounts``), so a path that bypasses this shows as 0.
 
 Why a per-instance subclass, not a patch of FSDP2's class: only this model's parameters change
 behaviour, and only while a staged copy waits; everything else is FSDP2's own code.
@@ -35,9 +38,14 @@ class PrefetchCounts:
     read: int = 0
     dropped: int = 0
 
+    #: whether backward stages too (layers that reshard after forward)
+    backward: bool = False
+
     def describe(self) -> str:
+        when = ("forward, and in backward the previous layer's during this layer's backward"
+                if self.backward else "forward")
         return (f"next layer's host shards copied on a side stream during this layer's "
-                f"forward: {self.read} of {self.staged} staged copies read by FSDP2, "
+                f"{when}: {self.read} of {self.staged} staged copies read by FSDP2, "
                 f"{self.dropped} dropped")
 
 
@@ -105,11 +113,28 @@ class NextLayerPrefetch:
         self._stream = (torch.cuda.Stream(self.device) if self.device.type == "cuda" else None)
         self._handles: list[Any] = []
 
-    def install(self) -> "NextLayerPrefetch":
+    def install(self, backward: bool = False) -> "NextLayerPrefetch":
+        """The forward's staging; with ``backward`` (layers that reshard after forward, so
+        FSDP2 copies them from host again in backward, on the compute stream too) also the
+        backward's: the last layer right after its forward (its backward comes first), and
+        layer *i-1* when layer *i*'s output gradient arrives (its backward begins)."""
+        self.counts.backward = backward
         for module, nxt in zip([self.root, *self.layers[:-1]], self.layers):
             self._handles.append(module.register_forward_pre_hook(
                 lambda _m, _a, nxt=nxt: self.stage(nxt)))
+        if backward and self.layers:
+            for prev, layer in zip(self.layers[:-1], self.layers[1:]):
+                self._handles.append(layer.register_forward_hook(
+                    lambda _m, _a, out, prev=prev: self._stage_at_backward(out, prev)))
+            last = self.layers[-1]
+            self._handles.append(last.register_forward_hook(
+                lambda _m, _a, _out: self.stage(last)))
         return self
+
+    def _stage_at_backward(self, output: Any, unit: nn.Module) -> None:
+        """Stage ``unit`` when the gradient of ``output`` (the next layer's output) arrives."""
+        if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda _grad: self.stage(unit))
 
     def remove(self) -> None:
         for h in self._handles:

@@ -148,7 +148,8 @@ def prefetch_h2d(model: Llama, plan: "Plan", world: int,
                       f"host-to-device copies beside the compute")
     if not plan.h2d_prefetch:
         return None, "off (h2d_prefetch: false): FSDP2 copies each layer on the compute stream"
-    return h2d_prefetch.NextLayerPrefetch(model, list(model.layers), device).install(), ""
+    return h2d_prefetch.NextLayerPrefetch(model, list(model.layers), device).install(
+        backward=plan.reshard_after_forward), ""
 
 
 def make_optimizer(model: nn.Module, mode: str, lr: float, weight_decay: float,
