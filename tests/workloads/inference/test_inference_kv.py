@@ -350,36 +350,17 @@ def test_the_tokens_counted_are_the_tokens_generated_inside_the_energy_window(
     the window's joules / those tokens."""
     from hopperlab.config.energy import energy_figures
     from hopperlab.core import energy_names as N
-    from hopperlab.core.window import MEASURED, listening
     from hopperlab.workloads.inference import FAMILY
     from hopperlab.workloads.inference import dialogue
+    from tests.workloads.inference.generated_tokens import TokensByWindow
 
-    events: list[str] = []
-    tokens = {True: 0, False: 0}      # by whether the window was open
-    firsts = {True: 0, False: 0}
-    real_prefill, real_decode = dialogue.prefill, dialogue.decode
-
-    def is_open() -> bool:
-        return bool(events) and events[-1] == "start"
-
-    def prefill(model, ids, cache):
-        first = real_prefill(model, ids, cache)
-        tokens[is_open()] += first.numel()
-        firsts[is_open()] += first.numel()
-        return first
-
-    def decode(model, first, cache, steps):
-        out = real_decode(model, first, cache, steps)
-        tokens[is_open()] += out.numel() - first.numel()     # the first is the prefill's
-        return out
-
-    monkeypatch.setattr(dialogue, "prefill", prefill)
-    monkeypatch.setattr(dialogue, "decode", decode)
+    counted = TokensByWindow(monkeypatch, dialogue)
+    tokens, firsts = counted.tokens, counted.firsts
     params = {**DIALOGUE, "sessions": 2, "rounds": 2, "context_tokens": 16, "reply_tokens": 4,
               "warmup": 1}
-    with listening(lambda event, name: events.append(event) if name == MEASURED else None):
+    with counted.listen():
         m = _run(assets, tmp_path, "work", policy="offload", **params)["metrics"]
-    assert events == ["start", "end"]
+    assert counted.events == ["start", "end"]
     assert tokens[False] > 0                   # the warm-up sessions, outside the window
     assert m["measured_generated_tokens"] == tokens[True] == 2 * 2 * 4
     assert m["measured_first_tokens"] == firsts[True] == 2 * 2

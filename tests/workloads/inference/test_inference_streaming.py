@@ -165,39 +165,20 @@ def test_the_tokens_counted_are_the_tokens_generated_inside_the_energy_window(
     """Issue 36: a weight-streaming run's work done is every token its model generated while
     the measured window was open (every point, each point's warm-up too: it runs inside),
     counted at the prefill and decode calls, and its first tokens."""
-    from hopperlab.core.window import MEASURED, listening
     from hopperlab.workloads.inference import workload
+    from tests.workloads.inference.generated_tokens import TokensByWindow
 
-    events: list[str] = []
-    tokens = {True: 0, False: 0}      # by whether the window was open
-    firsts = {True: 0, False: 0}
-    real_prefill, real_decode = workload.prefill, workload.decode
-
-    def is_open() -> bool:
-        return bool(events) and events[-1] == "start"
-
-    def prefill(model, ids, cache):
-        first = real_prefill(model, ids, cache)
-        tokens[is_open()] += first.numel()
-        firsts[is_open()] += first.numel()
-        return first
-
-    def decode(model, first, cache, steps):
-        out = real_decode(model, first, cache, steps)
-        tokens[is_open()] += out.numel() - first.numel()     # the first is the prefill's
-        return out
-
-    monkeypatch.setattr(workload, "prefill", prefill)
-    monkeypatch.setattr(workload, "decode", decode)
+    counted = TokensByWindow(monkeypatch, workload)
+    tokens, firsts = counted.tokens, counted.firsts
     params = InferenceParams(study="weight-streaming", resident_fractions=[1.0, 0.5],
                              batch_sizes=[1, 2], prompt_tokens=8, decode_tokens=3, warmup=1,
                              dtype="float32")
     spec = fake_run(params, run_dir=tmp_path, assets={"model": assets / "tiny-llama"})
     rec = Recorder(tmp_path / "run")
-    with listening(lambda event, name: events.append(event) if name == MEASURED else None):
+    with counted.listen():
         workload.run(spec, rec)
     m = rec.finish("ok")["metrics"]
-    assert events == ["start", "end"]
+    assert counted.events == ["start", "end"]
     assert tokens[True] > 0 and tokens[False] == 0
     assert m["measured_generated_tokens"] == tokens[True]
     assert m["measured_first_tokens"] == firsts[True]
