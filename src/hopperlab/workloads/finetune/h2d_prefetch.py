@@ -128,7 +128,7 @@ class NextLayerPrefetch:
                     lambda _m, _a, out, prev=prev: self._stage_at_backward(out, prev)))
             last = self.layers[-1]
             self._handles.append(last.register_forward_hook(
-                lambda _m, _a, _out: self.stage(last)))
+                lambda _m, _a, _out: self.stage(last) if torch.is_grad_enabled() else None))
         return self
 
     def _stage_at_backward(self, output: Any, unit: nn.Module) -> None:
