@@ -92,7 +92,12 @@ cp -r configs/references "$W/references"
 # shellcheck source=benchmarks/bounded.sh
 . "$(dirname "$0")/bounded.sh"  # run_bounded: a pass's deadline ends its jobs too
 SERVER=
-if [ "$SITE" = gpu-node ]; then  # the site's tracking server (uploads go to it as runs settle)
+# the site's tracking server (uploads go to it as runs settle); a carry without MLflow (WHEELS=
+# .whl-tpch: DuckDB in place of MLflow's 20 MB, the 64 MiB carry holds one or the other) has
+# none: each run's upload says so in one line and leaves the run on disk for `hopperlab sync`
+if [ "$SITE" = gpu-node ] && ! python3 -c 'import mlflow' 2>/dev/null; then
+  say "no mlflow in this python: no tracking server, the runs stay on disk (hopperlab sync)"
+elif [ "$SITE" = gpu-node ]; then
   # shellcheck source=benchmarks/mlflow_server.sh
   . "$(dirname "$0")/mlflow_server.sh"
   start_mlflow_server "$W/mlflow" "$W/mlflow-server.log" 90

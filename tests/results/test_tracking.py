@@ -6,6 +6,7 @@ import datetime
 import json
 import multiprocessing as mp
 import shutil
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -613,6 +614,21 @@ def test_unusable_store_folder_is_unavailable_not_an_oserror(tmp_path):
         tracking.upload_run(run_dir, f"sqlite:///{blocker / 'mlflow.db'}")
     assert str(blocker) in str(err.value)
     assert not (run_dir / MLFLOW_FILE).exists()
+
+
+def test_a_python_without_mlflow_keeps_the_runs_for_a_later_sync(tmp_path, monkeypatch):
+    """A lent node that carries only what its runs need (no MLflow): the upload and the
+    workflow's sync are TrackingUnavailable, naming why; the run directory is untouched."""
+    run_dir = make_run(tmp_path / "results", "fam", "copy", "h2d")
+    before = snapshot(run_dir)
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` raises ImportError
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(TrackingUnavailable, match="mlflow is not installed"):
+        tracking.upload_run(run_dir, uri)
+    with pytest.raises(TrackingUnavailable, match="mlflow is not installed"):
+        tracking.sync(tmp_path / "results", uri)
+    assert snapshot(run_dir) == before
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 # -- small pure helpers ----------------------------------------------------------------------------

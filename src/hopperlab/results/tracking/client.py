@@ -10,6 +10,7 @@ import hashlib
 import logging
 import os
 import random
+import sys
 import tempfile
 import threading
 import time
@@ -255,8 +256,14 @@ def run_upload_lock(tracking_uri: str, uid: str) -> Iterator[None]:
 
 
 def mlflow_client(tracking_uri: str):
-    import mlflow
-
+    """MLflow's client of ``tracking_uri``. A Python without MLflow (a lent node that carries
+    only what its runs need) is ``TrackingUnavailable``, as a store that does not answer: the
+    runs stay on disk and ``hopperlab sync`` uploads them from where MLflow is."""
+    try:
+        import mlflow
+    except ImportError as exc:
+        raise TrackingUnavailable(tracking_uri, f"mlflow is not installed in {sys.executable}: "
+                                  f"{exc}") from exc
     return retry(mlflow.MlflowClient, tracking_uri)
 
 
@@ -299,4 +306,5 @@ def warm_up_in_background() -> None:
 
 
 def _import_mlflow() -> None:
-    import mlflow  # noqa: F401
+    with contextlib.suppress(ImportError):  # no MLflow here: the upload says so, once
+        import mlflow  # noqa: F401
