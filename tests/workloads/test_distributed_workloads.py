@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -46,8 +47,10 @@ def _ft_step(out: Path, tag: str, world: int) -> None:
     ckpt = "ckpt" in flags
     if world > 1:
         # under offload, the shard is made in buffers of its own allocator (pinned on a GPU
-        # node; plain here): the parameters must live in them, not in copies
-        alloc = (lambda n: torch.empty(n, dtype=torch.uint8)) if "offload" in mode else None
+        # node; here unregistered, but of the storage memory.pinned makes: NumPy-owned, not
+        # resizable): the parameters must live in them, not in copies
+        alloc = ((lambda n: torch.from_numpy(np.empty(n, dtype=np.uint8)))
+                 if "offload" in mode else None)
         model, bases = sharded.build_sharded(FT_SHAPE, torch.float64, mode, 5, "cpu",
                                              cuda=False, checkpointing=ckpt, host_alloc=alloc)
         if alloc:
