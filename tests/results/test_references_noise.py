@@ -184,3 +184,40 @@ def test_update_keeps_other_host_cpus_and_replaces_its_own(tmp_path):
     path.write_text(_dump("m1", {"recommender/latency/gpu": {"lat_e2e_p50_ms": merged}}))
     refs = R.load_references(path).candidates("recommender/latency/gpu")["lat_e2e_p50_ms"]
     assert [r.host_cpu for r in refs] == ["cpu B", "cpu A"] and refs[1].value == 1.1
+
+
+@pytest.mark.integration
+def test_update_from_several_folders_takes_one_sample_per_process(tmp_path, capsys):
+    """`references update A B C`: each folder's run is one process, reduced to its median; the
+    reference's spread and minimum effect are those between the processes (windows inside one
+    process did not sample it: 2026-11-28, TPC-H host-pinned q6)."""
+    project = copy_project(tmp_path / "proj")
+    refs, root = tmp_path / "refs", ["--root", str(project)]
+    folders = []
+    for seed, steps in ((1, 10), (2, 10), (3, 11)):   # the third process reads about 10 % more
+        run_noisy(project, f"results-{seed}", seed=seed, steps=steps, repeats=3)
+        folders.append(project / f"results-{seed}")
+    medians = []
+    for f in folders:
+        lines = (f / "selftest/noise/noisy/samples.jsonl").read_text().splitlines()
+        samples = [json.loads(line)["metrics"]["value"] for line in lines]
+        assert len(samples) == 3
+        medians.append(percentile(samples, 50))
+    assert main([*root, "references", "update", *map(str, folders[:2]), "--references",
+                 str(refs)]) == 2
+    assert "2 sample(s); a reference needs 3 or more: it ran in 2 of the 2 folders" in \
+        capsys.readouterr().out
+    assert main([*root, "references", "update", *map(str, folders), "--references",
+                 str(refs)]) == 0
+    entry = yaml.safe_load((refs / "cpu-x86_64.yaml").read_text())[
+        "references"]["selftest/noise/noisy"]["value"]
+    assert entry["n"] == 3
+    assert entry["value"] == pytest.approx(percentile(medians, 50), rel=1e-5)
+    assert entry["spread"] == pytest.approx(robust_spread(medians), rel=1e-3)
+    assert entry["min_effect"] == pytest.approx(effects.min_effect_for(medians), rel=1e-3)
+    assert entry["min_effect"] >= max(medians) / percentile(medians, 50) - 1 - 1e-6
+    assert "median of 3 independent runs (one process each" in entry["source"]
+    assert all(f"{f.name}/selftest/noise/noisy" in entry["source"] for f in folders)
+    assert main([*root, "references", "update", str(folders[0]), str(folders[0]),
+                 "--references", str(refs)]) == 2
+    assert "given twice" in capsys.readouterr().err

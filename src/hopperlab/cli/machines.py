@@ -129,7 +129,8 @@ def nothing_checked(refs_dir: Path, machines: list[str], root: Path) -> str:
 def cmd_references(args: argparse.Namespace) -> int:
     root = _root(args)
     refs_dir = Path(args.references) if args.references else root / references.REFERENCES_DIR
-    report = reference_update.update(Path(args.results_dir), refs_dir, machine=args.machine,
+    folders = [Path(f) for f in args.results_dir]
+    report = reference_update.update(folders, refs_dir, machine=args.machine,
                                      min_effect=args.min_effect)
     for line in report.skipped:
         print(f"[hopperlab] skipped {line}")
@@ -137,8 +138,8 @@ def cmd_references(args: argparse.Namespace) -> int:
         n = sum(1 for u in report.updated if u.startswith(name + " "))
         print(f"[hopperlab] references of {name}: {n} metric(s) written to {path}")
     if not report.written:
-        raise SpecError(f"{args.results_dir}: no reference written (the runs skipped above: "
-                        f"too few samples, measure with --config repeats=N, N >= "
+        raise SpecError(f"{' '.join(args.results_dir)}: no reference written (the runs "
+                        f"skipped above: too few samples, measure with --config repeats=N, N >= "
                         f"{reference_update.MIN_SAMPLES}; a machine that is not a name, "
                         f"give --machine)")
     return 0
@@ -299,7 +300,10 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
     p = add("references", cmd_references, "references from repeated runs: "
             "`hopperlab references update RESULTS_DIR`")
     p.add_argument("action", choices=("update",))
-    p.add_argument("results_dir", help="a results folder whose runs measured with repeats")
+    p.add_argument("results_dir", nargs="+",
+                   help="a results folder whose runs measured with repeats; several: each "
+                        "folder's run is one independent process (its samples' median), and "
+                        "the reference's spread is the spread between them")
     p.add_argument("--machine", help="the machine the references are for (default: each run's)")
     p.add_argument("--references", help="folder of reference files (default configs/references)")
     p.add_argument("--min-effect", type=float, help="the smallest change worth reporting, a "

@@ -5,6 +5,12 @@ raised to ``core.effects.NOISE_K`` x the samples' noise so that a metric's own n
 a check; a figure the host's CPU drives is written for this host's CPU beside the other CPUs'
 (``host_cpu``).
 
+Several folders (``references update A B C``): each folder's run of a key is one independent
+process, reduced to the median of its samples, and the reference is made from those medians:
+its spread, n and minimum effect are then the spread between processes, which windows inside
+one process do not sample (2026-11-28: TPC-H host-pinned q6 read 31.56 ms in three windows
+within 0.14 % and 33.3 ms in the next process; a reference of the windows failed it).
+
 Which metrics: those the machine's file already references for the run (its selection is kept)
 that the family judges, else the run's judged headline metrics (``FamilyInfo.judged``);
 diagnostics are never written. Runs of the file that the results folder
@@ -22,7 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from hopperlab.core.effects import DEFAULT_MIN_EFFECT, min_effect_for
 from hopperlab.core.errors import SpecError
@@ -60,16 +66,20 @@ def _metrics_for(row: RunRow, existing: Mapping[str, Any]) -> list[str]:
             and refs_mod.judged(row.family, m) and m in row.metrics]
 
 
-def _entry(row: RunRow, metric: str, values: list[float], min_effect: float, results: Path,
-           today: str) -> dict[str, Any]:
+def _entry(row: RunRow, metric: str, values: list[float], min_effect: float,
+           results: list[Path], today: str) -> dict[str, Any]:
     cpu = host_cpu(row.hardware) if refs_mod.cpu_driven(row.family, metric) else None
     spread = robust_spread(values, f"{row.key} {metric}")
-    where = f"{results.name}/{row.key}"
+    where = ", ".join(f"{r.name}/{row.key}" for r in results)
+    what = (f"{len(values)} repeats ({row.tags.get('repeat_unit', 'reruns')})"
+            if len(results) == 1 else
+            f"{len(values)} independent runs (one process each, its samples reduced to their "
+            f"median)")
     entry: dict[str, Any] = {
         "value": percentile(values, 50), "spread": spread, "n": len(values),
         "min_effect": min_effect,
-        "source": f"median of {len(values)} repeats ({row.tags.get('repeat_unit', 'reruns')}),"
-                  f" measured {today} on {row.hardware.get('gpu_model') or 'no GPU'}, host "
+        "source": f"median of {what}, measured {today} on "
+                  f"{row.hardware.get('gpu_model') or 'no GPU'}, host "
                   f"{host_cpu(row.hardware)} ({where}); written by `hopperlab references "
                   f"update`"}
     if cpu:
@@ -86,9 +96,11 @@ def _merge(old: Any, new: dict[str, Any]) -> list[dict[str, Any]]:
     return kept + [new]
 
 
-def update(results: Path, refs_dir: Path, machine: str | None = None,
+def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None = None,
            min_effect: float | None = None, today: str | None = None) -> UpdateReport:
-    """Write (or update) ``refs_dir/<machine>.yaml`` from the ok runs under ``results``.
+    """Write (or update) ``refs_dir/<machine>.yaml`` from the ok runs under ``results`` (one
+    folder: each run's samples; several: one sample per folder holding the run, the median of
+    its samples, and a run needs ``MIN_SAMPLES`` folders).
 
     A machine is a name, never a path (``check``'s rule): ``--machine ../x`` is refused, a
     record whose machine is not a name is skipped. Every sample must be a finite positive
@@ -98,27 +110,36 @@ def update(results: Path, refs_dir: Path, machine: str | None = None,
     if machine is not None and not refs_mod.MACHINE_NAME.fullmatch(machine):
         raise SpecError(f"--machine {machine!r}: not a machine name (letters, digits and . _ + "
                         f"-, no path): references are {refs_dir}/<machine>.yaml")
-    rows = [r for r in collect_runs(results) if r.status == "ok"]
-    if not rows:
-        raise SpecError(f"{results}: no run ended ok: nothing to take references from")
+    folders = [Path(results)] if isinstance(results, (str, Path)) else [Path(r) for r in results]
+    if len(set(folders)) != len(folders):
+        raise SpecError(f"references update: a folder given twice ({', '.join(map(str, folders))})"
+                        f": each folder counts as one independent run")
+    runs_of = {f: [r for r in collect_runs(f) if r.status == "ok"] for f in folders}
+    for folder, found in runs_of.items():
+        if not found:
+            raise SpecError(f"{folder}: no run ended ok: nothing to take references from")
     report = UpdateReport({}, [], [])
-    by_machine: dict[str, list[RunRow]] = {}
-    for r in rows:
-        name = machine or r.machine or "unknown"
-        if not refs_mod.MACHINE_NAME.fullmatch(name):
-            report.skipped.append(f"{r.key}: its record's machine {name!r} is not a machine "
-                                  f"name (letters, digits and . _ + -, no path): give --machine")
-            continue
-        by_machine.setdefault(name, []).append(r)
-    values = {row.key: _values(row) for group in by_machine.values() for row in group}
-    for name, group in by_machine.items():  # every sample checked before any file is touched
+    # machine -> key -> the key's runs, one per folder (the first folder's names the entry)
+    by_machine: dict[str, dict[str, list[RunRow]]] = {}
+    for found in runs_of.values():
+        for r in found:
+            name = machine or r.machine or "unknown"
+            if not refs_mod.MACHINE_NAME.fullmatch(name):
+                report.skipped.append(f"{r.key}: its record's machine {name!r} is not a machine "
+                                      f"name (letters, digits and . _ + -, no path): give "
+                                      f"--machine")
+                continue
+            by_machine.setdefault(name, {}).setdefault(r.key, []).append(r)
+    values = {(name, key): _pooled(same, len(folders) > 1)
+              for name, keys in by_machine.items() for key, same in keys.items()}
+    for name, keys in by_machine.items():  # every sample checked before any file is touched
         path = refs_dir / f"{name}.yaml"
         data = load_yaml(path, "references") if path.is_file() else {}
         body = data.get("references") if isinstance(data, Mapping) else None
-        for row in group:
-            for metric in _metrics_for(row, body if isinstance(body, Mapping) else {}):
-                values[row.key](metric)
-    for name, group in by_machine.items():
+        for key, same in keys.items():
+            for metric in _metrics_for(same[0], body if isinstance(body, Mapping) else {}):
+                values[name, key](metric)
+    for name, keys in by_machine.items():
         refs_dir.mkdir(parents=True, exist_ok=True)
         path = refs_dir / f"{name}.yaml"
         with folder_held(refs_dir):
@@ -126,29 +147,48 @@ def update(results: Path, refs_dir: Path, machine: str | None = None,
             header = _header(path)
             body = dict(data.get("references") or {})
             changed = False
-            for row in group:
+            for key, same in keys.items():
+                row = same[0]
                 for metric in _metrics_for(row, body):
-                    got = values[row.key](metric)
+                    got = values[name, key](metric)
                     if len(got) < MIN_SAMPLES:
+                        how = ("run it with repeats (--config repeats=N)" if len(folders) == 1
+                               else f"it ran in {len(same)} of the {len(folders)} folders")
                         report.skipped.append(
                             f"{row.key} {metric}: {len(got)} sample(s); a reference needs "
-                            f"{MIN_SAMPLES} or more: run it with repeats (--config repeats=N)")
+                            f"{MIN_SAMPLES} or more: {how}")
                         continue
                     old_runs = body.setdefault(row.key, {})
                     old = old_runs.get(metric)
                     floor = DEFAULT_MIN_EFFECT if min_effect is None else min_effect
                     effect = min_effect_for(got, floor)
-                    new = _entry(row, metric, got, effect, results, today)
+                    new = _entry(row, metric, got, effect,
+                                 [Path(r.run_dir).parents[2] for r in same]
+                                 if len(folders) > 1 else folders, today)
                     merged = _merge(old, new)
                     old_runs[metric] = merged[0] if len(merged) == 1 else merged
                     report.updated.append(f"{name} {row.key} {metric}")
                     changed = True
             if not changed:
                 continue
-            text = header + tool_line(today, [*_folders_of(path, today), str(results)])
+            text = header + tool_line(today, [*_folders_of(path, today),
+                                              " ".join(map(str, folders))])
             _replace_checked(path, text + _dump(name, body))
         report.written[name] = path
     return report
+
+
+def _pooled(runs: list[RunRow], per_process: bool) -> Callable[[str], list[float]]:
+    """A metric's samples for a reference: the one run's samples, or (``per_process``, the
+    runs of several folders) one sample per run, the median of its own."""
+    getters = [_values(r) for r in runs]
+    if not per_process:
+        return getters[0]
+
+    def get(metric: str) -> list[float]:
+        return [percentile(got, 50) for got in (g(metric) for g in getters) if got]
+
+    return get
 
 
 def _values(row: RunRow) -> Callable[[str], list[float]]:
