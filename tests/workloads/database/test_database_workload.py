@@ -297,3 +297,30 @@ def test_the_duckdb_queries_counted_are_those_its_window_ran(tmp_path, tpch, mon
     assert record["status"] == "ok"
     assert ran["duckdb"] > 0 and m["duckdb_measured_queries"] == ran["duckdb"]
     assert m["measured_queries"] == 2 * (1 + 2)
+
+
+def test_each_plan_runs_once_before_the_measured_window(tmp_path, tpch, monkeypatch):
+    """Issue 36: the energy window holds the queries, not their first call (kernel compiles,
+    the allocator's first blocks): each plan runs once before it opens, and every run inside it
+    is counted as work done."""
+    from hopperlab.core.window import MEASURED, listening
+
+    open_windows: list[str] = []
+    calls: list[tuple[str, bool, int]] = []   # (query, window open, executions)
+    real = workload.run_query
+
+    def spy(source, q, warmup, repeats, on_sample=None):
+        calls.append((q, MEASURED in open_windows, warmup + repeats))
+        return real(source, q, warmup, repeats, on_sample)
+
+    def listener(event, name):
+        (open_windows.append if event == "start" else open_windows.remove)(name)
+
+    monkeypatch.setattr(workload, "run_query", spy)
+    with listening(listener):
+        record, _ = finish(tmp_path, spec(tpch, queries=("q1", "q6"), warmup=1, repeats=2))
+    assert record["status"] == "ok"
+    assert calls[:2] == [("q1", False, 1), ("q6", False, 1)]
+    inside = [c for c in calls if c[1]]
+    assert [c[0] for c in inside] == ["q1", "q6"] and len(calls) == 4
+    assert record["metrics"]["measured_queries"] == sum(c[2] for c in inside) == 6
