@@ -158,10 +158,10 @@ def test_fp8_on_a_cpu_emulates_the_fp8_product(model_dir, batch, method):
 
 
 def test_a_setting_the_backend_would_ignore_is_refused():
-    """expandable_segments is applied by the torch backend only (techniques.py): the sharded and
-    nemo backends would have run without it, silently."""
-    for backend in ("sharded", "nemo"):
-        with pytest.raises(ValueError, match="expandable_segments: the torch backend's"):
-            FinetuneParams(backend=backend, method="full" if backend == "sharded" else "lora",
-                           expandable_segments=True)
+    """expandable_segments is applied by the torch and sharded backends
+    (memory/caching_allocator.py): the nemo backend would run without it, silently."""
+    with pytest.raises(ValueError, match="expandable_segments: an allocator setting"):
+        FinetuneParams(backend="nemo", method="lora", expandable_segments=True)
     assert FinetuneParams(expandable_segments=True).expandable_segments
+    assert FinetuneParams(backend="sharded", method="full",
+                          expandable_segments=True).expandable_segments

@@ -219,9 +219,10 @@ class FinetuneParams:
         if self.offload_staging == "device" and self.offload_budget_gib is not None:
             raise ValueError("offload_staging: device keeps the copies in GPU memory (a "
                              "diagnostic); it cannot be combined with offload_budget_gib")
-        if self.expandable_segments and self.backend != "torch":
-            raise ValueError(f"expandable_segments: the torch backend's allocator setting "
-                             f"(techniques.py); backend {self.backend} does not apply it")
+        if self.expandable_segments and self.backend not in ("torch", "sharded"):
+            raise ValueError(f"expandable_segments: an allocator setting the torch and sharded "
+                             f"backends apply (memory/caching_allocator.py); backend "
+                             f"{self.backend} does not apply it")
         if self.offload_budget_caps_allocator and self.offload_budget_gib is None:
             raise ValueError("offload_budget_caps_allocator: needs offload_budget_gib (the cap "
                              "is the budget)")

@@ -22,8 +22,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ContextManager
 
-from hopperlab.memory import (chunked_cross_entropy, checkpointing, fp8, managed_allocator,
-                              recompute_elementwise)
+from hopperlab.memory import (caching_allocator, chunked_cross_entropy, checkpointing, fp8,
+                              managed_allocator, recompute_elementwise)
 from hopperlab.memory.activation_offload import ActivationOffload, save_on_cpu_reference
 from hopperlab.memory.parameter_offload import ParameterOffload
 from hopperlab.workloads.finetune import OFFLOADS, FinetuneParams
@@ -33,17 +33,6 @@ GIB = 1 << 30
 #: the caching allocator's counters a step reports the change of (torch.cuda.memory_stats)
 ALLOCATOR_COUNTERS = {"device_mallocs": "num_device_alloc", "device_frees": "num_device_free",
                       "retries": "num_alloc_retries", "sync_all_streams": "num_sync_all_streams"}
-
-
-def _allocator_settings(settings: str) -> None:
-    """PYTORCH_CUDA_ALLOC_CONF-style settings for the caching allocator, at run time (new
-    segments follow them)."""
-    import torch
-
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    if setter is None:           # torch before 2.9
-        setter = torch.cuda.memory._set_allocator_settings
-    setter(settings)
 
 
 #: what a CPU (smoke) run of a compiled or FP8 variant does not do, said in its record
@@ -121,7 +110,7 @@ class Techniques:
         GPU's free memory, or give the caching allocator expandable segments. Without CUDA:
         the cap policy only (tagged), training on the host."""
         if self.params.expandable_segments and self.cuda:
-            _allocator_settings("expandable_segments:True")
+            caching_allocator.apply("expandable_segments:True")
             self._expandable = True
         if self.knobs.memory != "managed":
             return
@@ -260,6 +249,6 @@ class Techniques:
             torch.cuda.set_per_process_memory_fraction(1.0, self.device)
             self._capped = False
         if self._expandable:     # a next run in this process gets the default allocator
-            _allocator_settings("expandable_segments:False")
+            caching_allocator.apply("expandable_segments:False")
             self._expandable = False
 

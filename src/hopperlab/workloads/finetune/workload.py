@@ -355,7 +355,7 @@ def run_sharded(spec: RunView, params: FinetuneParams, recorder: Recording) -> N
         delayed_update=params.delayed_update, compile=params.compile,
         diagnose_step=params.diagnose_step, reshard_after_forward=params.reshard_after_forward,
         h2d_prefetch=params.h2d_prefetch, mlp_up_saved_layers=params.mlp_up_saved_layers,
-        mlp_up_fit=params.mlp_up_fit,
+        mlp_up_fit=params.mlp_up_fit, expandable_segments=params.expandable_segments,
         loss_chunk_tokens=params.loss_chunk_tokens,
         cpus=env_threads("OMP_NUM_THREADS"),  # what the runner's thread plan gave this rank
         windows=spec.repeats)  # repeat_unit "windows": the model built once, one warm-up
