@@ -219,7 +219,7 @@ class FinetuneParams:
         if self.offload_staging == "device" and self.offload_budget_gib is not None:
             raise ValueError("offload_staging: device keeps the copies in GPU memory (a "
                              "diagnostic); it cannot be combined with offload_budget_gib")
-        if self.expandable_segments and self.backend not in ("torch", "sharded"):
+        if self.expandable_segments and self.backend == "nemo":
             raise ValueError(f"expandable_segments: an allocator setting the torch and sharded "
                              f"backends apply (memory/caching_allocator.py); backend "
                              f"{self.backend} does not apply it")
