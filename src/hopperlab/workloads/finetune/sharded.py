@@ -336,7 +336,20 @@ class Plan:
 
 
 def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None) -> None:
-    """Train ``plan`` on this rank, log steps and the run's figures (rank 0's are the run's)."""
+    """Train ``plan`` on this rank, log steps and the run's figures (rank 0's are the run's).
+
+    ``expandable_segments``: the caching allocator's segments grow in place for the run, so
+    what the layers free and take each step does not strand reserved memory (the one-GPU 13B
+    row's allocator reached its reserve's top and retried 8-15 times a run, 2026-11-28)."""
+    with caching_allocator.expandable_segments(plan.expandable_segments and cuda) as grown:
+        if plan.expandable_segments:
+            recorder.set_tag("finetune.expandable_segments",
+                             "true" if grown else "not applied: no CUDA device")
+        _train(plan, recorder, cuda, pinned_gbps)
+
+
+def _train(plan: Plan, recorder: Recording, cuda: bool,
+           pinned_gbps: tuple[float, float] | None) -> None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     if plan.global_batch % (plan.micro_batch * world):
@@ -353,59 +366,52 @@ def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, f
     if own_group:  # FSDP2 at world size 1 still shards through a process group (of one)
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
-    # expandable segments (``expandable_segments``): segments that grow in place, so what the
-    # layers free and take each step does not strand reserved memory (the one-GPU 13B row's
-    # allocator reached its reserve's top and retried 8-15 times a run, 2026-11-28)
-    with caching_allocator.expandable_segments(plan.expandable_segments and cuda) as grown:
-        if plan.expandable_segments:
-            recorder.set_tag("finetune.expandable_segments",
-                             "true" if grown else "not applied: no CUDA device")
-        try:
-            if cuda and plan.mode != "fsdp2":
-                check_host_memory(plan, world, recorder, device)
-            t0 = time.perf_counter()
-            build_parts: dict[str, float] = {}
-            model, pinned = build_sharded(plan.shape, plan.dtype, plan.mode, plan.seed, device, cuda,
-                                          plan.checkpointing,
-                                          reshard_after_forward=plan.reshard_after_forward,
-                                          timings=build_parts)
-            _sync(device)
-            recorder.log_metrics(build_s=time.perf_counter() - t0, **build_parts)
-            model.loss_chunk_tokens = plan.loss_chunk_tokens
-            recorder.set_tag("finetune.loss_chunk_tokens", "none" if plan.loss_chunk_tokens is None
-                             else str(plan.loss_chunk_tokens))
-            fitting = plan.mlp_up_fit and plan.checkpointing and plan.mlp_up_saved_layers > 0
-            saved = keep_mlp_up(model, 0 if fitting and cuda else plan.mlp_up_saved_layers)
-            if plan.mlp_up_saved_layers and not fitting:
-                recorder.log_metric("mlp_up_saved_layers", float(saved))
-                recorder.set_tag("finetune.mlp_up_saved", (
-                    f"the last {saved} of {len(model.layers)} decoder layers keep their MLP's "
-                    f"up-projection (not recomputed in backward)") if saved else
-                    "none: the model does not recompute (checkpointing off)")
-            sizing = None
-            if fitting:  # two more warm-up steps, the sizing ones (MlpUpFitting)
-                plan = replace(plan, warmup=plan.warmup + 2)
-                sizing = MlpUpFitting(model, plan, recorder, cuda, device, world).after_step
-            for key, value in compile_model(model, plan, cuda).items():
-                recorder.set_tag(key, value)
-            if plan.mode.startswith("fsdp2"):
-                recorder.set_tag("finetune.reshard_after_forward",
-                                 str(plan.reshard_after_forward).lower())
-            prefetch, why = prefetch_h2d(model, plan, world, device)
-            _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum,
-                 after_warmup_step=sizing)
-            if prefetch is not None:
-                prefetch.remove()
-                why = prefetch.counts.describe()
-                recorder.log_metrics(h2d_prefetch_read=float(prefetch.counts.read),
-                                     h2d_prefetch_dropped=float(prefetch.counts.dropped))
-            recorder.set_tag("finetune.h2d_prefetch", why)
-            if pinned:  # after the steps: FSDP2 may re-pin a shard at its lazy init
-                recorder.log_metrics(pinned_exact_gb=sum(b.numel() for b in pinned) / 1e9,
-                                     params_in_exact_pinned=shard_init.share_in(model, pinned))
-        finally:
-            if own_group:
-                dist.destroy_process_group()
+    try:
+        if cuda and plan.mode != "fsdp2":
+            check_host_memory(plan, world, recorder, device)
+        t0 = time.perf_counter()
+        build_parts: dict[str, float] = {}
+        model, pinned = build_sharded(plan.shape, plan.dtype, plan.mode, plan.seed, device, cuda,
+                                      plan.checkpointing,
+                                      reshard_after_forward=plan.reshard_after_forward,
+                                      timings=build_parts)
+        _sync(device)
+        recorder.log_metrics(build_s=time.perf_counter() - t0, **build_parts)
+        model.loss_chunk_tokens = plan.loss_chunk_tokens
+        recorder.set_tag("finetune.loss_chunk_tokens", "none" if plan.loss_chunk_tokens is None
+                         else str(plan.loss_chunk_tokens))
+        fitting = plan.mlp_up_fit and plan.checkpointing and plan.mlp_up_saved_layers > 0
+        saved = keep_mlp_up(model, 0 if fitting and cuda else plan.mlp_up_saved_layers)
+        if plan.mlp_up_saved_layers and not fitting:
+            recorder.log_metric("mlp_up_saved_layers", float(saved))
+            recorder.set_tag("finetune.mlp_up_saved", (
+                f"the last {saved} of {len(model.layers)} decoder layers keep their MLP's "
+                f"up-projection (not recomputed in backward)") if saved else
+                "none: the model does not recompute (checkpointing off)")
+        sizing = None
+        if fitting:  # two more warm-up steps, the sizing ones (MlpUpFitting)
+            plan = replace(plan, warmup=plan.warmup + 2)
+            sizing = MlpUpFitting(model, plan, recorder, cuda, device, world).after_step
+        for key, value in compile_model(model, plan, cuda).items():
+            recorder.set_tag(key, value)
+        if plan.mode.startswith("fsdp2"):
+            recorder.set_tag("finetune.reshard_after_forward",
+                             str(plan.reshard_after_forward).lower())
+        prefetch, why = prefetch_h2d(model, plan, world, device)
+        _run(plan, recorder, cuda, pinned_gbps, model, device, rank, world, accum,
+             after_warmup_step=sizing)
+        if prefetch is not None:
+            prefetch.remove()
+            why = prefetch.counts.describe()
+            recorder.log_metrics(h2d_prefetch_read=float(prefetch.counts.read),
+                                 h2d_prefetch_dropped=float(prefetch.counts.dropped))
+        recorder.set_tag("finetune.h2d_prefetch", why)
+        if pinned:  # after the steps: FSDP2 may re-pin a shard at its lazy init
+            recorder.log_metrics(pinned_exact_gb=sum(b.numel() for b in pinned) / 1e9,
+                                 params_in_exact_pinned=shard_init.share_in(model, pinned))
+    finally:
+        if own_group:
+            dist.destroy_process_group()
 
 
 class MlpUpFitting:
