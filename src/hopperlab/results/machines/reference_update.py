@@ -119,9 +119,9 @@ def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None =
         if not found:
             raise SpecError(f"{folder}: no run ended ok: nothing to take references from")
     report = UpdateReport({}, [], [])
-    # machine -> key -> the key's runs, one per folder (the first folder's names the entry)
-    by_machine: dict[str, dict[str, list[RunRow]]] = {}
-    for found in runs_of.values():
+    # machine -> key -> (folder, run) of the key, one per folder (the first names the entry)
+    by_machine: dict[str, dict[str, list[tuple[Path, RunRow]]]] = {}
+    for folder, found in runs_of.items():
         for r in found:
             name = machine or r.machine or "unknown"
             if not refs_mod.MACHINE_NAME.fullmatch(name):
@@ -129,15 +129,15 @@ def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None =
                                       f"name (letters, digits and . _ + -, no path): give "
                                       f"--machine")
                 continue
-            by_machine.setdefault(name, {}).setdefault(r.key, []).append(r)
-    values = {(name, key): _pooled(same, len(folders) > 1)
+            by_machine.setdefault(name, {}).setdefault(r.key, []).append((folder, r))
+    values = {(name, key): _pooled([r for _, r in same], len(folders) > 1)
               for name, keys in by_machine.items() for key, same in keys.items()}
     for name, keys in by_machine.items():  # every sample checked before any file is touched
         path = refs_dir / f"{name}.yaml"
         data = load_yaml(path, "references") if path.is_file() else {}
         body = data.get("references") if isinstance(data, Mapping) else None
         for key, same in keys.items():
-            for metric in _metrics_for(same[0], body if isinstance(body, Mapping) else {}):
+            for metric in _metrics_for(same[0][1], body if isinstance(body, Mapping) else {}):
                 values[name, key](metric)
     for name, keys in by_machine.items():
         refs_dir.mkdir(parents=True, exist_ok=True)
@@ -148,7 +148,7 @@ def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None =
             body = dict(data.get("references") or {})
             changed = False
             for key, same in keys.items():
-                row = same[0]
+                row = same[0][1]
                 for metric in _metrics_for(row, body):
                     got = values[name, key](metric)
                     if len(got) < MIN_SAMPLES:
@@ -162,9 +162,7 @@ def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None =
                     old = old_runs.get(metric)
                     floor = DEFAULT_MIN_EFFECT if min_effect is None else min_effect
                     effect = min_effect_for(got, floor)
-                    new = _entry(row, metric, got, effect,
-                                 [Path(r.run_dir).parents[2] for r in same]
-                                 if len(folders) > 1 else folders, today)
+                    new = _entry(row, metric, got, effect, [f for f, _ in same], today)
                     merged = _merge(old, new)
                     old_runs[metric] = merged[0] if len(merged) == 1 else merged
                     report.updated.append(f"{name} {row.key} {metric}")
