@@ -54,6 +54,16 @@ def _wait_for(predicate, what: str, timeout: float = 300) -> None:
         time.sleep(0.1)
 
 
+def _spec_attempt(run_dir: Path) -> int | None:
+    """The attempt ``spec.json`` names, or None while there is none: a new attempt moves the
+    last one's files to ``attempts/<n>/`` before it writes its own spec, so a poll can land
+    in between and find no file."""
+    try:
+        return json.loads((run_dir / "spec.json").read_text()).get("attempt")
+    except (OSError, ValueError):
+        return None
+
+
 def _history(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
 
@@ -231,8 +241,8 @@ def test_a_killed_hopperlab_run_leaves_the_finished_attempt_adoptable(tmp_path):
     by_hand = subprocess.Popen([sys.executable, "-m", "hopperlab.cli", "run",
                                 "selftest/faults/slow", "--no-upload", "--config",
                                 *config[1:]], cwd=project)
-    _wait_for(lambda: json.loads((run_dir / "spec.json").read_text()).get("attempt") == 2
-              and (run_dir / "hardware.json").exists(), "the hand run to start")
+    _wait_for(lambda: _spec_attempt(run_dir) == 2 and (run_dir / "hardware.json").exists(),
+              "the hand run to start")
     by_hand.kill()
     by_hand.wait(timeout=60)
     (run_dir / ".writer.lock").unlink(missing_ok=True)  # SIGKILL: no chance to let go
