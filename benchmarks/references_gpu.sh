@@ -13,15 +13,22 @@
 # the caller's CUDA_VISIBLE_DEVICES). On a 1-GPU node: one lane of $LANE0 then $LANE1 (nothing
 # runs beside it). Each phase is two passes through the workflow (snakemake, the site's local
 # executor, scale full, profiler none):
-#   1. `--config repeats=$REPEATS` (multi: $MULTI_REPEATS) into $WORK/<lane>-ref; the runs
-#      that ended ok with that many samples (tag `repeats` and samples.jsonl, read back:
+#   1. the references pass: each run $PROCESSES times (default 3), each time a new process (its
+#      own snakemake call and job) of `--config repeats=$REPEATS` windows (multi:
+#      $MULTI_REPEATS), into $WORK/<lane>-ref-1 ... -ref-$PROCESSES. Windows of one process do
+#      not sample what changes between processes (2026-11-28: TPC-H host-pinned q6 within 0.14 %
+#      in three windows, +5.5 % in the next process; h2d-pageable -17 %), so the reference is
+#      made from the processes' medians (`hopperlab references update A B C`). PROCESSES=1 is the
+#      old way: one process, its REPEATS (>= 3) windows as the samples. The runs that ended ok
+#      with REPEATS samples in every process (tag `repeats` and samples.jsonl, read back:
 #      benchmarks/references_gpu.py measured) go on to
-#   2. a fresh set of runs of them, `repeats=1` (what `hopperlab check` runs on a new node),
-#      into $WORK/<lane>-fresh.
-# Each run is its own snakemake call (the run's metrics.json as the target), in the listed order:
-# the lists are priorities, and the deadline leaves the last ones unstarted.
-# Then `hopperlab references update` over every -ref folder into a copy of configs/references
-# ($WORK/references), and `hopperlab check` of every -fresh folder against that copy.
+#   2. a fresh run of each, `repeats=1` (what `hopperlab check` runs on a new node), into
+#      $WORK/<lane>-fresh.
+# Each run is its own snakemake call (the run's metrics.json as the target), in the listed order
+# (a run's processes back to back): the lists are priorities, and the deadline leaves the last
+# ones unstarted. Then `hopperlab references update` over each phase's -ref-* folders into a copy
+# of configs/references ($WORK/references), and `hopperlab check` of every -fresh folder against
+# that copy.
 # Time: the host phase gets $HOST_SHARE % of what the multi phase leaves (all of it when the
 # lanes keep no run); $REF_SHARE % of a phase for the references pass, the rest for the fresh
 # runs (`run_bounded`, benchmarks/bounded.sh, stops a run and its jobs at its pass's deadline;
@@ -50,7 +57,8 @@ T0=$SECONDS
 WHEELS=${WHEELS:-.whl-wf}
 SITE=${SITE:-gpu-node}; SCALE=${SCALE:-full}
 SUBS=${SUBS-dolly-15k:dolly-synthetic,llama-2-tokenizer:tiny-tokenizer}
-REPEATS=${REPEATS:-5}; MULTI_REPEATS=${MULTI_REPEATS:-3}
+PROCESSES=${PROCESSES:-3}    # independent processes per run in the references pass
+REPEATS=${REPEATS:-2}; MULTI_REPEATS=${MULTI_REPEATS:-2}  # windows per process
 BUDGET_S=${BUDGET_S:-500}     # the script's end (the call's limit: 540 s)
 MULTI_S=${MULTI_S:-330}       # the multi-GPU phase's share of it (2+ GPUs)
 REF_SHARE=${REF_SHARE:-60}    # % of a lane's time for the repeats pass
@@ -63,9 +71,19 @@ LANE1=${LANE1-recommender/latency/gpu,recommender/latency/cpu-only,finetune/lora
 # beside a lane
 # (weight streaming: its decode is launch-bound on the host CPU, 2026-11-28 11:25 UTC: 19.4 vs
 # 50.7 tokens/s with and without the other lane's compile beside it)
-HOST_BOUND=${HOST_BOUND-membench/copy/*,recommender/*,database/tpch/host-*,inference/kv-cache/offload,inference/weight-streaming/*}
+# the 13B rows with a CPU optimizer: AdamW on the host's cores and memory bandwidth (torchao's
+# row read +12 % on a host of 64 against 95 GB/s triad, docs/benchmarks/distributed.md round 5)
+HOST_BOUND=${HOST_BOUND-membench/copy/*,recommender/*,database/tpch/host-*,inference/kv-cache/offload,inference/weight-streaming/*,finetune/full-llama2-13b-sharded/*offload*}
 HOST_SHARE=${HOST_SHARE:-60}  # % of the time after the multi phase for the host-bound phase
 W=${WORK:-/tmp/refs}
+# a reference needs 3 independent processes (the spread between them), or one process of 3+
+# windows (PROCESSES=1: the spread between its windows)
+case "$PROCESSES" in
+  1) [ "$REPEATS" -ge 3 ] && [ "$MULTI_REPEATS" -ge 3 ] || {
+       echo "[references] PROCESSES=1 needs REPEATS and MULTI_REPEATS of 3 or more (one process's windows are its samples)" >&2; exit 2; } ;;
+  ''|0|2|*[!0-9]*)
+     echo "[references] PROCESSES=$PROCESSES: 1 (the windows of one process) or 3 or more (independent processes)" >&2; exit 2 ;;
+esac
 rm -rf "$W"; mkdir -p "$OUT" "$W"
 LOG=$W/script.log
 say() { echo "[references $((SECONDS - T0))s] $*" | tee -a "$LOG"; }
@@ -86,7 +104,7 @@ PROBE_S=${PROBE_S:-60}
 { date -u; git log -1 --format='commit %h %s' 2>/dev/null; lscpu | grep -E 'Model name|^CPU\(s\)'
   nvidia-smi --query-gpu=index,name,memory.total,driver_version,power.limit \
     --format=csv,noheader 2>&1; } >>"$LOG"
-say "GPUs $NGPU; site $SITE, scale $SCALE; repeats $REPEATS (multi $MULTI_REPEATS); budget ${BUDGET_S}s"
+say "GPUs $NGPU; site $SITE, scale $SCALE; $PROCESSES processes of $REPEATS repeats a run (multi $MULTI_REPEATS); budget ${BUDGET_S}s"
 cp -r configs/references "$W/references"
 
 # shellcheck source=benchmarks/bounded.sh
@@ -141,17 +159,23 @@ pass() {
   say "$name $run: snakemake exit $rc after $((SECONDS - t))s$([ $rc = 124 ] && echo ' (stopped at its deadline)')"
 }
 
-# a phase: the references pass, then the fresh pass of what it measured.
-# NAME CUDA_VISIBLE_DEVICES GPUS RUNS REPEATS REF_UNTIL FRESH_UNTIL
+# a phase: the references pass ($PROCESSES processes a run), then the fresh pass of what it
+# measured. NAME CUDA_VISIBLE_DEVICES GPUS RUNS REPEATS REF_UNTIL FRESH_UNTIL
 phase() {
-  local name=$1 cvd=$2 gpus=$3 runs=$4 repeats=$5 ref_until=$6 fresh_until=$7 run good
+  local name=$1 cvd=$2 gpus=$3 runs=$4 repeats=$5 ref_until=$6 fresh_until=$7 run good p
+  local refs=() started
   [ -n "$runs" ] || return 0
+  for p in $(seq 1 "$PROCESSES"); do refs+=("$W/$name-ref-$p"); done
   for run in ${runs//,/ }; do
-    pass "$name-ref" "$cvd" "$gpus" "$run" "$repeats" "$ref_until" || break
+    started=1
+    for p in $(seq 1 "$PROCESSES"); do
+      pass "$name-ref-$p" "$cvd" "$gpus" "$run" "$repeats" "$ref_until" || { started=0; break; }
+    done
+    [ "$started" = 1 ] || break
   done
-  good=$(python3 benchmarks/references_gpu.py measured "$W/$name-ref" --repeats "$repeats" \
+  good=$(python3 benchmarks/references_gpu.py measured "${refs[@]}" --repeats "$repeats" \
     2>>"$LOG")
-  say "$name: measured with $repeats repeats: ${good:-none}"
+  say "$name: measured (processes $PROCESSES, repeats $repeats each): ${good:-none}"
   for run in ${good//,/ }; do
     pass "$name-fresh" "$cvd" "$gpus" "$run" 1 "$fresh_until" || break
   done
@@ -197,12 +221,14 @@ else
   phase gpu0 0 1 "$(echo "$LANE0,$LANE1" | sed 's/^,//; s/,$//')" "$REPEATS" "$REF_END" "$END"
 fi
 
-# references from every -ref folder into the copy, then every fresh folder checked against it
-for ref in "$W"/*-ref; do
-  [ -d "$ref" ] || continue
-  python3 -m hopperlab.cli references update "$ref" --references "$W/references" \
+# references from each phase's -ref-* folders (one independent process each) into the copy,
+# then every fresh folder checked against it
+for name in multi host gpu0 gpu1; do
+  refs=(); for ref in "$W/$name"-ref-*; do [ -d "$ref" ] && refs+=("$ref"); done
+  [ "${#refs[@]}" -gt 0 ] || continue
+  python3 -m hopperlab.cli references update "${refs[@]}" --references "$W/references" \
     --config "site=$SITE" "scale=$SCALE" ${FAMILIES:+"families=$FAMILIES"} >>"$LOG" 2>&1
-  say "references update $(basename "$ref"): exit $?"
+  say "references update $name (${#refs[@]} processes): exit $?"
 done
 {
   for fresh in "$W"/*-fresh; do
@@ -213,12 +239,12 @@ done
     echo "exit $?"
   done
   echo "== references written from repeats (machine, run, metric: value, spread, n, min_effect)"
-  python3 benchmarks/references_gpu.py coverage --references "$W/references" --ref "$W"/*-ref
+  python3 benchmarks/references_gpu.py coverage --references "$W/references" --ref "$W"/*-ref-*
 } >"$OUT/check.txt" 2>&1
 say "checked: $(grep -c '^exit 0' "$OUT/check.txt") of $(grep -c '^exit' "$OUT/check.txt") fresh folders exit 0"
 diff -ru configs/references "$W/references" >"$OUT/references.diff"
 tar -czf "$OUT/references.tgz" -C "$W" references
-for dir in "$W"/*-ref "$W"/*-fresh; do
+for dir in "$W"/*-ref-* "$W"/*-fresh; do
   [ -d "$dir" ] || continue
   echo "== $(basename "$dir")"; python3 benchmarks/energy_table.py "$dir" ${PROBE_ARGS[@]+"${PROBE_ARGS[@]}"} 2>&1
 done >"$OUT/energy.txt"
