@@ -137,6 +137,7 @@ def test_update_then_check_pass_and_a_slower_node_fails_with_junit(tmp_path, cap
     # the minimum effect: at least NOISE_K x the noise, never below the 5 % worth reporting
     assert entry["min_effect"] >= max(0.05, effects.NOISE_K * entry["spread"]) - 1e-6
     assert "median of 9 repeats (reruns)" in entry["source"]
+    assert "is one process per run, and a fresh process can differ" in capsys.readouterr().out
 
     healthy = _run(project, "results-ok", seed=2)
     capsys.readouterr()
@@ -209,6 +210,7 @@ def test_update_from_several_folders_takes_one_sample_per_process(tmp_path, caps
         capsys.readouterr().out
     assert main([*root, "references", "update", *map(str, folders), "--references",
                  str(refs)]) == 0
+    assert "note:" not in capsys.readouterr().out      # independent processes: nothing to add
     entry = yaml.safe_load((refs / "cpu-x86_64.yaml").read_text())[
         "references"]["selftest/noise/noisy"]["value"]
     assert entry["n"] == 3
