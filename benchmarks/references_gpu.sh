@@ -79,8 +79,8 @@ W=${WORK:-/tmp/refs}
 # a reference needs 3 independent processes (the spread between them), or one process of 3+
 # windows (PROCESSES=1: the spread between its windows)
 case "$PROCESSES" in
-  1) [ "$REPEATS" -ge 3 ] && [ "$MULTI_REPEATS" -ge 3 ] || {
-       echo "[references] PROCESSES=1 needs REPEATS and MULTI_REPEATS of 3 or more (one process's windows are its samples)" >&2; exit 2; } ;;
+  1) [ "$REPEATS" -ge 3 ] && { [ -z "$MULTI" ] || [ "$MULTI_REPEATS" -ge 3 ]; } || {
+       echo "[references] PROCESSES=1 needs REPEATS (and with MULTI, MULTI_REPEATS) of 3 or more (one process's windows are its samples)" >&2; exit 2; } ;;
   ''|0|2|*[!0-9]*)
      echo "[references] PROCESSES=$PROCESSES: 1 (the windows of one process) or 3 or more (independent processes)" >&2; exit 2 ;;
 esac

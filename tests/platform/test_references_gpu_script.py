@@ -68,13 +68,15 @@ def test_a_reference_of_processes_needs_the_run_measured_in_every_process(tmp_pa
     assert references_gpu.measured([tmp_path / "none-1", tmp_path / "none-2"], 2) == ([], [])
 
 
-@pytest.mark.parametrize("processes, repeats", [("2", "2"), ("0", "2"), ("x", "2"), ("1", "2")])
+@pytest.mark.parametrize("processes, repeats, multi_repeats", [
+    ("2", "2", "2"), ("0", "2", "2"), ("x", "2", "2"), ("1", "2", "3"), ("1", "3", "2")])
 def test_the_script_refuses_a_number_of_processes_that_makes_no_reference(
-        tmp_path, processes, repeats):
+        tmp_path, processes, repeats, multi_repeats):
     """Two processes have no spread worth the name and `references update` skips them; one
-    process needs 3 windows. Said before anything runs."""
-    env = {**os.environ, "PROCESSES": processes, "REPEATS": repeats, "MULTI_REPEATS": repeats,
-           "WORK": str(tmp_path / "work")}
+    process needs 3 windows (the multi-GPU rows' too, when there are some). Said before
+    anything runs."""
+    env = {**os.environ, "PROCESSES": processes, "REPEATS": repeats,
+           "MULTI_REPEATS": multi_repeats, "WORK": str(tmp_path / "work")}
     done = subprocess.run(["bash", "benchmarks/references_gpu.sh", str(tmp_path / "out")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
