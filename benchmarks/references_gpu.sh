@@ -163,15 +163,13 @@ pass() {
 # measured. NAME CUDA_VISIBLE_DEVICES GPUS RUNS REPEATS REF_UNTIL FRESH_UNTIL
 phase() {
   local name=$1 cvd=$2 gpus=$3 runs=$4 repeats=$5 ref_until=$6 fresh_until=$7 run good p
-  local refs=() started
+  local refs=()
   [ -n "$runs" ] || return 0
   for p in $(seq 1 "$PROCESSES"); do refs+=("$W/$name-ref-$p"); done
   for run in ${runs//,/ }; do
-    started=1
-    for p in $(seq 1 "$PROCESSES"); do
-      pass "$name-ref-$p" "$cvd" "$gpus" "$run" "$repeats" "$ref_until" || { started=0; break; }
+    for p in $(seq 1 "$PROCESSES"); do  # a process not started: no later run starts either
+      pass "$name-ref-$p" "$cvd" "$gpus" "$run" "$repeats" "$ref_until" || break 2
     done
-    [ "$started" = 1 ] || break
   done
   good=$(python3 benchmarks/references_gpu.py measured "${refs[@]}" --repeats "$repeats" \
     2>>"$LOG")
