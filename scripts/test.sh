@@ -6,6 +6,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# how long each phase took, printed at the end (and on failure): where the next person looks first
+T0=$SECONDS; PHASES=(); PHASE_START=$SECONDS; PHASE_NAME=""
+phase() {
+  [ -n "$PHASE_NAME" ] && PHASES+=("$(printf '%-28s %5d s' "$PHASE_NAME" $((SECONDS - PHASE_START)))")
+  PHASE_NAME="$1"; PHASE_START=$SECONDS
+}
+report_phases() {
+  phase ""
+  echo "[test.sh] time per phase (whole run $((SECONDS - T0)) s):"
+  printf '[test.sh]   %s\n' "${PHASES[@]}"
+}
+trap report_phases EXIT
+phase "Debian packages"
+
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=""
   # charliecloud-runtime (ch-run) + mmdebstrap: the container image built and run by the workflow
@@ -20,10 +34,12 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
 fi
 
+phase "Python packages"
 # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build on CPU machines.
 python3 -c 'import torch' 2>/dev/null || python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e '.[test]'
 
+phase "linters"
 # the rules of the house (ARCHITECTURE.md): layers kept by import-linter, heavy packages imported
 # inside functions only (ruff's banned module-level imports), and no pyflakes finding
 lint-imports
@@ -32,11 +48,21 @@ ruff check --select TID253 src
 ruff check --select F src tests benchmarks
 
 # every test: plain `pytest` deselects those marked integration (pyproject.toml's addopts: the
-# quick unit run); this selects both, and a later -m in "$@" still narrows it
+# quick unit run); this selects both, and a later -m in "$@" still narrows it.
+# Most tests wait on processes (Snakemake, Slurm, MLflow, jobs), so more workers than cores pay:
+# each test file is one unit, the Slurm tests one group on one worker (tests/infra/workers.py).
+# HOPPERLAB_TEST_WORKERS=0 runs in this process, in file order.
+phase "tests (${HOPPERLAB_TEST_WORKERS:=4} workers)"
+workers=()
+[ "$HOPPERLAB_TEST_WORKERS" != 0 ] && workers=(-n "$HOPPERLAB_TEST_WORKERS" --dist loadgroup --no-loadscope-reorder)
+times="${HOPPERLAB_TEST_TIMES:-$(mktemp -t hopperlab-test-times.XXXXXX)}"
 set +e
-python3 -m pytest -ra --timeout=1800 -m "integration or not integration" "$@"
+HOPPERLAB_TEST_TIMES="$times" python3 -m pytest -ra --timeout=1800 --durations=25 \
+  -m "integration or not integration" "${workers[@]}" "$@"
 rc=$?
 set -e
+phase "summary"
+python3 scripts/test_times.py "$times" --top 15 || true
 if [ "$rc" = 5 ]; then
   echo "[test.sh] pytest collected no tests: that is a failure" >&2
   exit 1

@@ -2,7 +2,8 @@
 ``integration`` mark is given here to every test that starts a real service (plain ``pytest``
 runs the others; scripts/test.sh runs both)."""
 
-pytest_plugins = ["tests.infra.slurm_fixture", "tests.infra.mlflow_fixture"]
+pytest_plugins = ["tests.infra.slurm_fixture", "tests.infra.mlflow_fixture", "tests.infra.timing",
+                  "tests.infra.workers"]
 
 import signal as _signal
 import warnings as _warnings

@@ -25,6 +25,7 @@ from hopperlab.config.matrix import load_matrix
 from hopperlab.node import charliecloud
 from hopperlab.run import launch
 from tests.helpers import copy_project, edit_yaml, snakemake
+from tests.infra.shared import made_once
 
 pytestmark = [pytest.mark.charliecloud, pytest.mark.timeout(2400)]
 
@@ -51,10 +52,9 @@ def _only(keys: list[str]) -> str:
     return "only=[" + ",".join(keys) + "]"
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    _need_charliecloud()
-    project = copy_project(tmp_path_factory.mktemp("charliecloud") / "project")
+def _build(folder: Path) -> dict:
+    """The workflow in a project copy under ``folder``: the image, then one run of every family."""
+    project = copy_project(folder / "project")
     for part in BUILD_CONTEXT:  # what the .def's %files takes from the project root
         src = REPO / part
         if src.is_dir():
@@ -69,7 +69,16 @@ def built(tmp_path_factory):
     meta = charliecloud.image_meta(project / "containers/pytorch.ch")
     print(f"charliecloud: image built in {meta and meta['built_s']} s; workflow (image, assets, "
           f"{len(ONE_PER_FAMILY)} runs, report) {elapsed:.0f} s")
-    return project, meta
+    return meta
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Built once per test run: the Slurm test below runs on the Slurm group's worker, the
+    others wherever this file runs (tests/infra/shared.py)."""
+    _need_charliecloud()
+    folder, meta = made_once(tmp_path_factory, "charliecloud", _build)
+    return folder / "project", meta
 
 
 @pytest.mark.integration
