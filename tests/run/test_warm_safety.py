@@ -7,7 +7,6 @@ a job a bounded wait, then the job starts cold (or ends), naming the warm starte
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from hopperlab.core import rundir
 from hopperlab.run import jobenv, runner, warm
 from hopperlab.run.warm_client import COLD_ENV, FORKED_ENV, REPLY_S_ENV
 from tests.helpers import REPO
+from tests.run.test_warm import _said
 
 SECRETS = {"MLFLOW_TRACKING_PASSWORD": "pw-issue46-d7-secret",
            "HF_TOKEN": "hf_issue46d6secrettoken"}
@@ -72,17 +72,11 @@ def starter(tmp_path_factory):
     folder = tmp_path_factory.mktemp("warm46")
     (folder / "probe46.py").write_text(PROBE)
     env_path = os.pathsep.join([str(folder), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])
-    saved = {name: os.environ.get(name) for name in (*SECRETS, "PYTHONPATH")}
-    os.environ.update({**SECRETS, "PYTHONPATH": env_path})  # as snakemake's environment
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # as snakemake's environment
+        for name, value in {**SECRETS, "PYTHONPATH": env_path}.items():
+            mp.setenv(name, value)
         started = warm.Starter(folder / "starter.log")
         image = Path(f"/proc/{started.process.pid}/environ").read_bytes()
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     deadline = time.monotonic() + 120
     while not Path(started.socket).exists():
         assert started.process.poll() is None, (folder / "starter.log").read_text()
@@ -103,16 +97,6 @@ def _client(starter, mode, name=None, **env):
     return subprocess.Popen([sys.executable, "-m", "hopperlab.run.warm_client", started.socket,
                              "-u", "-m", "probe46", mode], cwd=folder, env=job_env,
                             stdout=out, stderr=err)
-
-
-def _said(folder, name, wait_s=60.0):
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        text = (folder / f"{name}.out").read_text()
-        if text.strip():
-            return json.loads(text.splitlines()[0])
-        time.sleep(0.1)
-    raise AssertionError(f"{name}: the job said nothing")
 
 
 def _holds_no_secret(image: bytes, what: str) -> None:
