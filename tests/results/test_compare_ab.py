@@ -45,7 +45,7 @@ def test_same_within_noise_then_a_slower_b_fails(project, tmp_path, capsys):
     root = ["--root", str(project)]
     assert main([*root, "compare", str(a), str(b), "--out", str(tmp_path / "same")]) == 0
     out = capsys.readouterr().out
-    assert "0 change(s), 1 metric(s) the same within noise" in out
+    assert "no change, 1 metric(s) the same within noise" in out
     assert "No change beyond the noise." in (tmp_path / "same/compare.html").read_text()
 
     c = _run(project, "results-c", seed=3, steps=9)            # value 10 % lower: worse

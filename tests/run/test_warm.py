@@ -196,7 +196,7 @@ def test_the_workflow_starts_a_starter_only_for_local_jobs_without_gpus(monkeypa
     said = []
 
     class Recorded:  # the starter's process is the integration tests' (below)
-        def __init__(self, log):
+        def __init__(self, log, site_env=None):
             self.socket = str(tmp_path / "starter.sock")
             said.append(("started", log.name))
 

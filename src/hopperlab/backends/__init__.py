@@ -8,6 +8,10 @@ point ``<name> = <its package>`` in the group ``hopperlab.backends`` (``pyprojec
 ``[project.entry-points."hopperlab.backends"]``); a folder of this package keeps its name.
 A site names one in its ``executor:`` key; config validates the name and the backend's
 settings block from here.
+
+A backend that cannot be loaded (its package raises on import, or a stray folder declares no
+``BACKEND``) is skipped with one warning naming it, as submitit skips a broken executor plugin:
+every verb goes on with the others; only a site that names it is refused, with the reason.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import logging
 import pkgutil
 from typing import Mapping
 
@@ -23,6 +28,8 @@ from hopperlab.backends.base import BackendInfo, JobEnvironment, Launcher
 
 #: the entry-point group a backend from outside the package declares itself in
 ENTRY_POINT_GROUP = "hopperlab.backends"
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -42,25 +49,55 @@ def _modules() -> dict[str, str]:
 def forget() -> None:
     """Look at the folders again (a test that adds one)."""
     _modules.cache_clear()
-    backend.cache_clear()
+    _loaded.cache_clear()
 
 
-def names() -> list[str]:
-    return sorted(_modules())
+def _declaration(name: str, module: str) -> BackendInfo:
+    """The ``BACKEND`` of ``module``; an error saying what is wrong with it."""
+    info = getattr(importlib.import_module(module), "BACKEND", None)
+    if not isinstance(info, BackendInfo):
+        raise TypeError(f"{module} declares no BACKEND (a hopperlab.backends.base.BackendInfo)")
+    if info.name != name:
+        raise ValueError(f"{module}: BACKEND.name is {info.name!r}, expected {name!r} (the "
+                         f"folder)")
+    return info
 
 
 @functools.cache
+def _loaded() -> tuple[dict[str, BackendInfo], dict[str, str]]:
+    """(name -> declaration of every backend that loads, name -> why of every one that does
+    not); each broken one is said once, as a warning."""
+    good: dict[str, BackendInfo] = {}
+    bad: dict[str, str] = {}
+    for name, module in _modules().items():
+        try:
+            good[name] = _declaration(name, module)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the others
+            why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            bad[name] = why
+            log.warning("hopperlab: backend %r (%s) skipped: %s", name, module, why)
+    return good, bad
+
+
+def names() -> list[str]:
+    """The backends that load."""
+    return sorted(_loaded()[0])
+
+
+def broken() -> dict[str, str]:
+    """The backends found that could not be loaded, each with why."""
+    return dict(_loaded()[1])
+
+
 def backend(name: str) -> BackendInfo:
-    """The declaration of backend ``name``; KeyError naming the known ones."""
-    try:
-        module = _modules()[name]
-    except KeyError:
-        raise KeyError(f"unknown executor {name!r}; expected one of: {', '.join(names())}") \
-            from None
-    info = importlib.import_module(module).BACKEND
-    if info.name != name:
-        raise KeyError(f"{module}: BACKEND.name is {info.name!r}, expected {name!r} (the folder)")
-    return info
+    """The declaration of backend ``name``; KeyError naming the known ones (or why the one
+    named could not be loaded)."""
+    good, bad = _loaded()
+    if name in bad:
+        raise KeyError(f"executor {name!r} could not be loaded: {bad[name]}")
+    if name not in good:
+        raise KeyError(f"unknown executor {name!r}; expected one of: {', '.join(names())}")
+    return good[name]
 
 
 def all_backends() -> list[BackendInfo]:

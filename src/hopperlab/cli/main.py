@@ -120,8 +120,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def measured_line(key: str, run_dir: Path, headline: tuple[str, ...]) -> str:
     """What a run measured, for the person who ran it by hand: its headline metrics (every
-    final metric without one), ``value ± half-width`` where it repeated, and where they are."""
+    final metric without one), ``value ± half-width`` where it repeated, and where they are.
+    A run that did not end ok (skipped, oom, failed) says so with its reason and no figures:
+    what it recorded (a price, the set-up time) is not a measurement."""
     record = attempts.read_object(run_dir / RECORD_FILE) or {}
+    status = record.get("status")
+    if status and status != "ok":
+        reason = " ".join(str(record.get("reason") or "no reason recorded").split())
+        return f"[hopperlab] {key} {status}: {reason} ({run_dir / RECORD_FILE})"
     metrics = {k: v for k, v in (record.get("metrics") or {}).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     names = [m for m in headline if m in metrics] or [

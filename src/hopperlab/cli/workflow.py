@@ -232,7 +232,7 @@ def start_warm_starter(matrix: Matrix, runs: list[str]) -> bool:
                for key in runs):
         return False
     matrix.results_dir.mkdir(parents=True, exist_ok=True)
-    starter = Starter(matrix.results_dir / WARM_LOG)
+    starter = Starter(matrix.results_dir / WARM_LOG, dict(matrix.site.env))
     _STARTERS.append(starter)
     os.environ[SOCKET_ENV] = starter.socket
     atexit.register(stop_warm_starter)

@@ -84,6 +84,9 @@ def site_schema(root: Path) -> dict[str, Any]:
 def site_backend(name: Any, source: str) -> BackendInfo:
     """The backend a site's ``executor:`` names; unknown: one line naming the file and key and
     the backends there are (each a folder of hopperlab/backends/)."""
+    why = backends.broken().get(name) if isinstance(name, str) else None
+    if why:
+        raise SpecError(f"{source}: executor: the backend {name!r} could not be loaded: {why}")
     if not isinstance(name, str) or name not in backends.names():
         raise SpecError(f"{source}: executor: unknown executor {shown(name)}; expected one of: "
                         f"{', '.join(backends.names())}")

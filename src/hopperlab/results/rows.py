@@ -57,6 +57,9 @@ class RunRow:
     #: seconds from job start to the first step (the record's ``setup_s``, every family's):
     #: a column of its own, not a metric compared with the baseline
     setup_s: float | None = None
+    #: metrics the record holds with a value that is not a finite number (NaN, inf): kept
+    #: out of ``metrics``, named here so that a comparison says "not a number", not "missing"
+    nonfinite: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -88,6 +91,14 @@ def _clean_metrics(metrics: Any) -> dict[str, float]:
         if number is not None and math.isfinite(number):
             out[str(name)] = number
     return out
+
+
+def _nonfinite(metrics: Any) -> tuple[str, ...]:
+    if not isinstance(metrics, Mapping):
+        return ()
+    return tuple(sorted(str(name) for name, value in metrics.items()
+                        if (number := _float_or_none(value)) is not None
+                        and not math.isfinite(number)))
 
 
 def _read_json_or_none(path: Path) -> Any:
@@ -136,6 +147,7 @@ def _run_row(run_dir: Path, results_dir: Path) -> RunRow | None:
         metrics={k: v for k, v in _clean_metrics(record.get("metrics")).items()
                  if k != rec.SETUP_METRIC},
         setup_s=_clean_metrics(record.get("metrics")).get(rec.SETUP_METRIC),
+        nonfinite=_nonfinite(record.get("metrics")),
         run_dir=run_dir,
         baseline=_str_or_none(spec.get("baseline")),
         compare_to=_str_or_none(spec.get("compare_to")),

@@ -39,3 +39,14 @@ def job_environment(site_env: Mapping[str, str]) -> Iterator[None]:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+def job_env(environ: Mapping[str, str], site_env: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` as a job gets it: the site's ``env:`` set, the secrets out. What the warm
+    starter (run/warm.py) is started with: its jobs are forked from its process image, whose
+    environment block (``/proc/<pid>/environ``, ``ps eww``) a fork copies and no ``unsetenv``
+    clears."""
+    env = {**environ, **{k: str(v) for k, v in site_env.items()}}
+    for name in JOB_SECRETS:
+        env.pop(name, None)
+    return env

@@ -30,7 +30,7 @@ from hopperlab.node import hardware, threads
 from hopperlab.node.containers import inside_container
 from hopperlab.node.energy.meter import EnergyMeter, Result, open_meter
 from hopperlab.run import distributed, repeats
-from hopperlab.run.warm_client import FORKED_ENV
+from hopperlab.run.warm_client import COLD_ENV, FORKED_ENV
 from hopperlab.workloads import family_info
 
 
@@ -161,6 +161,8 @@ def _execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
         rec.hardware["container"] = inside_container()  # what the job sees of its image
         if FORKED_ENV in os.environ:  # its imports done once for the workflow (run/warm.py)
             rec.hardware["warm_start"] = f"forked from the warm starter, pid {os.environ[FORKED_ENV]}"
+        elif os.environ.get(COLD_ENV):  # a starter was asked, and why it did not fork this job
+            rec.hardware["warm_start"] = f"started cold: {os.environ[COLD_ENV]}"
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
         spec = RunSpec.from_dict(spec_data)
         os.environ.update(spec.site.env)  # as submitted; again for an in-process (debug) run

@@ -31,9 +31,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from hopperlab.core.secrets import SECRET_ENV
 from hopperlab.node import oom_kills
 from hopperlab.node.threads import LAUNCHER_ENV, THREAD_ENV
-from hopperlab.run import runner
+from hopperlab.run import jobenv, runner
 from hopperlab.run.warm_client import FORKED_ENV, recv_msg, send_msg
 
 #: variables read while torch, transformers and Python start: a job whose environment differs
@@ -45,8 +46,9 @@ RUNNABLE = ("-u", "-m")
 
 
 def import_env(env: dict[str, str]) -> dict[str, str]:
-    """The part of ``env`` the imports read."""
-    skip = set(THREAD_ENV) | set(LAUNCHER_ENV)
+    """The part of ``env`` the imports read (a secret, ``HF_TOKEN``, is read when a download
+    asks for it, never at import: it never makes a job cold)."""
+    skip = set(THREAD_ENV) | set(LAUNCHER_ENV) | set(SECRET_ENV)
     return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES) and k not in skip}
 
 
@@ -116,6 +118,9 @@ def _child(conn: socket.socket, msg: dict[str, Any], fds: list[int]) -> None:
     try:
         for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        go = recv_msg(conn)  # the client has our pid and stands for us (not gone cold)
+        if not (go and isinstance(go[0], dict) and go[0].get("go")):
+            return
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
@@ -249,12 +254,14 @@ def _reap(waiting: dict[int, socket.socket]) -> None:
 class Starter:
     """The starter process of one workflow and the socket its jobs reach it by."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, site_env: dict[str, str] | None = None) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="hopperlab-warm-"))
         self.socket = str(self.folder / "starter.sock")
-        # no GPU for the starter or its jobs (it serves jobs without GPUs: CUDA never starts
-        # here, forking stays safe), as submitit's local executor gives such a job none
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+        # the jobs' environment (the site's env, no secret: a forked job's process image is
+        # this one's), and no GPU for the starter or its jobs (it serves jobs without GPUs:
+        # CUDA never starts here, forking stays safe), as submitit's local executor gives
+        # such a job none
+        env = {**jobenv.job_env(os.environ, site_env or {}), "CUDA_VISIBLE_DEVICES": ""}
         with open(log, "ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "hopperlab.run.warm", self.socket, str(os.getpid())],

@@ -20,11 +20,13 @@ from hopperlab.results.machines.ab import (
     FAILED_B,
     FASTER,
     INCONCLUSIVE,
+    NAN_B,
     SAME,
     SLOWER,
     WORSE_WORD,
     Change,
     broken,
+    unchanged_not_ok,
     worse,
 )
 
@@ -92,23 +94,29 @@ def headline(changes: Sequence[Change]) -> tuple[str, str]:
     good = [c for c in changes if c.verdict in (FASTER, BETTER_WORD)]
     unclear = [c for c in changes if c.verdict in (INCONCLUSIVE, CHANGED)]
     lost = broken(changes)
+    both = unchanged_not_ok(changes)
+    alike = f"; {len(both)} not ok on both sides alike (not a change)" if both else ""
     if bad or lost:
         failed = sum(1 for c in lost if c.verdict == FAILED_B)
+        nan = sum(1 for c in lost if c.verdict == NAN_B)
         parts = [f"{failed} run(s) failed in B"] if failed else []
-        if len(lost) > failed:
-            parts.append(f"{len(lost) - failed} run(s) or metric(s) of A missing from B")
+        if nan:
+            parts.append(f"{nan} metric(s) of B not a number")
+        if len(lost) > failed + nan:
+            parts.append(f"{len(lost) - failed - nan} run(s) or metric(s) of A missing from B")
         if bad:
             top = max(bad, key=lambda c: c.effect.worse_by if c.effect else 0)
             by = f" (largest: {top.key} {top.metric}, {top.effect.worse_by:.1%} " \
                  f"{top.verdict})" if top.effect else ""
             parts.insert(0, f"B is worse than A in {len(bad)} metric(s){by}")
-        return "; ".join(parts) + ".", "bad"
+        return "; ".join(parts) + alike + ".", "bad"
     if good:
         return (f"B is better than A in {len(good)} metric(s), worse in none"
-                + (f"; {len(unclear)} inconclusive." if unclear else "."), "good")
+                + (f"; {len(unclear)} inconclusive" if unclear else "") + alike + ".", "good")
     if unclear:
-        return f"No change beyond the noise; {len(unclear)} metric(s) inconclusive.", "meh"
-    return "No change beyond the noise.", "good"
+        return (f"No change beyond the noise; {len(unclear)} metric(s) inconclusive{alike}.",
+                "meh")
+    return f"No change beyond the noise{alike}.", "good"
 
 
 def write(changes: Sequence[Change], out: Path, a_name: str, b_name: str,
@@ -130,6 +138,7 @@ def write(changes: Sequence[Change], out: Path, a_name: str, b_name: str,
     line, cls = headline(changes)
     changed = [c for c in changes if c.changed]
     same = [c for c in changes if c.verdict == SAME]
+    both = unchanged_not_ok(changes)
     body = [f"<h1>{_e(a_name)} (A) &rarr; {_e(b_name)} (B)</h1>", scope.scope_html(facts),
             f"<div class='verdict {cls}'>{_e(line)}</div>",
             f"<p class=note>Per run and headline metric: the ratio of the medians B/A with its "
@@ -138,6 +147,8 @@ def write(changes: Sequence[Change], out: Path, a_name: str, b_name: str,
             f"{SLOWER}/{WORSE_WORD} and {FASTER}/{BETTER_WORD} follow each metric's declared "
             f"direction.</p>",
             "<h2>What changed</h2>", _rows(changed) if changed else "<p>Nothing.</p>",
+            *([f"<h2>Not ok on both sides alike ({len(both)})</h2>", _rows(both)] if both
+              else []),
             f"<details><summary>Same within noise ({len(same)})</summary>{_rows(same)}"
             f"</details>"]
     page = (f"<!doctype html><html><head><meta charset=utf-8><title>compare {_e(a_name)} -> "

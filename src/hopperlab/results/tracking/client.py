@@ -86,10 +86,28 @@ _env_depth = 0
 _env_saved: dict[str, str | None] = {}
 
 
+#: the thread that imports MLflow while a job runs (``warm_up_in_background``), if started
+_warm_up: threading.Thread | None = None
+
+
+def _await_warm_up() -> None:
+    """Wait for the background import of MLflow, if one runs. Two threads importing MLflow at
+    once is a race of this process, not of the server: the upload's ``from mlflow.entities
+    import ...`` while the thread is half-way through ``import mlflow`` loads protobuf
+    descriptors twice (``TypeError: Couldn't build proto file into descriptor pool``) or
+    finds names not yet defined; a job that ends quickly (a skipped run) uploads while the
+    import still runs, as 2 uploads of a 200-run load did (issue 46, D30)."""
+    thread = _warm_up
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()
+
+
 @contextlib.contextmanager
 def _mlflow_env() -> Iterator[None]:
-    """MLFLOW_ENV in os.environ for the duration of our own calls (MLflow reads it per call)."""
+    """MLFLOW_ENV in os.environ for the duration of our own calls (MLflow reads it per call),
+    once no other thread of ours is importing MLflow."""
     global _env_depth
+    _await_warm_up()
     with _env_lock:
         if _env_depth == 0:
             _env_saved.clear()
@@ -167,9 +185,21 @@ def translate_errors(tracking_uri: str) -> Iterator[None]:
                 raise TrackingError(f"the MLflow store {redact_uri(tracking_uri)} cannot be "
                                     f"used: {_first_line(exc)}") from exc
             if isinstance(exc, MlflowException):
-                raise TrackingError(f"MLflow at {redact_uri(tracking_uri)} refused: "
-                                    f"{scrub(str(exc))[:1000]}") from exc
+                raise TrackingError(_mlflow_error(tracking_uri, exc)) from exc
             raise
+
+
+def _mlflow_error(tracking_uri: str, exc: BaseException) -> str:
+    """What an MLflow exception was: a server's answer (``RestException``: it refused) or, for
+    a server, an error of MLflow's client in this process that no answer caused; a local
+    store (SQLite) is the store itself refusing."""
+    from mlflow.exceptions import RestException
+
+    text = scrub(str(exc))[:1000]
+    if is_http(tracking_uri) and not isinstance(exc, RestException):
+        return (f"MLflow's client failed in this process (not an answer of the server at "
+                f"{redact_uri(tracking_uri)}): {type(exc).__name__}: {text}")
+    return f"MLflow at {redact_uri(tracking_uri)} refused: {text}"
 
 
 def _is_database_error(exc: BaseException) -> bool:
@@ -259,6 +289,7 @@ def mlflow_client(tracking_uri: str):
     """MLflow's client of ``tracking_uri``. A Python without MLflow (a lent node that carries
     only what its runs need) is ``TrackingUnavailable``, as a store that does not answer: the
     runs stay on disk and ``hopperlab sync`` uploads them from where MLflow is."""
+    _await_warm_up()
     try:
         import mlflow
     except ImportError as exc:
@@ -302,7 +333,12 @@ def require_reachable(tracking_uri: str) -> None:
 def warm_up_in_background() -> None:
     """Import MLflow in a thread: it takes about 2 s of CPU, better spent while a job runs than
     after it, when the upload waits for it."""
-    threading.Thread(target=_import_mlflow, daemon=True).start()
+    global _warm_up
+    if _warm_up is not None:
+        return
+    _warm_up = threading.Thread(target=_import_mlflow, name="hopperlab-mlflow-import",
+                                daemon=True)
+    _warm_up.start()
 
 
 def _import_mlflow() -> None:
