@@ -5,6 +5,7 @@ no job to have run."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from pathlib import Path
@@ -13,6 +14,12 @@ from typing import Any, Sequence
 from hopperlab.core.stats import percentile
 
 KEY = "selftest/noise/noisy"
+#: each run written starts at a second of its own (an independent run is another start)
+_STARTS = itertools.count()
+
+
+def _start(n: int) -> str:
+    return f"2026-12-01T{n // 3600 % 24:02d}:{n // 60 % 60:02d}:{n % 60:02d}.000+00:00"
 
 
 def write_run(results: Path, key: str = KEY, samples: Sequence[float] = (10.0, 10.1, 9.9),
@@ -31,7 +38,7 @@ def write_run(results: Path, key: str = KEY, samples: Sequence[float] = (10.0, 1
     rec = {**identity, "run_uid": uid, "attempt": 1, "status": "ok", "reason": None,
            "metrics": {"value": percentile(finite, 50)} if finite else {},
            "tags": {"repeats": str(len(samples)), "repeat_unit": "windows"},
-           "started_at": f"2026-12-01T10:00:00.{uuid.uuid4().int % 1000:03d}+00:00",
+           "started_at": _start(next(_STARTS)),
            "finished_at": "2026-12-01T10:00:05.000+00:00", "duration_s": 5.0,
            "hardware": {"hostname": "node-1", "cpu_model": "Xeon", "cpu_arch": "x86_64"},
            "slurm": None, "machine": machine}
