@@ -34,7 +34,7 @@ def write_run(results: Path, key: str = KEY, samples: Sequence[float] = (10.0, 1
     identity = {"key": key, "family": family, "experiment": experiment, "variant": variant}
     spec_data = {**identity, "scale": "smoke", "baseline": variant, "repeats": len(samples),
                  "headline_metrics": ["value"], "attempt": 1, "run_uid": uid}
-    finite = [s for s in samples if s == s]
+    finite = [s for s in samples if isinstance(s, (int, float)) and s == s]
     rec = {**identity, "run_uid": uid, "attempt": 1, "status": "ok", "reason": None,
            "metrics": {"value": percentile(finite, 50)} if finite else {},
            "tags": {"repeats": str(len(samples)), "repeat_unit": "windows"},
