@@ -65,6 +65,10 @@ def test_a_referenced_run_the_folder_lacks_is_named_and_fails_strict(tmp_path, c
     out = capsys.readouterr().out
     assert f"MISSING m1 {OTHER}: referenced in {refs}, no run of it in {results}" in out, out
     assert "missing 2" in out
+    # a folder meant to hold only some runs says which (the matrix's only=)
+    assert _check(tmp_path, results, "--strict", "--config", f"only={KEY}") == 0
+    assert _check(tmp_path, results, "--strict", "--config", "only=selftest/trivial") == 1
+    assert f"MISSING m1 {OTHER}" in capsys.readouterr().out
     write_run(results, OTHER)
     write_run(results, "selftest/faults/ok")
     assert _check(tmp_path, results, "--strict") == 0

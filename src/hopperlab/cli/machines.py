@@ -97,7 +97,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         counts[j.verdict] = counts.get(j.verdict, 0) + 1
     for line in lines:
         print(line)
-    missing = references.missing_runs(rows, refs_dir)
+    only = parse_overrides(args.config).get("only") or ""
+    missing = references.missing_runs(rows, refs_dir, [o for o in only.split(",") if o])
     for m in missing:
         print(f"MISSING {m.machine} {m.pattern}: referenced in {m.source_file}, no run of it "
               f"in {results}" if args.strict else
@@ -306,8 +307,9 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--strict", action="store_true",
                    help="an inconclusive run (a change within the noise, or some NaN "
                         "samples) fails the check too (exit 1), and so does a referenced run "
-                        "the folder lacks (named either way); a check of nothing (no run had a "
-                        f"reference; with --every-node: no node judged) exits "
+                        "the folder lacks (named either way; --config only=KEYS: the runs it "
+                        "is meant to hold); a check of nothing (no run had a "
+                        f"reference; with --every-node: a node nothing judged) exits "
                         f"{EXIT_NOTHING_CHECKED}")
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one test case per run)")
     p.add_argument("--every-node", action="store_true",

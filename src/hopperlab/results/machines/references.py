@@ -384,8 +384,11 @@ class MissingRun:
     source_file: str
 
 
-def missing_runs(rows: Sequence[Any], references_dir: Path) -> list[MissingRun]:
-    """Each referenced run of the rows' machines that no row of that machine is."""
+def missing_runs(rows: Sequence[Any], references_dir: Path, only: Sequence[str] = ()
+                 ) -> list[MissingRun]:
+    """Each referenced run of the rows' machines that no row of that machine is; ``only``
+    (the matrix's ``only``: keys, ``family`` or ``family/experiment``): the runs the folder
+    was meant to hold, a referenced run outside them is not missing."""
     keys: dict[str, set[str]] = {}
     for row in rows:
         if row.machine:
@@ -396,7 +399,9 @@ def missing_runs(rows: Sequence[Any], references_dir: Path) -> list[MissingRun]:
         if refs is None:
             continue
         out += [MissingRun(machine, pattern, refs.source_file) for pattern in refs.entries
-                if not any(k == pattern or fnmatch.fnmatchcase(k, pattern) for k in have)]
+                if not any(k == pattern or fnmatch.fnmatchcase(k, pattern) for k in have)
+                and (not only or any(pattern == o or pattern.startswith(o.rstrip("/") + "/")
+                                     for o in only))]
     return out
 
 
