@@ -119,7 +119,8 @@ class RefusedRecord(SpecError):
 def _identity(run_dir: Path, results_dir: Path, record: Mapping[str, Any],
               spec: Mapping[str, Any]) -> tuple[str, str, str]:
     """The run's family, experiment and variant: its directory's, each a name, and what its
-    record and spec say where they say it (``RefusedRecord`` naming the file and key if not)."""
+    record says (its spec where the record does not say) where either says it
+    (``RefusedRecord`` naming the file and key if not)."""
     parts = run_dir.relative_to(results_dir).parts
     for name, part in zip(PARTS, parts):
         if (why := part_problem(part)):
@@ -127,15 +128,15 @@ def _identity(run_dir: Path, results_dir: Path, record: Mapping[str, Any],
                                 f"refused")
     record_file = rec.RECORD_FILE if (run_dir / rec.RECORD_FILE).exists() else rec.METRICS_FILE
     key = "/".join(parts)
-    for path, data in ((run_dir / record_file, record), (run_dir / rec.SPEC_FILE, spec)):
-        stated = [(name, data[name], part) for name, part in (*zip(PARTS, parts), ("key", key))
-                  if data.get(name) is not None]
-        for name, value, own in stated:
-            if value != own:
-                why = (part_problem(value) if name != "key" else None) \
-                    or f"is {value!r}, its run directory is {own!r}"
-                raise RefusedRecord(f"{path}: {name}: {why}: the run is refused (a record "
-                                    f"names the run whose directory holds it)")
+    for name, own in (*zip(PARTS, parts), ("key", key)):
+        path, data = ((run_dir / record_file, record) if record.get(name) is not None
+                      else (run_dir / rec.SPEC_FILE, spec))
+        value = data.get(name)
+        if value is not None and value != own:
+            why = (part_problem(value) if name != "key" else None) \
+                or f"is {value!r}, its run directory is {own!r}"
+            raise RefusedRecord(f"{path}: {name}: {why}: the run is refused (a record names "
+                                f"the run whose directory holds it)")
     return parts[0], parts[1], parts[2]
 
 
