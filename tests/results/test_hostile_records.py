@@ -54,6 +54,11 @@ def test_a_hostile_record_is_refused_and_the_other_runs_update(tmp_path, capsys,
     assert len(refused) == 1 and f"{evil / file}: {key}:" in refused[0], out
     written = yaml.safe_load((tmp_path / "refs/m1.yaml").read_text())["references"]
     assert set(written) == {KEY}, written              # nothing planted, no glob
+    # check says the refusal too, and judges the folder's honest run
+    assert main(["--root", str(tmp_path), "check", str(results), "--references",
+                 str(tmp_path / "refs")]) == 0
+    out = capsys.readouterr().out
+    assert f"[hopperlab] refused {evil / file}: {key}:" in out and "pass 1" in out, out
     # the honest folder checks clean against what was written
     honest = tmp_path / "honest"
     write_run(honest, KEY, samples=(10.0, 10.05, 9.95))
