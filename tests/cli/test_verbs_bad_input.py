@@ -88,8 +88,8 @@ def test_machines_on_a_record_whose_variant_is_a_path_is_one_line(project, tmp_p
                  "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert f"{evil / NOISY}: its record names the run 'selftest/noise/../../x': a family, " \
-           f"experiment or variant is a name, without '/'" in err
+    assert f"{evil}: no run to compare: {evil / NOISY / 'record.json'}: variant: " \
+           f"'../../x' is not a name: '/'" in err, err
 
 
 @pytest.mark.integration

@@ -8,6 +8,7 @@ import argparse
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Sequence
 
 from hopperlab import backends
 from hopperlab.config.matrix import load_matrix, parse_overrides
@@ -19,6 +20,8 @@ from hopperlab.run.nodes import pinned_to
 from hopperlab.run.submit import submit
 
 EXIT_REGRESSION = 1
+#: ``check --strict`` of nothing (``cli.machines`` takes its code from here)
+EXIT_NOTHING_CHECKED = 3
 _PRINT = threading.Lock()
 
 
@@ -61,9 +64,13 @@ def run(args: argparse.Namespace, root: Path, refs_dir: Path) -> int:
         print(f"NODE {v.node}: {v.verdict.upper()}")
         for line in v.lines:
             print(f"    {line}")
-    bad = [v.node for v in verdicts if v.verdict != node_check.PASS]
-    print(f"[hopperlab] check --every-node: {len(verdicts) - len(bad)} of {len(verdicts)} "
-          f"node(s) pass" + (f"; not: {', '.join(bad)}" if bad else ""))
+    unchecked = [v.node for v in verdicts if v.verdict == node_check.NOTHING_CHECKED]
+    bad = [v.node for v in verdicts if v.verdict not in (node_check.PASS,
+                                                         node_check.NOTHING_CHECKED)]
+    passed = len(verdicts) - len(bad) - len(unchecked)
+    print(f"[hopperlab] check --every-node: {passed} of {len(verdicts)} node(s) pass"
+          + (f"; not: {', '.join(bad)}" if bad else "")
+          + (f"; nothing checked: {', '.join(unchecked)}" if unchecked else ""))
     if args.junit:
         all_rows = [r for n in nodes for r in rows[n]]
         node_of = {str(r.run_dir): n for n in nodes for r in rows[n]}
@@ -72,4 +79,16 @@ def run(args: argparse.Namespace, root: Path, refs_dir: Path) -> int:
         path = junit.write(Path(args.junit), f"hopperlab check --every-node {partition or ''}",
                            all_rows, judged, node_of=node_of, slow=slow)
         print(f"[hopperlab] wrote {path}")
-    return EXIT_REGRESSION if bad else 0
+    return exit_code(verdicts, args.strict)
+
+
+def exit_code(verdicts: Sequence[node_check.NodeVerdict], strict: bool) -> int:
+    """``check``'s codes: 1 when a node failed, regressed or is slow; a node nothing checked is
+    no pass, said as NOTHING CHECKED, and exits ``EXIT_NOTHING_CHECKED`` under ``--strict``
+    (0 without, as a plain check of nothing)."""
+    if any(v.verdict not in (node_check.PASS, node_check.NOTHING_CHECKED) for v in verdicts):
+        return EXIT_REGRESSION
+    if strict and (not verdicts or any(v.verdict == node_check.NOTHING_CHECKED
+                                       for v in verdicts)):
+        return EXIT_NOTHING_CHECKED
+    return 0

@@ -30,11 +30,11 @@ from hopperlab.results.machines import (
     runs,
 )
 from hopperlab.results import scope
-from hopperlab.results.rows import collect_runs
+from hopperlab.results.rows import read_runs
 
 EXIT_REGRESSION = 1
 #: ``check --strict`` when no run had a reference (CI that must have checked something)
-EXIT_NOTHING_CHECKED = 3
+EXIT_NOTHING_CHECKED = check_nodes.EXIT_NOTHING_CHECKED
 
 
 def _root(args: argparse.Namespace) -> Path:
@@ -84,7 +84,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         refs = Path(args.references) if args.references else root / references.REFERENCES_DIR
         return check_nodes.run(args, root, refs)
     results = Path(args.results_dir) if args.results_dir else _default_results(root, args)
-    rows = collect_runs(results)
+    rows, refused = read_runs(results)
+    for line in refused:
+        print(f"[hopperlab] refused {line}")
     if not rows:
         raise SpecError(f"{results}: not a results folder (no run with a record)")
     refs_dir = Path(args.references) if args.references else root / references.REFERENCES_DIR
@@ -95,14 +97,22 @@ def cmd_check(args: argparse.Namespace) -> int:
         counts[j.verdict] = counts.get(j.verdict, 0) + 1
     for line in lines:
         print(line)
+    only = parse_overrides(args.config).get("only") or ""
+    missing = references.missing_runs(rows, refs_dir, [o for o in only.split(",") if o])
+    for m in missing:
+        print(f"MISSING {m.machine} {m.pattern}: referenced in {m.source_file}, no run of it "
+              f"in {results}" if args.strict else
+              f"[hopperlab] note: {m.machine} {m.pattern} is referenced in {m.source_file}, "
+              f"{results} has no run of it (--strict fails on it)")
     machines = sorted({r.machine or "unknown" for r in rows})
     print(f"[hopperlab] check {results} ({', '.join(machines)}): "
-          + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
+          + ", ".join(f"{v} {n}" for v, n in sorted(counts.items()))
+          + (f", missing {len(missing)}" if missing else ""))
     if args.junit:
         path = junit.write(Path(args.junit), f"hopperlab check {results}", rows, judgements)
         print(f"[hopperlab] wrote {path}")
     failing = {references.REGRESSION} | ({references.INCONCLUSIVE} if args.strict else set())
-    if any(j.verdict in failing for j in judgements.values()):
+    if any(j.verdict in failing for j in judgements.values()) or (args.strict and missing):
         return EXIT_REGRESSION
     if set(counts) <= {references.NO_REFERENCE}:
         print(nothing_checked(refs_dir, machines, root))
@@ -131,7 +141,11 @@ def cmd_references(args: argparse.Namespace) -> int:
     refs_dir = Path(args.references) if args.references else root / references.REFERENCES_DIR
     folders = [Path(f) for f in args.results_dir]
     report = reference_update.update(folders, refs_dir, machine=args.machine,
-                                     min_effect=args.min_effect)
+                                     min_effect=args.min_effect,
+                                     pool_machines=args.pool_machines)
+    if len(folders) > 1:
+        for folder, names in report.machines.items():
+            print(f"[hopperlab] {folder}: runs of machine {' and '.join(names)}")
     for line in report.skipped:
         print(f"[hopperlab] skipped {line}")
     for name, path in report.written.items():
@@ -283,13 +297,20 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--predict", nargs="*", default=[], metavar="MACHINE",
                    help="also predict these machines (configs/machines/ names or aliases)")
     p = add("check", cmd_check, "judge runs against configs/references/<machine>.yaml; "
-                                "exit 1 on a regression")
+                                "exit 1 on a regression (a run failed, a metric worse, missing "
+                                "or NaN in every sample), else 0; a check of nothing (no reference; "
+                                "with --every-node, a node NOTHING CHECKED) is never a pass: "
+                                f"it says so and exits 0, or {EXIT_NOTHING_CHECKED} with "
+                                "--strict")
     p.add_argument("results_dir", nargs="?", help="default: the config's results_dir")
     p.add_argument("--references", help="folder of reference files (default configs/references)")
     p.add_argument("--strict", action="store_true",
-                   help="an inconclusive run (a change within the noise) fails the check "
-                        f"too (exit 1), and so does a check of nothing: no run had a "
-                        f"reference (exit {EXIT_NOTHING_CHECKED})")
+                   help="an inconclusive run (a change within the noise, or some NaN "
+                        "samples) fails the check too (exit 1), and so does a referenced run "
+                        "the folder lacks (named either way; --config only=KEYS: the runs it "
+                        "is meant to hold); a check of nothing (no run had a "
+                        f"reference; with --every-node: a node nothing judged) exits "
+                        f"{EXIT_NOTHING_CHECKED}")
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one test case per run)")
     p.add_argument("--every-node", action="store_true",
                    help="run the selected runs (--config only=...) once on every node of the "
@@ -308,7 +329,13 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
                    help="a results folder whose runs measured with repeats; several: each "
                         "folder's run is one independent process (its samples' median), and "
                         "the reference's spread is the spread between them")
-    p.add_argument("--machine", help="the machine the references are for (default: each run's)")
+    p.add_argument("--machine", help="the machine the references are for (default: each run's; "
+                                     "folders of several machines are then refused unless "
+                                     "--pool-machines)")
+    p.add_argument("--pool-machines", action="store_true",
+                   help="with --machine: take the runs of folders of different machines as "
+                        "that machine's (without it each machine's folders make its own "
+                        "references, and a folder given twice or copied is refused)")
     p.add_argument("--references", help="folder of reference files (default configs/references)")
     p.add_argument("--min-effect", type=float, help="the smallest change worth reporting, a "
                    "fraction (default: the file's, else 0.05)")

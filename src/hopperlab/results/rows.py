@@ -5,6 +5,11 @@ report/ and machines/, because both read them (neither imports the other's rows)
 The report reads the run directories themselves (docs/run-directory.md), never MLflow: it works
 offline, on a half-finished matrix, and after MLflow is gone. Archived attempts
 (``attempts/{n}/``) and folders without a record are not runs.
+
+A run is the one its directory names: a record (or spec) that names another run, or whose
+family, experiment or variant is not a name (a newline, a ``/``, a ``*``), is refused, one line
+naming the file and key, and the folder's other runs are read as ever (issue 46, D18: such a
+record wrote references of its choosing).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from hopperlab.core import rundir as rec
+from hopperlab.core.errors import SpecError
+from hopperlab.core.run_key import PARTS, part_problem
 from hopperlab.node.naming import machine_name
 
 log = logging.getLogger(__name__)
@@ -60,6 +67,11 @@ class RunRow:
     #: metrics the record holds with a value that is not a finite number (NaN, inf): kept
     #: out of ``metrics``, named here so that a comparison says "not a number", not "missing"
     nonfinite: tuple[str, ...] = ()
+    #: the attempt's id (the record's ``run_uid``, else its spec's): a copy of a folder has the
+    #: same, an independent run another
+    run_uid: str | None = None
+    #: when the attempt started (the record's ``started_at``)
+    started_at: str | None = None
 
     @property
     def key(self) -> str:
@@ -111,6 +123,34 @@ def _read_json_or_none(path: Path) -> Any:
         return None
 
 
+class RefusedRecord(SpecError):
+    """A record (or spec) whose identity is not a name, or not its run directory's."""
+
+
+def _identity(run_dir: Path, results_dir: Path, record: Mapping[str, Any],
+              spec: Mapping[str, Any]) -> tuple[str, str, str]:
+    """The run's family, experiment and variant: its directory's, each a name, and what its
+    record says (its spec where the record does not say) where either says it
+    (``RefusedRecord`` naming the file and key if not)."""
+    parts = run_dir.relative_to(results_dir).parts
+    for name, part in zip(PARTS, parts):
+        if (why := part_problem(part)):
+            raise RefusedRecord(f"{run_dir}: the run directory's {name} {why}: the run is "
+                                f"refused")
+    record_file = rec.RECORD_FILE if (run_dir / rec.RECORD_FILE).exists() else rec.METRICS_FILE
+    key = "/".join(parts)
+    for name, own in (*zip(PARTS, parts), ("key", key)):
+        path, data = ((run_dir / record_file, record) if record.get(name) is not None
+                      else (run_dir / rec.SPEC_FILE, spec))
+        value = data.get(name)
+        if value is not None and value != own:
+            why = (part_problem(value) if name != "key" else None) \
+                or f"is {value!r}, its run directory is {own!r}"
+            raise RefusedRecord(f"{path}: {name}: {why}: the run is refused (a record names "
+                                f"the run whose directory holds it)")
+    return parts[0], parts[1], parts[2]
+
+
 def _run_row(run_dir: Path, results_dir: Path) -> RunRow | None:
     try:
         record = rec.load_record(run_dir)
@@ -122,7 +162,7 @@ def _run_row(run_dir: Path, results_dir: Path) -> RunRow | None:
     spec = _read_json_or_none(run_dir / rec.SPEC_FILE)
     if not isinstance(spec, Mapping):
         spec = {}
-    family, experiment, variant = run_dir.relative_to(results_dir).parts
+    family, experiment, variant = _identity(run_dir, results_dir, record, spec)
     hardware = record.get("hardware")
     if not isinstance(hardware, Mapping) or not hardware:
         hardware = _read_json_or_none(run_dir / rec.HARDWARE_FILE)
@@ -131,9 +171,9 @@ def _run_row(run_dir: Path, results_dir: Path) -> RunRow | None:
     knobs = spec.get("knobs")
     attempt = record.get("attempt")
     return RunRow(
-        family=str(record.get("family") or spec.get("family") or family),
-        experiment=str(record.get("experiment") or spec.get("experiment") or experiment),
-        variant=str(record.get("variant") or spec.get("variant") or variant),
+        family=family,
+        experiment=experiment,
+        variant=variant,
         status=str(record.get("status") or "failed"),
         reason=_str_or_none(record.get("reason")),
         attempt=attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
@@ -158,6 +198,8 @@ def _run_row(run_dir: Path, results_dir: Path) -> RunRow | None:
         or (machine_name(hardware) if hardware else None),
         tags={str(k): str(v) for k, v in (record.get("tags") or {}).items()}
         if isinstance(record.get("tags"), Mapping) else {},
+        run_uid=_str_or_none(record.get(rec.RUN_UID) or spec.get(rec.RUN_UID)),
+        started_at=_str_or_none(record.get("started_at")),
     )
 
 
@@ -165,21 +207,34 @@ def sort_key(run: RunRow) -> tuple[str, str, str]:
     return (run.family, run.experiment, run.variant)
 
 
-def collect_runs(results_dir: Path) -> list[RunRow]:
+def read_runs(results_dir: Path) -> tuple[list[RunRow], list[str]]:
     """Every run directory ``{family}/{experiment}/{variant}/`` under ``results_dir`` that holds
-    a record, sorted by family, experiment, variant. ``attempts/`` folders are not runs."""
+    a record, sorted by family, experiment, variant, and one line for each record refused
+    (``RefusedRecord``). ``attempts/`` folders are not runs."""
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
-        return []
-    runs = []
+        return [], []
+    runs, refused = [], []
     for run_dir in results_dir.glob("*/*/*"):
         parts = run_dir.relative_to(results_dir).parts
         if any(p.startswith(".") or p == "attempts" for p in parts) or not run_dir.is_dir():
             continue
-        row = _run_row(run_dir, results_dir)
+        try:
+            row = _run_row(run_dir, results_dir)
+        except RefusedRecord as exc:
+            refused.append(str(exc))
+            continue
         if row is not None:
             runs.append(row)
     runs.sort(key=sort_key)
+    return runs, sorted(refused)
+
+
+def collect_runs(results_dir: Path) -> list[RunRow]:
+    """``read_runs``'s runs; each refused record is logged (a warning), never a run."""
+    runs, refused = read_runs(results_dir)
+    for line in refused:
+        log.warning("%s", line)
     return runs
 
 

@@ -2,7 +2,8 @@
 machine's references, and each node against the other nodes of the partition (a node whose
 figure is worse than the others' median beyond the noise, by the test of
 ``hopperlab.core.effects``, is *slow*: the 13.6 GB/s link among 55 GB/s ones needs no
-reference to be found)."""
+reference to be found). A node that neither was judged against a reference nor compared
+with another node is ``nothing checked``, never a pass."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hopperlab.results.machines.ab import measure_of
 from hopperlab.results.rows import RunRow
 
 PASS, SLOW, REGRESSION, FAILED = "pass", "slow", "regression", "failed"
+NOTHING_CHECKED = "nothing checked"
 
 
 @dataclass
@@ -35,10 +37,12 @@ def _samples(row: RunRow) -> list[dict[str, float]]:
     return read_samples(Path(row.run_dir)) if Path(row.run_dir).is_dir() else []
 
 
-def against_peers(rows: Mapping[str, Sequence[RunRow]], min_effect: float
-                  ) -> dict[str, dict[str, list[str]]]:
-    """node -> run directory -> findings where the node is worse than the others' median."""
+def against_peers(rows: Mapping[str, Sequence[RunRow]], min_effect: float,
+                  compared: set[str] | None = None) -> dict[str, dict[str, list[str]]]:
+    """node -> run directory -> findings where the node is worse than the others' median;
+    each node that was compared with the others at all is added to ``compared``."""
     out: dict[str, dict[str, list[str]]] = {n: {} for n in rows}
+    compared = set() if compared is None else compared
     by_key: dict[str, dict[str, RunRow]] = {}
     for node, node_rows in rows.items():
         for r in node_rows:
@@ -73,6 +77,7 @@ def against_peers(rows: Mapping[str, Sequence[RunRow]], min_effect: float
                                           min_effect=min_effect)
                 except ValueError:
                     continue
+                compared.add(node)
                 if eff.verdict == effects.WORSE:
                     out[node].setdefault(str(row.run_dir), []).append(
                         f"{key} {metric}: worse than the other nodes' median, {eff.detail}")
@@ -82,8 +87,10 @@ def against_peers(rows: Mapping[str, Sequence[RunRow]], min_effect: float
 def judge_nodes(rows: Mapping[str, Sequence[RunRow]], refs_dir: Path,
                 min_effect: float = effects.DEFAULT_MIN_EFFECT) -> list[NodeVerdict]:
     """Every node's verdict: failed (a run did not end ok) > regression (against the
-    references) > slow (against the other nodes) > pass."""
-    peers = against_peers(rows, min_effect)
+    references) > slow (against the other nodes) > nothing checked (no reference judged a
+    run of it and no other node was compared with it) > pass."""
+    compared: set[str] = set()
+    peers = against_peers(rows, min_effect, compared)
     out = []
     for node, node_rows in sorted(rows.items()):
         judged = references.judge_rows(node_rows, refs_dir)
@@ -101,5 +108,10 @@ def judge_nodes(rows: Mapping[str, Sequence[RunRow]], refs_dir: Path,
             v.verdict = REGRESSION
         elif v.slow:
             v.verdict = SLOW
+        elif node not in compared and not any(f.verdict != references.NO_REFERENCE
+                                              for j in judged.values() for f in j.findings):
+            v.verdict = NOTHING_CHECKED
+            v.lines.append("no run of it had a reference and no other node ran the same run "
+                           "to compare: not a pass")
         out.append(v)
     return out

@@ -11,6 +11,13 @@ its spread, n and minimum effect are then the spread between processes, which wi
 one process do not sample (2026-11-28: TPC-H host-pinned q6 read 31.56 ms in three windows
 within 0.14 % and 33.3 ms in the next process; a reference of the windows failed it).
 
+The folders must be independent and of one machine (issue 46, D12 and D15): one folder given
+twice under two names (a symlink, ``F/../F``, relative and absolute) or a copy of one (the same
+run, by its ``run_uid``, else its start time and host) is refused naming both; each folder's
+machine is said, and the runs of different machines are never pooled into one reference
+unless ``pool_machines`` asks (with ``--machine``). A record whose identity is not a name, or
+not its directory's (``results.rows``), is refused with its line; the other runs update.
+
 Which metrics: those the machine's file already references for the run (its selection is kept)
 that the family judges, else the run's judged headline metrics (``FamilyInfo.judged``);
 diagnostics are never written. Runs of the file that the results folder
@@ -25,7 +32,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -33,12 +40,13 @@ from typing import Any, Callable, Mapping, Sequence
 from hopperlab.core.effects import DEFAULT_MIN_EFFECT, min_effect_for
 from hopperlab.core.errors import SpecError
 from hopperlab.core.locks import folder_held
+from hopperlab.core.run_key import key_problem
 from hopperlab.core.rundir import SAMPLES_FILE, finite_samples, read_samples, write_text_atomic
 from hopperlab.core.schema import load_yaml
 from hopperlab.core.stats import percentile, robust_spread
 from hopperlab.node.hardware import host_cpu
 from hopperlab.results.machines import references as refs_mod
-from hopperlab.results.rows import RunRow, collect_runs
+from hopperlab.results.rows import RunRow, read_runs
 
 #: samples a reference needs: fewer give a spread that is mostly luck
 MIN_SAMPLES = 3
@@ -48,6 +56,8 @@ MIN_SAMPLES = 3
 TOOL_LINE = re.compile(r"^# Updated (\d{4}-\d{2}-\d{2}) by ((?:`hopperlab references update "
                        r"[^`]*`(?: and )?)+)\.$")
 _TOOL_FOLDER = re.compile(r"`hopperlab references update ([^`]*)`")
+#: a metric name written without quotes
+_METRIC = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 
 
 @dataclass
@@ -55,6 +65,8 @@ class UpdateReport:
     written: dict[str, Path]          # machine -> file
     updated: list[str]                # "machine run metric"
     skipped: list[str]                # why a run gave no reference
+    #: each folder as given -> the machines its ok runs recorded
+    machines: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _metrics_for(row: RunRow, existing: Mapping[str, Any]) -> list[str]:
@@ -97,7 +109,8 @@ def _merge(old: Any, new: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None = None,
-           min_effect: float | None = None, today: str | None = None) -> UpdateReport:
+           min_effect: float | None = None, today: str | None = None,
+           pool_machines: bool = False) -> UpdateReport:
     """Write (or update) ``refs_dir/<machine>.yaml`` from the ok runs under ``results`` (one
     folder: each run's samples; several: one sample per folder holding the run, the median of
     its samples, and a run needs ``MIN_SAMPLES`` folders).
@@ -110,15 +123,29 @@ def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None =
     if machine is not None and not refs_mod.MACHINE_NAME.fullmatch(machine):
         raise SpecError(f"--machine {machine!r}: not a machine name (letters, digits and . _ + "
                         f"-, no path): references are {refs_dir}/<machine>.yaml")
+    if pool_machines and machine is None:
+        raise SpecError("references update --pool-machines: give --machine, the one machine "
+                        "the pooled folders' references are for")
     folders = [Path(results)] if isinstance(results, (str, Path)) else [Path(r) for r in results]
-    if len(set(folders)) != len(folders):
-        raise SpecError(f"references update: a folder given twice ({', '.join(map(str, folders))})"
-                        f": each folder counts as one independent run")
-    runs_of = {f: [r for r in collect_runs(f) if r.status == "ok"] for f in folders}
+    _refuse_twice(folders)
+    report = UpdateReport({}, [], [])
+    runs_of: dict[Path, list[RunRow]] = {}
+    for f in folders:
+        found, refused = read_runs(f)
+        report.skipped += refused
+        runs_of[f] = [r for r in found if r.status == "ok"]
     for folder, found in runs_of.items():
         if not found:
             raise SpecError(f"{folder}: no run ended ok: nothing to take references from")
-    report = UpdateReport({}, [], [])
+        report.machines[str(folder)] = sorted({r.machine or "unknown" for r in found})
+    if len(folders) > 1:
+        _refuse_copies(runs_of)
+    recorded = {m for ms in report.machines.values() for m in ms}
+    if machine is not None and len(recorded) > 1 and not pool_machines:
+        raise SpecError(f"references update --machine {machine}: the folders hold runs of "
+                        f"{len(recorded)} machines ({_machines_said(report.machines)}): a "
+                        f"reference pools runs of one machine; give one machine's folders, or "
+                        f"--pool-machines to take them all as {machine}'s")
     # machine -> key -> (folder, run) of the key, one per folder (the first names the entry)
     by_machine: dict[str, dict[str, list[tuple[Path, RunRow]]]] = {}
     for folder, found in runs_of.items():
@@ -153,7 +180,8 @@ def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None =
                     got = values[name, key](metric)
                     if len(got) < MIN_SAMPLES:
                         how = ("run it with repeats (--config repeats=N)" if len(folders) == 1
-                               else f"it ran in {len(same)} of the {len(folders)} folders")
+                               else _where_it_ran(name, [f for f, _ in same], folders,
+                                                  report.machines, machine))
                         report.skipped.append(
                             f"{row.key} {metric}: {len(got)} sample(s); a reference needs "
                             f"{MIN_SAMPLES} or more: {how}")
@@ -174,6 +202,60 @@ def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None =
             _replace_checked(path, text + _dump(name, body))
         report.written[name] = path
     return report
+
+
+def _refuse_twice(folders: Sequence[Path]) -> None:
+    """One folder named twice (a symlink to it, ``F/../F``, relative and absolute) is one
+    process counted twice: refused, both names said."""
+    seen: dict[Path, Path] = {}
+    for f in folders:
+        real = f.resolve()
+        if real in seen:
+            raise SpecError(f"references update: {seen[real]} and {f} are one folder given "
+                            f"twice ({real}): each folder counts as one independent run; give "
+                            f"it once")
+        seen[real] = f
+
+
+def _run_identity(row: RunRow) -> str | None:
+    """What makes a run this one and no other: its ``run_uid``, else its start and host."""
+    if row.run_uid:
+        return f"run_uid {row.run_uid}"
+    if row.started_at:
+        return f"started {row.started_at} on {row.hostname or 'an unnamed host'}"
+    return None
+
+
+def _refuse_copies(runs_of: Mapping[Path, list[RunRow]]) -> None:
+    """A folder copied (``cp -a``) holds the same runs as the original: not independent."""
+    seen: dict[tuple[str, str], Path] = {}
+    for folder, rows in runs_of.items():
+        for r in rows:
+            ident = _run_identity(r)
+            if ident is None:
+                continue
+            first = seen.setdefault((r.key, ident), folder)
+            if first != folder:
+                raise SpecError(f"references update: {first} and {folder} hold the same run of "
+                                f"{r.key} ({ident}): a copy of a folder is not an independent "
+                                f"run; give folders of separate runs")
+
+
+def _machines_said(machines: Mapping[str, list[str]]) -> str:
+    return ", ".join(f"{f}: {' and '.join(ms)}" for f, ms in machines.items())
+
+
+def _where_it_ran(name: str, held: Sequence[Path], folders: Sequence[Path],
+                  machines: Mapping[str, list[str]], given: str | None) -> str:
+    """Which of this machine's folders held the run and which did not, and the folders of
+    other machines (never pooled with these)."""
+    mine = [f for f in folders if given or name in machines[str(f)]]
+    lacking = [str(f) for f in mine if f not in held]
+    other = [f"{f} ({' and '.join(machines[str(f)])})" for f in folders if f not in mine]
+    return (f"it ran in {len(held)} of the {len(mine)} folders of machine {name}"
+            + (f"; not in {', '.join(lacking)}" if lacking else "")
+            + (f"; folders of other machines are not pooled: {', '.join(other)}" if other
+               else ""))
 
 
 def _pooled(runs: list[RunRow], per_process: bool) -> Callable[[str], list[float]]:
@@ -283,11 +365,18 @@ def _flow(entry: Mapping[str, Any]) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
+def _name(key: str, plain: bool) -> str:
+    """A mapping key as written: plain when it is a name (or a run key of names), else quoted
+    (a hand-written glob, an odd metric), so that no key can become lines of its own."""
+    return key if plain else json.dumps(key)
+
+
 def _dump(machine: str, body: Mapping[str, Any]) -> str:
     out = [f"machine: {machine}", "references:"]
     for run in sorted(body):
-        out.append(f"  {run}:")
+        out.append(f"  {_name(run, key_problem(run) is None)}:")
         for metric, ref in body[run].items():
+            metric = _name(str(metric), _METRIC.fullmatch(str(metric)) is not None)
             if isinstance(ref, list):
                 out.append(f"    {metric}:")
                 out.extend(f"      - {_flow(r)}" for r in ref)

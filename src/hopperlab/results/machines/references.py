@@ -13,6 +13,12 @@ regression: a check must not guess which way is good. A figure the host's CPU dr
 (``FamilyInfo.host_cpu_metrics``) is judged only against a reference of the same host CPU
 (``host_cpu``; ``hopperlab.node.hardware.host_cpu``). ``hopperlab check`` prints every
 regression and exits 1 if there is one.
+
+A sample that is not a finite number (NaN) is never a pass (issue 46, D26): a metric NaN in
+every sample is a regression, as a missing one is; a run with some NaN samples is judged by
+the others, its NaN ones dropped and said, and its verdict is at best ``inconclusive`` (a
+measurement that broke in a window is repeated before it passes). ``missing_runs`` names the
+referenced runs a results folder lacks (``check --strict`` fails on them).
 """
 
 from __future__ import annotations
@@ -315,14 +321,38 @@ def judge_run(family: str, key: str, status: str, metrics: Mapping[str, float],
             findings.append(Finding(key, metric, REGRESSION, None, ref,
                                     f"run ended {status}, no {metric}; {band}"))
             continue
-        values = [float(s[metric]) for s in samples if metric in s] or (
-            [metrics[metric]] if metric in metrics else [])
+        values, broken = _finite_values(samples, metrics, metric)
         if not values:
+            what = (f"not a finite number in any of its {broken} sample(s) (NaN is never a "
+                    f"pass)" if broken else "missing")
             findings.append(Finding(key, metric, REGRESSION, None, ref,
-                                    f"{metric} missing in {run_file or key}; {band}"))
+                                    f"{metric} {what} in {run_file or key}; {band}"))
             continue
-        findings.append(judge_metric(family, key, metric, values, ref, refs.source_file))
+        found = judge_metric(family, key, metric, values, ref, refs.source_file)
+        if broken:
+            found.detail += (f"; {broken} of {broken + len(values)} sample(s) not a finite "
+                             f"number (NaN), dropped: a run with a NaN sample never passes, "
+                             f"repeat it")
+            if found.verdict in (PASS, IMPROVEMENT):
+                found.verdict = INCONCLUSIVE
+        findings.append(found)
     return Judgement(overall(f.verdict for f in findings), findings)
+
+
+def _finite_values(samples: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any],
+                   metric: str) -> tuple[list[float], int]:
+    """``metric``'s finite samples and how many samples broke: not a finite number (NaN, a
+    string), or without it where other samples have it (the recorder leaves a NaN out). A
+    run measured once gives its one value."""
+    def finite(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if any(metric in s for s in samples):
+        got = [s.get(metric) for s in samples]
+    else:
+        got = [metrics[metric]] if metric in metrics else []
+    values = [float(v) for v in got if finite(v)]
+    return values, len(got) - len(values)
 
 
 def judge_rows(rows: Iterable[Any], references_dir: Path) -> dict[str, Judgement]:
@@ -342,6 +372,36 @@ def judge_rows(rows: Iterable[Any], references_dir: Path) -> dict[str, Judgement
                       host_cpu(getattr(row, "hardware", None) or {}))
         row.reference_check = j.verdict
         out[str(row.run_dir)] = j
+    return out
+
+
+@dataclass(frozen=True)
+class MissingRun:
+    """A run the machine's references name (a key, or a glob) that a results folder lacks."""
+
+    machine: str
+    pattern: str
+    source_file: str
+
+
+def missing_runs(rows: Sequence[Any], references_dir: Path, only: Sequence[str] = ()
+                 ) -> list[MissingRun]:
+    """Each referenced run of the rows' machines that no row of that machine is; ``only``
+    (the matrix's ``only``: keys, ``family`` or ``family/experiment``): the runs the folder
+    was meant to hold, a referenced run outside them is not missing."""
+    keys: dict[str, set[str]] = {}
+    for row in rows:
+        if row.machine:
+            keys.setdefault(row.machine, set()).add(row.key)
+    out = []
+    for machine, have in sorted(keys.items()):
+        refs = references_for(references_dir, machine)
+        if refs is None:
+            continue
+        out += [MissingRun(machine, pattern, refs.source_file) for pattern in refs.entries
+                if not any(k == pattern or fnmatch.fnmatchcase(k, pattern) for k in have)
+                and (not only or any(pattern == o or pattern.startswith(o.rstrip("/") + "/")
+                                     for o in only))]
     return out
 
 

@@ -9,13 +9,16 @@ then its own column.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from hopperlab.core import rundir
 from hopperlab.core.errors import SpecError
-from hopperlab.results.rows import RunRow, collect_runs
+from hopperlab.results.rows import RunRow, read_runs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,11 +53,16 @@ def load_folder(folder: Path) -> list[MachineRuns]:
     folder = Path(folder)
     if not folder.is_dir():
         raise SpecError(f"{folder}: not a results folder (no such directory)")
-    rows = collect_runs(folder)
+    rows, refused = read_runs(folder)
+    if not rows and refused:
+        raise SpecError(f"{folder}: no run to compare: {refused[0]}"
+                        + (f" (and {len(refused) - 1} more refused)" if len(refused) > 1 else ""))
     if not rows:
         raise SpecError(f"{folder}: not a results folder (no run directory "
                         f"family/experiment/variant/ with a {rundir.RECORD_FILE} or "
                         f"{rundir.METRICS_FILE})")
+    for line in refused:
+        log.warning("%s", line)
     groups: dict[str, MachineRuns] = {}
     for row in rows:
         name = row.machine or "unknown"
