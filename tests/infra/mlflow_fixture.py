@@ -87,6 +87,9 @@ class MlflowServer:
         # The server must not inherit a client-side tracking URI or our short HTTP settings.
         for name in ("MLFLOW_TRACKING_URI",):
             env.pop(name, None)
+        # MLflow 3's job runner (a huey consumer per job type, seven processes polling) serves
+        # its GenAI jobs, which no test asks for: each server's would cost CPU the tests need
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
         t0 = time.monotonic()
         log = open(self.log_path, "ab")
         log.write(f"\n=== start {time.ctime()}: {' '.join(self.command())}\n".encode())
