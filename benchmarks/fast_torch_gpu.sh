@@ -9,7 +9,10 @@
 # with none, all and all-but-each of Liger's kernels; ABLATION names the variants), workflow
 # (RUNS through benchmarks/nemo_gpu.sh with profiler nsys, SNAKEMAKE_TIMEOUT_S bounding it, then
 # attention kernel time per step from each run's kernel summary). Everything lands in a work
-# folder packed into $OUT/fast_torch.tgz (the device returns at most 8 files) beside $OUT/log.txt.
+# folder packed into $OUT/fast_torch.tgz (the device returns at most 8 files) beside the
+# workflow's log ($OUT/workflow.log, written as it runs). Leave the command 90 s or more past
+# SNAKEMAKE_TIMEOUT_S plus the phases before it: after a stop the read-back, report and tables
+# of many runs still take a minute (a call of 2026-12-02 with 30 s to spare returned nothing).
 set -uo pipefail
 OUT=${1:?OUT}; PHASES=${2:-check,sameness,ablation,workflow}
 W=${WORK:-/tmp/fast-torch}
@@ -37,7 +40,7 @@ if has workflow; then
   E=finetune/lora-llama2-7b
   NEMO_SITE=/tmp/site WHEELS=none RESULTS=${RESULTS:-results-51} \
     RUNS=${RUNS:-$E/baseline,$E/nemo-baseline} SNAKEMAKE_TIMEOUT_S=${SNAKEMAKE_TIMEOUT_S:-240} \
-    bash benchmarks/nemo_gpu.sh "$W/wf" 2>&1 | tail -30
+    bash benchmarks/nemo_gpu.sh "$W/wf" 2>&1 | tee "$OUT/workflow.log" | tail -30
   python3 benchmarks/attention_kernels.py --steps 10 "$W"/wf/profiles/*/ | tee "$W/attention.txt"
 fi
 tar -czf "$OUT/fast_torch.tgz" -C "$W" . && ls -la "$OUT"
