@@ -8,7 +8,8 @@ with the variants' knobs and params, and other projects' pieces put in through t
             torchtune's OffloadActivations), managed (memory: managed, in a fresh process),
             fp8 (full-1b bf16 eager / compile / fp8; LoRA-7B bf16+compile / fp8; full-7b
             and torchao's CPUOffloadOptimizer), 70b (LoRA-70B, parameter + activation offload,
-            as many layers as the host's memory holds)
+            as many layers as the host's memory holds), liger (Liger Kernel's kernels: none,
+            all, each alone, all but each)
 
 Every variant appends one JSON line to DIR/results.jsonl and the script prints a table. The
 pinned host<->device bandwidth of the node is measured first (1 GiB copies, median of 5) for
@@ -335,6 +336,21 @@ def suite_lora7b(out: Path, args: argparse.Namespace) -> None:
         run_variant(out, "lora7b", "torchtune-offload", "7b", p, forward_context=tt)
 
 
+def suite_liger(out: Path, args: argparse.Namespace) -> None:
+    """Liger Kernel's kernels (param ``liger``), none, each alone, all, and all but each, on
+    the LoRA-7B baseline: which of them pays (docs/benchmarks/finetune.md, issue 51)."""
+    from hopperlab.workloads.finetune import LIGER_KERNELS
+
+    p = replace(LORA7B, measured_steps=args.steps, warmup_steps=args.warmup)
+    run_variant(out, "liger", "liger-none", "7b", replace(p, liger=()))
+    run_variant(out, "liger", "liger-all", "7b", replace(p, liger=LIGER_KERNELS))
+    for k in LIGER_KERNELS:
+        run_variant(out, "liger", f"liger-{k}", "7b", replace(p, liger=(k,)))
+    for k in LIGER_KERNELS:
+        run_variant(out, "liger", f"liger-all-but-{k}", "7b",
+                    replace(p, liger=tuple(x for x in LIGER_KERNELS if x != k)))
+
+
 def suite_managed(out: Path, args: argparse.Namespace) -> None:
     """memory: managed must be installed before CUDA starts: a fresh process."""
     p = replace(LORA7B, measured_steps=args.steps, warmup_steps=args.warmup)
@@ -394,7 +410,8 @@ def suite_70b(out: Path, args: argparse.Namespace) -> None:
                     adapt_model=peer)
 
 
-SUITES = {"lora7b": suite_lora7b, "managed": suite_managed, "fp8": suite_fp8, "70b": suite_70b}
+SUITES = {"lora7b": suite_lora7b, "liger": suite_liger, "managed": suite_managed,
+          "fp8": suite_fp8, "70b": suite_70b}
 
 
 def main() -> int:

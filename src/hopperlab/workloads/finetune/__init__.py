@@ -37,10 +37,13 @@ ActivationOffload = Literal["async", "save_on_cpu"]
 Dtype = Literal["bfloat16", "float32"]
 ManagedAdvice = Literal["none", "preferred_device", "accessed_by", "both"]
 OffloadStaging = Literal["host", "device"]
+#: backend torch: Liger Kernel's fused Triton kernels for Llama (fused_kernels.py)
+LigerKernel = Literal["rms_norm", "rope", "swiglu", "fused_linear_cross_entropy"]
 BACKENDS, SHARDINGS, METHODS, WEIGHTS = (get_args(t) for t in (Backend, Sharding, Method, Weights))
 DATA_SOURCES, ACTIVATION_OFFLOADS, DTYPES = (get_args(t) for t in (DataSource, ActivationOffload,
                                                                     Dtype))
 MANAGED_ADVICE, OFFLOAD_STAGINGS = get_args(ManagedAdvice), get_args(OffloadStaging)
+LIGER_KERNELS: tuple[str, ...] = get_args(LigerKernel)
 #: the ``offload`` knob, the family's one declaration of it: each value and what it offloads
 OFFLOADS: dict[str, frozenset[str]] = {
     "none": frozenset(), "activations": frozenset({"activations"}),
@@ -129,6 +132,13 @@ class FinetuneParams:
     #: offload: parameters|both: decoder layers kept resident on the GPU, and layers prefetched
     resident_layers: int = bounded(0, at_least=0)
     prefetch_layers: int = bounded(1, at_least=1, why="the layer being fetched while one computes")
+    #: backend torch, on CUDA: Liger Kernel's Triton kernels in the Llama: rms_norm, rope,
+    #: swiglu, fused_linear_cross_entropy (the loss without the batch's logits); any of them,
+    #: each recorded (tag finetune.liger); a run without CUDA is skipped, saying so
+    #: (fused_kernels.py). Not with compile or fp8 (inductor fuses the layer itself), nor with
+    #: the techniques that replace the same forwards (recompute_elementwise: norms and SwiGLU;
+    #: loss_chunk_tokens: the loss)
+    liger: tuple[LigerKernel, ...] = ()
     #: torch.compile each decoder layer (the bf16 + compile baseline of fp8; fp8 always compiles;
     #: backend sharded: each layer's forward with its checkpoint inside, llama.compile_layers)
     compile: bool = False
@@ -232,8 +242,33 @@ class FinetuneParams:
         if self.backend == "nemo" and self.method != "lora":
             raise ValueError(f"method: {self.method}, but backend nemo builds NeMo's LoRA recipe "
                              f"only (method: lora)")
+        self._check_liger()
         if self.method == "lora" and not self.lora_targets:
             raise ValueError("lora_targets: LoRA needs at least one target module name")
+
+
+    def _check_liger(self) -> None:
+        """What Liger's kernels cannot go with: another backend, a compiled layer, and the
+        techniques that replace the same forwards."""
+        if not self.liger:
+            return
+        twice = sorted({k for k in self.liger if self.liger.count(k) > 1})
+        if twice:
+            raise ValueError(f"liger: {', '.join(twice)} named twice")
+        if self.backend != "torch":
+            raise ValueError(f"liger: Liger Kernel is applied by backend torch (transformers' "
+                             f"Llama), not backend {self.backend}")
+        if self.compile:
+            raise ValueError("liger: not with compile (inductor fuses the compiled layer's "
+                             "norms, RoPE and SwiGLU itself); set liger: [] there")
+        clash = {"rms_norm", "swiglu"} & set(self.liger)
+        if self.recompute_elementwise and clash:
+            raise ValueError(f"liger: {', '.join(sorted(clash))} not with "
+                             f"recompute_elementwise (both replace the norms' and the MLP's "
+                             f"forward)")
+        if self.loss_chunk_tokens is not None and "fused_linear_cross_entropy" in self.liger:
+            raise ValueError("liger: fused_linear_cross_entropy not with loss_chunk_tokens "
+                             "(both replace the loss: use one)")
 
 
 def check(knobs: Knobs, params: FinetuneParams) -> None:
@@ -258,6 +293,9 @@ def check(knobs: Knobs, params: FinetuneParams) -> None:
         raise Contradiction("offload", f"{knobs.offload}, but activation_offload: save_on_cpu "
                             f"cannot be combined with parameter offload (one pair of saved-tensor "
                             f"hooks at a time); use async")
+    if knobs.precision == "fp8" and params.liger:
+        raise Contradiction("precision", "fp8, but liger: fp8 compiles each layer (inductor "
+                            "fuses it); set liger: [] there")
     if knobs.precision == "fp8" and params.recompute_elementwise:
         raise Contradiction("precision", "fp8, but recompute_elementwise: not with precision fp8 "
                             "or compile (torch.compile's partitioner chooses what to recompute)")
@@ -268,7 +306,11 @@ def check_assets(params: FinetuneParams, knobs: Knobs, assets: Mapping[str, Any]
     """The run against its model asset (``FamilyInfo.check_assets``): what a hopperlab-moe
     config cannot take (moe_config.py), and parameter offload, which moves transformers'
     decoder layers (our MoE decoder's layers are not those)."""
-    if check_model_asset(params, assets, where) and "parameters" in OFFLOADS[knobs.offload]:
+    moe = check_model_asset(params, assets, where)
+    if moe and params.liger:
+        raise SpecError(f"{where}.liger: Liger's kernels patch transformers' Llama; the "
+                        f"hopperlab-moe decoder is our own module (set liger: [])")
+    if moe and "parameters" in OFFLOADS[knobs.offload]:
         raise SpecError(f"{where}.offload: {knobs.offload}, but parameter offload is not "
                         f"implemented for the hopperlab-moe decoder (its layers are not "
                         f"transformers layers); offload activations only")

@@ -5,7 +5,7 @@ One place maps ``offload``, ``memory``, ``precision`` and the family params (che
 per technique), in the order they must happen:
 
 1. ``before_cuda()``: the managed allocator, before anything touches CUDA memory;
-2. ``prepare_model(model)``: element-wise recomputation, the chunked loss, checkpointing, FP8 or
+2. ``prepare_model(model)``: Liger's fused kernels, element-wise recomputation, the chunked loss, checkpointing, FP8 or
    compiled layers, parameter offload;
 3. ``forward_context()`` around each forward: activation offload (the async technique,
    or the ``save_on_cpu`` reference) and the parameter offload's saved-weight hooks;
@@ -26,7 +26,7 @@ from hopperlab.memory import (caching_allocator, chunked_cross_entropy, checkpoi
                               managed_allocator, recompute_elementwise)
 from hopperlab.memory.activation_offload import ActivationOffload, save_on_cpu_reference
 from hopperlab.memory.parameter_offload import ParameterOffload
-from hopperlab.workloads.finetune import OFFLOADS, FinetuneParams
+from hopperlab.workloads.finetune import OFFLOADS, FinetuneParams, fused_kernels
 
 
 GIB = 1 << 30
@@ -53,6 +53,7 @@ class Techniques:
     _offload: Any = None
     _param_offload: Any = None
     _managed: Any = None
+    _liger: Any = None
     _expandable: bool = False
     _capped: bool = False
     _allocator_last: dict[str, float] | None = None
@@ -100,6 +101,7 @@ class Techniques:
                 "finetune.offload_budget_caps_allocator":
                 str(p.offload_budget_caps_allocator).lower(),
                 "finetune.expandable_segments": str(p.expandable_segments).lower(),
+                "finetune.liger": ",".join(p.liger) or "none",
                 "finetune.precision": self.knobs.precision,
                 "finetune.compile": str(self.compiles).lower(),
                 "finetune.memory": self.knobs.memory}
@@ -136,8 +138,13 @@ class Techniques:
 
     # -- 2. the model ----------------------------------------------------------------------
     def prepare_model(self, model: Any, layers: Any) -> Any:
-        """Apply checkpointing, FP8 / compile, and the offloads to the decoder ``layers``."""
+        """Apply Liger's kernels, checkpointing, FP8 / compile, and the offloads to the
+        decoder ``layers``. Liger without CUDA raises ``fused_kernels.LigerUnavailable``."""
         p = self.params
+        if p.liger:
+            version = fused_kernels.require(self.cuda)
+            self._liger = fused_kernels.apply(model, p.liger, version)
+            self.tags["finetune.liger"] = self._liger.describe()
         if p.recompute_elementwise:  # not with fp8 or compile: the family's check refuses them
             handle = recompute_elementwise.apply(model)
             self.tags["finetune.recomputed_modules"] = handle.describe()
@@ -243,6 +250,9 @@ class Techniques:
         pool = getattr(self._offload, "pool", None)
         if pool is not None and hasattr(pool, "clear"):
             pool.clear()
+        if self._liger is not None:
+            self._liger.remove()
+            self._liger = None
         if self._capped:
             import torch
 

@@ -29,6 +29,7 @@ from hopperlab.node.threads import env_threads
 from hopperlab.workloads.base import Recording, RunView, no_cuda_reason, spec_params
 from hopperlab.workloads.finetune import HEADLINE_METRICS, SHAPES, FinetuneParams
 from hopperlab.workloads.finetune import data, llama, loop, metrics, sharded
+from hopperlab.workloads.finetune.fused_kernels import LigerUnavailable
 from hopperlab.workloads.finetune import model as model_mod
 from hopperlab.workloads.finetune.master_weights import MasterWeightsAdamW
 from hopperlab.workloads.finetune.nemo import run_nemo
@@ -136,6 +137,8 @@ def _model(spec: RunView, params: FinetuneParams, device: Any, tech: Techniques,
         model = tech.prepare_model(model, layers)
     except Fp8Unavailable as exc:
         raise SkipRun(f"precision: fp8: {exc}") from None
+    except LigerUnavailable as exc:
+        raise SkipRun(f"liger: {exc}") from None
     return model, layers
 
 
