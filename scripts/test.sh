@@ -52,12 +52,17 @@ ruff check --select F src tests benchmarks
 # Most tests wait on processes (Snakemake, Slurm, MLflow, jobs), so more workers than cores pay:
 # each test file is one unit, the Slurm tests one group on one worker (tests/infra/workers.py).
 # HOPPERLAB_TEST_WORKERS=0 runs in this process, in file order.
-phase "tests (${HOPPERLAB_TEST_WORKERS:=4} workers)"
+# Idle OpenMP threads sleep instead of spinning: the workers' torch processes share 2 cores, and
+# spinning threads of one burn the CPU another needs (4 torch loops side by side: 14 s of CPU
+# passive against 103 s by default, docs/benchmarks/platform.md "The test suite").
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+phase "tests (${HOPPERLAB_TEST_WORKERS:=6} workers)"
 workers=()
 [ "$HOPPERLAB_TEST_WORKERS" != 0 ] && workers=(-n "$HOPPERLAB_TEST_WORKERS" --dist loadgroup --no-loadscope-reorder)
 times="${HOPPERLAB_TEST_TIMES:-$(mktemp -t hopperlab-test-times.XXXXXX)}"
 set +e
-HOPPERLAB_TEST_TIMES="$times" python3 -m pytest -ra --timeout=1800 --durations=25 \
+# -p no:benchmark: pytest-benchmark, where installed, warns once per worker and measures nothing
+HOPPERLAB_TEST_TIMES="$times" python3 -m pytest -ra --timeout=1800 --durations=25 -p no:benchmark \
   -m "integration or not integration" "${workers[@]}" "$@"
 rc=$?
 set -e

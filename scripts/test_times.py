@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("times", type=Path)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--write", action="store_true", help=f"renew {WEIGHTS.relative_to(REPO)}")
+    ap.add_argument("--weights", type=Path, default=WEIGHTS, help="the file --write renews")
     args = ap.parse_args(argv)
     rows = [json.loads(line) for line in args.times.read_text().splitlines() if line.strip()]
     if not rows:
@@ -58,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     for u in sorted(wall, key=wall.get, reverse=True)[:args.top]:
         print(f"{wall[u]:8.1f} {cpu[u]:8.1f} {tests[u]:5d}  {u}")
     if args.write:
-        WEIGHTS.write_text(json.dumps({u: round(s, 1) for u, s in sorted(wall.items())},
-                                      indent=0) + "\n")
-        print(f"wrote {WEIGHTS.relative_to(REPO)} ({len(wall)} units)")
+        args.weights.write_text(json.dumps({u: round(s, 1) for u, s in sorted(wall.items())},
+                                           indent=0) + "\n")
+        print(f"wrote {args.weights} ({len(wall)} units)")
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -22,34 +23,43 @@ SLURM_GROUP = "slurm"
 WEIGHTS = Path(__file__).with_name("unit_seconds.json")
 
 
-def unit_of(item) -> str:
+def unit_of(nodeid: str, fixturenames: Sequence[str]) -> str:
     """The work unit a test belongs to: the Slurm group, or its file."""
-    if "slurm_cluster" in getattr(item, "fixturenames", ()):
-        return SLURM_GROUP
-    return item.nodeid.split("::", 1)[0]
+    return SLURM_GROUP if "slurm_cluster" in fixturenames else nodeid.split("::", 1)[0]
 
 
-def _weights() -> dict[str, float]:
+def read_weights(path: Path = WEIGHTS) -> dict[str, float]:
     try:
-        return {str(k): float(v) for k, v in json.loads(WEIGHTS.read_text()).items()}
-    except (OSError, ValueError):
+        return {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
         return {}
+
+
+def plan(tests: Sequence[tuple[str, str]], weights: Mapping[str, float]) -> list[str]:
+    """The order to hand out ``(nodeid, unit)`` pairs: units longest first (an unknown unit
+    counts as the median), each unit's tests in their own order, except that a Slurm test
+    whose file also runs elsewhere comes last in its group: a fixture the two share
+    (tests/infra/shared.py) has been made by the file's own worker by then, not waited for."""
+    default = statistics.median(weights.values()) if weights else 1.0
+    units: dict[str, list[str]] = {}
+    for nodeid, unit in tests:
+        units.setdefault(unit, []).append(nodeid)
+    split = {u for u in units if u != SLURM_GROUP}
+    if SLURM_GROUP in units:
+        units[SLURM_GROUP].sort(key=lambda nodeid: nodeid.split("::", 1)[0] in split)
+    order = sorted(units, key=lambda u: (-weights.get(u, default), u))
+    return [nodeid for unit in order for nodeid in units[unit]]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
-    if not config.getvalue("loadgroup"):
+    if config.getoption("dist", "no") != "loadgroup":
         return  # not shared between workers: keep the files' order
-    weights = _weights()
-    default = statistics.median(weights.values()) if weights else 1.0
-    units: dict[str, list] = {}
+    by_id = {}
+    tests = []
     for item in items:
-        unit = unit_of(item)
+        unit = unit_of(item.nodeid, getattr(item, "fixturenames", ()))
         item.add_marker(pytest.mark.xdist_group(unit))
-        units.setdefault(unit, []).append(item)
-    # a Slurm test whose file also runs elsewhere comes last in its group: a fixture the two
-    # share (tests/infra/shared.py) is made by the file's own worker by then, not waited for
-    split = {path for path in units if path != SLURM_GROUP}
-    units.get(SLURM_GROUP, []).sort(key=lambda item: item.nodeid.split("::", 1)[0] in split)
-    order = sorted(units, key=lambda u: (-weights.get(u, default), u))
-    items[:] = [item for unit in order for item in units[unit]]
+        by_id[item.nodeid] = item
+        tests.append((item.nodeid, unit))
+    items[:] = [by_id[nodeid] for nodeid in plan(tests, read_weights())]

@@ -1,0 +1,92 @@
+"""How scripts/test.sh shares the suite between workers (tests/infra/workers.py, shared.py) and
+what its time summary says (scripts/test_times.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests.helpers import REPO
+from tests.infra.workers import SLURM_GROUP, plan, read_weights, unit_of
+
+
+def test_a_test_that_uses_the_cluster_joins_the_slurm_group_and_others_their_file():
+    assert unit_of("tests/a/test_x.py::test_one", ("tmp_path", "slurm_cluster")) == SLURM_GROUP
+    assert unit_of("tests/a/test_x.py::test_two[3]", ("tmp_path",)) == "tests/a/test_x.py"
+
+
+def test_units_go_longest_first_an_unknown_one_as_the_median_and_split_slurm_tests_last():
+    tests = [("tests/q.py::a", "tests/q.py"), ("tests/s.py::x", SLURM_GROUP),
+             ("tests/c.py::b", SLURM_GROUP), ("tests/c.py::c", "tests/c.py"),
+             ("tests/s.py::y", SLURM_GROUP), ("tests/new.py::n", "tests/new.py")]
+    weights = {"tests/q.py": 1.0, SLURM_GROUP: 900.0, "tests/c.py": 500.0, "tests/z.py": 20.0}
+    order = plan(tests, weights)
+    # slurm (900) first, its test from c.py (which also runs elsewhere) at its end; c.py (500);
+    # new.py unknown: the median (260.0); q.py (1)
+    assert order == ["tests/s.py::x", "tests/s.py::y", "tests/c.py::b", "tests/c.py::c",
+                     "tests/new.py::n", "tests/q.py::a"]
+    assert sorted(order) == sorted(t for t, _ in tests)  # nothing lost, nothing twice
+
+
+def test_the_shipped_weights_read_and_name_the_slurm_group(tmp_path):
+    assert read_weights()[SLURM_GROUP] > 0
+    bad = tmp_path / "w.json"
+    bad.write_text("[1, 2]")
+    assert read_weights(bad) == {}
+
+
+def test_made_once_makes_it_once_for_two_processes_and_hands_both_the_result(tmp_path):
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        os.environ["PYTEST_XDIST_WORKER"] = sys.argv[1]
+        from pathlib import Path
+        from tests.infra.shared import made_once
+
+        class Factory:  # stands for pytest's TempPathFactory: one base per worker
+            def getbasetemp(self):
+                return Path({str(tmp_path)!r}) / ("popen-" + sys.argv[1])
+
+        def make(folder):
+            with open(folder / "makes.txt", "a") as f:
+                f.write(sys.argv[1] + "\\n")
+            time.sleep(1.0)  # the other process asks meanwhile
+            return {{"made_by": sys.argv[1]}}
+
+        folder, got = made_once(Factory(), "thing", make)
+        print(folder, got["made_by"])
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code, w], stdout=subprocess.PIPE, text=True)
+             for w in ("gw0", "gw1")]
+    outs = [p.communicate(timeout=60)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len((tmp_path / "shared-thing" / "makes.txt").read_text().split()) == 1
+    assert outs[0] == outs[1] and outs[0][0] == str(tmp_path / "shared-thing")
+
+
+def test_the_summary_sums_by_unit_and_kind_and_writes_weights(tmp_path):
+    times = tmp_path / "t.jsonl"
+    rows = [{"test": "tests/a.py::x", "group": "tests/a.py", "integration": False,
+             "wall_s": 1.5, "cpu_s": 0.5, "worker": "gw0"},
+            {"test": "tests/s.py::y", "group": SLURM_GROUP, "integration": True,
+             "wall_s": 30.0, "cpu_s": 2.0, "worker": "gw1"},
+            {"test": "tests/a.py::z", "group": "tests/a.py", "integration": True,
+             "wall_s": 4.0, "cpu_s": 3.0, "worker": "gw0"}]
+    times.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    weights = tmp_path / "weights.json"
+    out = subprocess.run([sys.executable, str(REPO / "scripts/test_times.py"), str(times),
+                          "--write", "--weights", str(weights)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "3 tests, 2 units: wall 36 s, CPU 6 s" in out.stdout
+    assert "unit tests: 1, wall 2 s" in out.stdout and "integration tests: 2, wall 34 s" in out.stdout
+    assert "worker busy: gw0 6 s, gw1 30 s" in out.stdout
+    lines = [line.split() for line in out.stdout.splitlines() if line.endswith(("a.py", "slurm"))]
+    assert [line[-1] for line in lines] == [SLURM_GROUP, "tests/a.py"]  # longest first
+    assert json.loads(weights.read_text()) == {SLURM_GROUP: 30.0, "tests/a.py": 5.5}
+    empty = tmp_path / "none.jsonl"
+    empty.write_text("")
+    assert subprocess.run([sys.executable, str(REPO / "scripts/test_times.py"), str(empty)],
+                          capture_output=True, text=True, timeout=60).returncode == 1
