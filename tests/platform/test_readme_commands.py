@@ -5,7 +5,7 @@ Each `hopperlab ...` is parsed by hopperlab's own parser and its verb answers `-
 `snakemake ...` is parsed by Snakemake's parser, and (integration) runs with `-n` in a copy of
 the project; each `bash scripts/...` exists and is valid bash; the pip lines install what the
 lines beside them need. A command of a kind not listed here fails the test, so that it gets a
-check. The README's relative links resolve (files, and headings for `#anchors`).
+check. The README's links are checked with the docs' (tests/platform/test_docs_pages.py).
 """
 
 from __future__ import annotations
@@ -126,23 +126,6 @@ def test_pip_lines_install_what_the_commands_beside_them_need():
     # the torch the README installs is the one scripts/test.sh installs
     torch = [t for t in targets if t.startswith("torch")]
     assert torch and all(t in (REPO / "scripts" / "test.sh").read_text() for t in torch), torch
-
-
-def _slug(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-
-
-def test_readme_links_resolve():
-    for target in re.findall(r"\]\(([^)]+)\)", README.read_text()):
-        if re.match(r"[a-z]+://", target):
-            continue
-        path, _, anchor = target.partition("#")
-        file = REPO / path
-        assert file.exists(), target
-        if anchor:
-            headings = re.findall(r"^#+ (.+)$", file.read_text(), re.M)
-            assert anchor in {_slug(h) for h in headings}, target
 
 
 @pytest.mark.integration
