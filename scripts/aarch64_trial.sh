@@ -12,14 +12,15 @@
 #   bash scripts/aarch64_trial.sh
 # Environment:
 #   AARCH64_ROOT=/var/tmp/hopperlab-arm64   where the root lives (kept between runs; never committed)
-#   AARCH64_TORCH=torch==2.9.1              the torch PyPI serves as a CPU build on aarch64
+#   AARCH64_TORCH=torch==2.10.0             PyPI's last aarch64 CPU build (2.11+ are CUDA 13) that
+#                                           torchao 0.18 imports with (2.9.1 lacks ScalingType)
 #   AARCH64_RUNS="KEY ..."                  the runs (default: one per family, below)
 #   AARCH64_RESULTS=results-aarch64         the results folder inside the root's copy
 #   AARCH64_FRESH=1                         drop the results and assets of an earlier trial first
 set -euo pipefail
 
 ROOT=${AARCH64_ROOT:-/var/tmp/hopperlab-arm64}
-TORCH=${AARCH64_TORCH:-torch==2.9.1}
+TORCH=${AARCH64_TORCH:-torch==2.10.0}
 RESULTS=${AARCH64_RESULTS:-results-aarch64}
 # one run per family: the cheapest that runs (or says why it cannot) on a CPU-only node
 RUNS=${AARCH64_RUNS:-membench/alloc/host finetune/lora-llama2-7b/baseline inference/kv-cache/resident recommender/latency/cpu-only database/tpch/device selftest/trivial/ok}
