@@ -1,7 +1,7 @@
 """Per step: attention kernel time, all kernel time and launches, from each run's Nsight
 Systems kernel summary (``cuda_gpu_kern_sum.csv``, the measured steps only: the workflow's
 nsys capture is the measured region), for the torch-vs-megatron-core comparison of
-docs/benchmarks/finetune.md (issue 51: attention within 1.3x of megatron-core's).
+docs/benchmarks/finetune-torch-engine.md (issue 51: attention within 1.3x of megatron-core's).
 
     python3 benchmarks/attention_kernels.py --steps 10 OUT/profiles/*/
 

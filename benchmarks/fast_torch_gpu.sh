@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The torch engine against megatron-core on the lent GPU (issue 51; docs/benchmarks/finetune.md,
-# "Measured 2026-12-02"). From the repository root, with the workflow's wheels and liger-kernel's
+# The torch engine against megatron-core on the lent GPU (issue 51; docs/benchmarks/finetune-torch-engine.md).
+# From the repository root, with the workflow's wheels and liger-kernel's
 # in .whl-wf/, megatron-core's in .whl-nemo/ and nsys's libraries in .device-libs/ (carried):
 #   bash benchmarks/fast_torch_gpu.sh OUT [PHASES]
 # PHASES (comma-separated, in this order): check (the card, versions), sameness (Liger's losses
