@@ -53,7 +53,9 @@ def plan(tests: Sequence[tuple[str, str]], weights: Mapping[str, float]) -> list
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("dist", "no") != "loadgroup":
+    # a worker runs with dist "no" and xdist's own ``loadgroup`` flag; the controller with dist
+    if not (getattr(config.option, "loadgroup", False)
+            or config.getoption("dist", "no") == "loadgroup"):
         return  # not shared between workers: keep the files' order
     by_id = {}
     tests = []

@@ -4,6 +4,7 @@ what its time summary says (scripts/test_times.py)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -90,3 +91,34 @@ def test_the_summary_sums_by_unit_and_kind_and_writes_weights(tmp_path):
     empty.write_text("")
     assert subprocess.run([sys.executable, str(REPO / "scripts/test_times.py"), str(empty)],
                           capture_output=True, text=True, timeout=60).returncode == 1
+
+
+def test_under_xdist_each_file_is_one_unit_and_the_cluster_tests_one_group(tmp_path):
+    """The plugins in a real ``-n 2 --dist loadgroup`` run (a worker's options are not the
+    controller's: the groups must be set where the worker collects)."""
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        import pytest
+        pytest_plugins = ["tests.infra.workers", "tests.infra.timing"]
+
+        @pytest.fixture(scope="session")
+        def slurm_cluster():
+            return "cluster"
+    """))
+    (tmp_path / "test_a.py").write_text(
+        "def test_one(): pass\n\ndef test_two(slurm_cluster): pass\n")
+    (tmp_path / "test_b.py").write_text(
+        "def test_three(): pass\n\ndef test_four(slurm_cluster): pass\n")
+    times = tmp_path / "times.jsonl"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-n", "2", "--dist", "loadgroup", "-o", "addopts=", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HOPPERLAB_TEST_TIMES": str(times)})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = [json.loads(line) for line in times.read_text().splitlines()]
+    group = {r["test"].split("@")[0].split("::")[1]: r["group"] for r in rows}
+    assert group == {"test_one": "test_a.py", "test_two": SLURM_GROUP,
+                     "test_three": "test_b.py", "test_four": SLURM_GROUP}
+    workers = {r["worker"] for r in rows if r["group"] == SLURM_GROUP}
+    assert len(workers) == 1  # one worker owns the cluster
