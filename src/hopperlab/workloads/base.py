@@ -279,6 +279,17 @@ def _load(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module_name), func)
 
 
+def package_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (its metadata, nothing imported), None where
+    it is not installed: a family records the version of a library it ran with."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def spec_params(spec: RunView, params_type: type[P]) -> P:
     """The run's typed params: ``spec.params`` as ``params_type``.
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hopperlab.workloads.base import package_version
 from hopperlab.workloads.finetune import LIGER_KERNELS
 
 #: what Liger's entry point replaces in transformers' llama module
@@ -54,12 +55,10 @@ def require(cuda: bool) -> str:
         raise LigerUnavailable("Liger Kernel's Triton kernels need a CUDA device and this run "
                                "has none (set liger: [] to run it on the CPU)")
     try:
-        import importlib.metadata as md
-
         import liger_kernel.transformers  # noqa: F401
-        return md.version("liger-kernel")
     except ImportError as exc:
         raise LigerUnavailable(f"liger-kernel is not importable here ({exc})") from None
+    return package_version("liger-kernel") or "unknown"
 
 
 def llama_of(model: Any) -> Any:
