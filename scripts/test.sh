@@ -59,7 +59,9 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 phase "tests (${HOPPERLAB_TEST_WORKERS:=6} workers)"
 workers=()
 [ "$HOPPERLAB_TEST_WORKERS" != 0 ] && workers=(-n "$HOPPERLAB_TEST_WORKERS" --dist loadgroup --no-loadscope-reorder)
-times="${HOPPERLAB_TEST_TIMES:-$(mktemp -t hopperlab-test-times.XXXXXX)}"
+# the per-test lines go to HOPPERLAB_TEST_TIMES when given (kept), else to a file removed after
+times="${HOPPERLAB_TEST_TIMES:-}"
+[ -n "$times" ] || { times=$(mktemp -t hopperlab-test-times.XXXXXX); trap 'rm -f "$times"; report_phases' EXIT; }
 set +e
 # -p no:benchmark: pytest-benchmark, where installed, warns once per worker and measures nothing
 HOPPERLAB_TEST_TIMES="$times" python3 -m pytest -ra --timeout=1800 --durations=25 -p no:benchmark \
