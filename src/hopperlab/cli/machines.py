@@ -25,6 +25,7 @@ from hopperlab.results.machines import (
     junit,
     mlflow_source,
     predict,
+    prediction_error,
     reference_update,
     references,
     runs,
@@ -246,6 +247,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_pred_dict(p) for p in out], indent=2))
         return 0
+    if measured is not None:
+        print(f"[hopperlab] predicted {target.name} from {args.results_dir}: "
+              + prediction_error.summary_line(out))
     for p in out:
         head = f"{p.key} {p.metric} on {p.target_machine} [PREDICTION from {p.source_machine}]"
         if p.unpredictable:
@@ -255,11 +259,53 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if p.measured is not None:
             line += f"; measured on {p.target_machine}: {p.measured:.4g}, error {p.error:+.1%}"
         print(line + ")")
+        print(f"    {prediction_error.interval_text(p)}")
         print(f"    model {p.model}: {p.formula}")
         for k, v in p.inputs.items():
             print(f"    {k} = {v}")
         if p.energy is not None:
             print(f"    energy: {_energy_text(p.energy)}")
+    return 0
+
+
+def _pairs_predictions(root: Path, pairs: list[prediction_error.Pair]) -> list[Any]:
+    """Each pair's predictions (the source folder on the target, against its measurements)."""
+    folder = root / descriptions.MACHINES_DIR
+    descs = descriptions.load_descriptions(folder)
+    out = []
+    for pair in pairs:
+        target = descriptions.find_description(folder, pair.target)
+        measured = next((g for g in runs.load_folder(root / pair.measured)
+                         if g.machine == target.name), None)
+        if measured is None:
+            raise SpecError(f"{root / prediction_error.ERRORS_FILE}: pair {pair.name}: "
+                            f"{pair.measured} has no runs of {target.name}")
+        preds = []
+        for g in runs.load_folder(root / pair.source):
+            if g.machine not in descs:
+                raise SpecError(f"{root / prediction_error.ERRORS_FILE}: pair {pair.name}: "
+                                f"{g.machine} has no description in {folder}")
+            preds.extend(predict.predict(g, descs[g.machine], target, measured))
+        out.append((pair, preds))
+    return out
+
+
+def cmd_prediction_errors(args: argparse.Namespace) -> int:
+    root = _root(args)
+    path = root / prediction_error.ERRORS_FILE
+    pairs, committed = prediction_error.load(path)
+    by_pair = _pairs_predictions(root, pairs)
+    classes = prediction_error.measure(by_pair)
+    for pair, preds in by_pair:
+        print(f"{pair.name}: {prediction_error.summary_line(preds)}")
+    for c in classes.values():
+        old = committed.get(c.model)
+        mark = "" if old == c else "  (the committed table differs)"
+        print(f"  {c.text()}{mark}")
+    if args.write:
+        header = path.read_text().split("pairs:", 1)[0]
+        path.write_text(prediction_error.dump(pairs, classes, header))
+        print(f"[hopperlab] wrote {path}")
     return 0
 
 
@@ -278,7 +324,7 @@ def _pred_dict(p: predict.Prediction) -> dict[str, Any]:
             "target_machine": p.target_machine, "source_value": p.source_value,
             "predicted": p.predicted, "measured": p.measured, "error": p.error,
             "model": p.model, "formula": p.formula, "inputs": p.inputs,
-            "unpredictable": p.unpredictable,
+            "unpredictable": p.unpredictable, **prediction_error.csv_fields(p),
             "energy": None if p.energy is None else {
                 "joules": p.energy.joules, "label": p.energy.label, "formula": p.energy.formula,
                 "inputs": p.energy.inputs, "measured": p.energy.measured,
@@ -349,6 +395,10 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--out", help="output folder (default: results/history)")
     p.add_argument("--min-effect", type=float, default=None,
                    help="the smallest change worth flagging, a fraction (default 0.05)")
+    p = add("prediction-errors", cmd_prediction_errors,
+            "measure each prediction model class's error on the pairs of "
+            "configs/prediction_errors.yaml (the intervals every prediction carries)")
+    p.add_argument("--write", action="store_true", help="write the measured table there")
     p = add("predict", cmd_predict, "predict a results folder's figures on another machine")
     p.add_argument("results_dir")
     p.add_argument("--machine", required=True, help="target (configs/machines/ name or alias)")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hopperlab.results.machines.descriptions import MachineDescription
+from hopperlab.results.machines import prediction_error
 from hopperlab.results.machines.energy import PredictedEnergy, predict_energy
 from hopperlab.results.machines.runs import MachineRuns
 from hopperlab.results.rows import RunRow
@@ -47,6 +48,12 @@ class Prediction:
     label: str = PREDICTION
     #: energy per unit on the target: predicted time x its module power (None: not predicted)
     energy: PredictedEnergy | None = None
+    #: the model class's measured error (prediction_error.ClassError; None: never checked)
+    class_error: Any = None
+    #: predicted * (1 -+ the wider of the class's worst error and ``spread``)
+    interval: tuple[float, float] | None = None
+    #: the inputs' own spread as a fraction, where a model reports one
+    spread: float | None = None
 
     @property
     def error(self) -> float | None:
@@ -156,4 +163,5 @@ def predict(group: MachineRuns, src: MachineDescription, tgt: MachineDescription
                     pred.energy = predict_energy(pred.family, pred.metric, pred.predicted, tgt,
                                                  group.params(key), other)
             out.append(pred)
+    prediction_error.attach(out, prediction_error.beside(tgt.source_file))
     return out

@@ -1,5 +1,12 @@
-"""database on a machine we do not have: scans of GPU memory scale with HBM, host placements
-with their link (the overlap model).
+"""database on a machine we do not have: a device plan is its HBM term plus its launch term,
+host placements are their link (the overlap model).
+
+A device-resident plan runs at a fraction of HBM (q1 reads 2.6 GB in 3.4 ms on an H200: 0.78 of
+4.8 TB/s): scaling the whole time by HBM erred +16 to +39 % H200 -> H100. Its time is
+``B/hbm`` (the bytes it reads at the peak) plus the rest (kernel launches, reductions, the
+group-by), measured per plan as ``t - B/hbm_S`` and scaled by the SMs' rate (bf16 peak S/T).
+That holds for the fused plans (q1, q6: one kernel reads each stored byte once, fused.py); the
+unfused ones materialise intermediates the records do not count, so they are not predicted.
 
 A prediction model (``hopperlab.workloads.prediction``), named by this family's
 ``FamilyInfo.predict``; its formulas: docs/benchmarks/machines.md ("Predictions"). Cheap to
@@ -24,7 +31,7 @@ def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
     t = ctx.metric(metric, label=f"t ({metric})")
     k = ctx.compute_scale("hbm")
     if placement == "device":
-        return t * k, "compute", "t' = t * k; k = hbm_tbps S/T (scans read GPU memory)"
+        return _device(ctx, metric, query, t)
     if placement not in _PLACEMENT_LINK:
         raise Unpredictable(f"placement {placement} is not modelled")
     path = _PLACEMENT_LINK[placement]
@@ -39,6 +46,35 @@ def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
     value = overlap(t, c, floor, k, r_s / r_t)
     return value, "overlap", (f"t' = max(C*k, L*r_S/r_T) + (t - max(C, L)); L = bytes_read/r_S; "
                               f"r = {path}; k = hbm_tbps S/T")
+
+
+#: the plans that run as one Triton kernel per chunk over the stored columns (plans.py's
+#: ``fused.q1_chunk`` and ``fused.q6_chunk``): their bytes through HBM are ``<q>_bytes_read``
+FUSED_QUERIES = ("q1", "q6")
+
+
+def _device(ctx: PredictionInputs, metric: str, query: str, t: float) -> tuple[float, str, str]:
+    """t' = B/hbm_T + (t - B/hbm_S) * k_sm: the HBM term at the target's peak, the launch term
+    (what the HBM term does not explain) scaled by the SMs' rate."""
+    if query not in FUSED_QUERIES or not ctx.params.get("fused_kernels", True):
+        raise Unpredictable(f"{query} runs as PyTorch operators that write and reread "
+                            "intermediates (joins, masks) whose bytes its records do not "
+                            f"count ({query}_bytes_read is the stored columns only), so its "
+                            "HBM term cannot be rescaled; only the fused plans "
+                            f"({', '.join(FUSED_QUERIES)}) are predicted")
+    b = ctx.metric(f"{query}_bytes_read", label=f"B ({query}_bytes_read)")
+    hbm_s = ctx.fig(ctx.src, "hbm_tbps", "hbm_tbps S")
+    hbm_t = ctx.fig(ctx.tgt, "hbm_tbps", "hbm_tbps T")
+    k_sm = ctx.compute_scale("bf16")
+    hbm_ms_s, hbm_ms_t = b / (hbm_s * 1e12) * 1e3, b / (hbm_t * 1e12) * 1e3
+    launch = t - hbm_ms_s
+    if launch < 0:
+        raise Unpredictable(f"{query} read faster than the source's HBM peak "
+                            f"({b / t / 1e9:.0f} GB/s): its bytes are not what crossed HBM")
+    ctx.inputs["launch term S (t - B/hbm_S)"] = f"{launch:.6g} ms (derived from the above)"
+    return (hbm_ms_t + launch * k_sm, "hbm + launch",
+            "t' = B/hbm_T + (t - B/hbm_S) * k; B = bytes_read (the fused plan reads each "
+            "stored byte once); k = bf16_tflops S/T (the launch term runs on the SMs)")
 
 
 #: a run measures the queries it runs only: the others are left out
