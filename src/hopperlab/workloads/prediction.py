@@ -86,3 +86,14 @@ class PredictModel:
 def overlap(t: float, c: float, link: float, k: float, r_ratio: float) -> float:
     """The overlap model: t' = max(C*k, L*r_S/r_T) + (t - max(C, L))."""
     return max(c * k, link * r_ratio) + (t - max(c, link))
+
+
+def same_host_kind(ctx: PredictionInputs, what: str) -> None:
+    """A launch-bound figure keeps the source's launch and dispatch time: only on a host of the
+    same CPU architecture (Unpredictable otherwise, naming what is missing)."""
+    src, tgt = getattr(ctx.src, "cpu_arch", None), getattr(ctx.tgt, "cpu_arch", None)
+    ctx.inputs["host kind S/T (cpu_arch)"] = f"{src} / {tgt} (the machine descriptions)"
+    if src != tgt:
+        raise Unpredictable(f"{what} is launch-bound (kernel launches and the host's dispatch "
+                            f"on the critical path), and a {tgt} host's dispatch speed is in no "
+                            f"machine description (the source's host is {src})")

@@ -27,7 +27,7 @@ from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import read_samples, utc_now, write_text_atomic
 from hopperlab.core.stats import half_width, money
 from hopperlab.node.naming import split_gpu_count
-from hopperlab.results.machines import ab
+from hopperlab.results.machines import ab, prediction_error
 from hopperlab.results.machines import cost as costs
 from hopperlab.results.machines import energy as energies
 from hopperlab.results.machines.descriptions import MachineDescription, MatmulProbe
@@ -465,7 +465,8 @@ def _prediction_table(preds: Sequence[Prediction]) -> str:
                     "<td></td><td></td><td></td>")
         else:
             err = p.error
-            body = (f'<td class="num pred">{_f(p.predicted)}</td>'
+            body = (f'<td class="num pred">{_f(p.predicted)}<br><small>'
+                    f"{_e(prediction_error.interval_text(p))}</small></td>"
                     f'<td class="num">{_f(p.measured) if p.measured is not None else "-"}</td>'
                     f'<td class="num">{"-" if err is None else f"{err * 100:+.1f} %"}</td>'
                     f"<td><b>{_e(p.model)}</b>: <code>{_e(p.formula)}</code></td>"
@@ -539,6 +540,7 @@ def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[L
                    "from the models of hopperlab.results.machines.predict, with its formula and "
                    "inputs; where the target machine was measured too, the error is "
                    "(predicted - measured) / measured.</p>")
+        out.append(prediction_error.summary_html(predictions))
         out.append(_prediction_table(predictions))
     else:
         out.append('<p class="nodata">No predictions (no machine description for the compared '

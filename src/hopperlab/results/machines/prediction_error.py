@@ -155,12 +155,12 @@ def attach(preds: Iterable[Prediction], classes: dict[str, ClassError]) -> None:
 
 
 def interval_text(p: Prediction) -> str:
-    """"0.94x, likely 0.85-1.03x (model class error 6 % on 2 machine pairs)", or why there is no
-    interval; the ratio is to the source's own measurement."""
+    """"0.94x the source's, likely 0.85-1.03x (model class compute error 6% on 2 machine
+    pairs)", or why there is no interval; the ratio is to the source's own measurement."""
     if p.predicted is None:
         return f"not predicted: {p.unpredictable}"
     ratio = p.predicted / p.source_value if p.source_value else None
-    head = f"{p.predicted:.4g}" + (f" ({ratio:.2f}x)" if ratio is not None else "")
+    head = f"{ratio:.2f}x the source's" if ratio is not None else f"{p.predicted:.4g}"
     c = p.class_error
     if p.interval is None:
         return head + f", no interval: model class {p.model} was never checked on a machine pair"
@@ -186,13 +186,18 @@ def csv_fields(p: Prediction) -> dict[str, Any]:
             "prediction_pairs": "; ".join(c.pairs) if c else ""}
 
 
-def summary_html(preds: Sequence[Prediction], classes: dict[str, ClassError]) -> str:
-    """machines.html's lead for the predictions: the summary line and the class error table."""
+def summary_html(preds: Sequence[Prediction]) -> str:
+    """machines.html's lead for the predictions: the summary line and the error table of the
+    model classes these predictions use (results/machines/compare.py calls it)."""
     out = [f'<p class="meta"><b>{html.escape(summary_line(preds))}</b></p>']
+    classes = {p.class_error.model: p.class_error for p in preds if p.class_error is not None}
     if classes:
+        out.append('<p class="meta">each prediction\'s interval: its value +- its model '
+                   "class's worst |error| where the class was checked (configs/"
+                   "prediction_errors.yaml)</p>")
         out.append("<table><thead><tr><th>model class</th><th>rows</th><th>median |error|</th>"
                    "<th>worst |error|</th><th>measured on</th></tr></thead><tbody>")
-        for c in classes.values():
+        for c in sorted(classes.values(), key=lambda c: c.model):
             out.append(f"<tr><td>{html.escape(c.model)}</td><td class=\"num\">{c.rows}</td>"
                        f'<td class="num">{c.median:.1%}</td><td class="num">{c.worst:.1%}</td>'
                        f"<td>{html.escape('; '.join(c.pairs))}</td></tr>")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hopperlab.workloads.inference import TP_SHAPES
 from hopperlab.workloads.prediction import (MissingInput, PredictionInputs, PredictModel,
-                                           Unpredictable, overlap)
+                                           Unpredictable, overlap, same_host_kind)
 
 
 def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
@@ -45,6 +45,8 @@ def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
             raise Unpredictable(f"{metric} is not modelled for the weight-streaming study")
         return 1.0 / t_new, model, formula
     policy = ctx.params.get("policy", "resident")
+    if not metric.startswith("ttft_ms"):
+        raise Unpredictable(f"{metric} is not modelled for the kv-cache study")
     ttft = ctx.metric("ttft_ms_p50", label="ttft (ttft_ms_p50)")
     k = ctx.compute_scale("bf16")
     if policy == "offload":
@@ -66,15 +68,14 @@ def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
         model = "compute"
     else:
         raise Unpredictable(f"policy {policy} is not modelled")
-    if metric.startswith("ttft_ms"):
-        return (ttft_t if metric == "ttft_ms_p50" else ctx.metric(metric) * ttft_t / ttft), \
-            model, formula
-    raise Unpredictable(f"{metric} is not modelled for the kv-cache study")
+    return (ttft_t if metric == "ttft_ms_p50" else ctx.metric(metric) * ttft_t / ttft), \
+        model, formula
 
 
-def _launch_rest(ctx: PredictionInputs, t: float, device: float) -> float:
+def _launch_rest(ctx: PredictionInputs, t: float, device: float, what: str) -> float:
     """What the device terms do not explain (kernel launches and the host's dispatch), as
     measured; MissingInput when the device terms alone exceed the time."""
+    same_host_kind(ctx, what)
     rest = t - device
     if rest < 0:
         raise MissingInput(f"the device terms ({device:.4g}) exceed the measured time "
@@ -90,7 +91,7 @@ def _resident_decode(ctx: PredictionInputs, t: float) -> tuple[float, str, str]:
     w = ctx.metric("model_bytes", label="W (model_bytes)")
     hbm_s = ctx.fig(ctx.src, "hbm_tbps", "hbm_tbps S")
     hbm_t = ctx.fig(ctx.tgt, "hbm_tbps", "hbm_tbps T")
-    rest = _launch_rest(ctx, t, w / (hbm_s * 1e12))
+    rest = _launch_rest(ctx, t, w / (hbm_s * 1e12), "decode at batch 1")
     t_new = w / (hbm_t * 1e12) + rest * ctx.compute_scale("bf16")
     return t_new, "launch-bound", ("t' = W/hbm_T + (t - W/hbm_S) * k; t = 1/decode_tokens_per_s; "
                                    "W = model_bytes (each weight read once a token); "
@@ -107,7 +108,7 @@ def _resident_ttft(ctx: PredictionInputs, ttft: float, k: float) -> tuple[float,
     hbm_s = ctx.fig(ctx.src, "hbm_tbps", "hbm_tbps S")
     hbm_t = ctx.fig(ctx.tgt, "hbm_tbps", "hbm_tbps T")
     attn = kv * context / 1e9  # ms per TB/s: GB / (TB/s) = ms
-    rest = _launch_rest(ctx, ttft, attn / hbm_s)
+    rest = _launch_rest(ctx, ttft, attn / hbm_s, "the first token with the KV cache resident")
     return (attn / hbm_t + rest * k, "launch-bound",
             "ttft' = A/hbm_T + (ttft - A/hbm_S) * k; A = kv_bytes_per_token * context_tokens "
             "(attention reads the resident context); k = bf16_tflops S/T (prefill and launches)")
