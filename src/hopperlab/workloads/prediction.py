@@ -72,6 +72,23 @@ Model = Callable[[PredictionInputs, str], "tuple[float, str, str]"]
 
 
 @dataclass(frozen=True)
+class Collective:
+    """A measured collective (a membench/collective run) a GPU-count model may read: its op,
+    whether it was replayed from a CUDA graph, its GPU count, and the run."""
+
+    op: str
+    graph: bool
+    world: int
+    row: MeasuredRun
+
+
+#: ``model(inputs, metric, gpus, collectives) -> (value, model name, formula)``: the run (on
+#: one GPU) predicted on ``gpus`` GPUs of the same machine; raises Unpredictable or MissingInput
+CountModel = Callable[[PredictionInputs, str, int, "tuple[Collective, ...]"],
+                      "tuple[float, str, str]"]
+
+
+@dataclass(frozen=True)
 class PredictModel:
     """A family's prediction model, named by ``FamilyInfo.predict``."""
 
@@ -81,6 +98,8 @@ class PredictModel:
     #: a figure an ok run did not measure is left out (a query or study the run does not
     #: run), rather than reported unpredictable
     only_measured: bool = False
+    #: the same run on more GPUs of the machine (None: not modelled across GPU counts)
+    across_gpus: CountModel | None = None
 
 
 def overlap(t: float, c: float, link: float, k: float, r_ratio: float) -> float:

@@ -12,8 +12,8 @@ from dataclasses import fields
 from typing import Any, Mapping
 
 from hopperlab.workloads.finetune import FinetuneParams
-from hopperlab.workloads.prediction import (MissingInput, PredictionInputs, PredictModel,
-                                           Unpredictable)
+from hopperlab.workloads.prediction import (Collective, MissingInput, PredictionInputs,
+                                           PredictModel, Unpredictable)
 
 
 #: params that only say how an offload offloads (every param naming an offload): a run without
@@ -118,4 +118,40 @@ def _through_time(ctx: PredictionInputs, metric: str, t: float, t_new: float,
     return ctx.metric(metric) * t / t_new
 
 
-MODEL = PredictModel(metrics=("tokens_per_s",), predict=_predict)
+def _sharded_across_gpus(ctx: PredictionInputs, metric: str, n: int,
+                         collectives: tuple[Collective, ...]) -> tuple[float, str, str]:
+    """An FSDP2 step on ``n`` GPUs from its one-GPU run (the same global batch): the GPU's
+    compute (the diagnosed step's compute kernels) splits ``n`` ways; the parameter
+    all-gathers (forward, and backward again when resharded) and the gradients'
+    reduce-scatter run beside it at the measured all-gather bus bandwidth; the offload link
+    (each GPU its own) and the CPU optimizer (the same host bytes over the same host memory)
+    as measured, overlapped as the run was; what is not GPU compute stays as measured."""
+    if ctx.params.get("backend") != "sharded" or \
+            not str(ctx.params.get("sharding", "")).startswith("fsdp2"):
+        raise Unpredictable("only FSDP2 is modelled across GPU counts")
+    gather = next((c for c in collectives if c.op == "all_gather" and not c.graph), None)
+    if gather is None:
+        raise Unpredictable("needs the all-gather measured on this machine "
+                            "(membench/collective/all-gather), which the source's folders "
+                            "do not hold")
+    t = ctx.metric("step_time_p50_s", label="t_1 (step_time_p50_s)")
+    c = ctx.metric("diag_compute_s", label="C_1 (diag_compute_s: the step's compute kernels)")
+    params_b = ctx.metric("params_b", label="P (params_b)")
+    link = ctx.metric("link_floor_s", label="L_1 (link_floor_s)")
+    o = ctx.metric("floor_optimizer_s", label="O_1 (floor_optimizer_s)")
+    overlapped = bool(ctx.row.metrics.get("floor_overlapped"))
+    shard = params_b * 1e9 * 2  # bf16 parameters and gradients
+    gathers = 2 if ctx.params.get("reshard_after_forward", True) else 1
+    busbw = ctx.metric("busbw_gbps_at_largest", gather.row,
+                       f"all-gather busbw ({gather.world} GPUs, largest message)")
+    coll = (gathers + 1) * shard * (n - 1) / n / (busbw * 1e9)
+    ctx.inputs["X (all-gathers + reduce-scatter at busbw)"] = f"{coll:.4g} s (derived)"
+    head = max(c / n, coll, link, o) if overlapped else max(c / n, coll, link) + o
+    step = head + (t - c)
+    formula = (f"t' = {'max(C_1/n, X, L_1, O_1)' if overlapped else 'max(C_1/n, X, L_1) + O_1'}"
+               f" + (t_1 - C_1); X = ({gathers} all-gathers + 1 reduce-scatter) * P*2 B * "
+               f"(n-1)/n / busbw (membench all-gather); n = {n}")
+    return _through_time(ctx, metric, t, step, "step_time_p50_s"), "collective", formula
+
+
+MODEL = PredictModel(metrics=("tokens_per_s",), predict=_predict, across_gpus=_sharded_across_gpus)

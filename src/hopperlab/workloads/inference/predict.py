@@ -9,8 +9,8 @@ import (no torch): ``hopperlab predict`` runs on the login node.
 from __future__ import annotations
 
 from hopperlab.workloads.inference import TP_SHAPES
-from hopperlab.workloads.prediction import (MissingInput, PredictionInputs, PredictModel,
-                                           Unpredictable, overlap, same_host_kind)
+from hopperlab.workloads.prediction import (Collective, MissingInput, PredictionInputs,
+                                           PredictModel, Unpredictable, overlap, same_host_kind)
 
 
 def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
@@ -142,6 +142,76 @@ def _tensor_parallel(ctx: PredictionInputs, metric: str) -> tuple[float, str, st
     raise Unpredictable(f"{metric} is not modelled for the tensor-parallel study")
 
 
+def _collective(collectives: tuple[Collective, ...], op: str, graph: bool) -> Collective:
+    for c in collectives:
+        if c.op == op and c.graph == graph:
+            return c
+    kind = f"{'graph-replayed ' if graph else ''}{op}"
+    raise Unpredictable(f"needs the {kind} measured on this machine (membench/collective/"
+                        f"{op.replace('_', '-')}{'-graph' if graph else ''}), which the "
+                        "source's folders do not hold")
+
+
+def _at_size(ctx: PredictionInputs, c: Collective, name: str, nbytes: float) -> float:
+    """The collective run's ``name`` (time_us or busbw_gbps) at the smallest measured message
+    of at least ``nbytes`` (its largest when none is)."""
+    sizes = sorted(int(k[len(name) + 1:-1]) for k in c.row.metrics
+                   if k.startswith(name + "_") and k.endswith("b") and k[len(name) + 1:-1].isdigit())
+    if not sizes:
+        raise MissingInput(f"{c.row.key} has no {name}_<bytes>b figures")
+    size = next((b for b in sizes if b >= nbytes), sizes[-1])
+    return ctx.metric(f"{name}_{size}b", c.row,
+                      f"{name} at {size} B ({c.op}{', graph' if c.graph else ''}, {c.world} GPUs)")
+
+
+def allreduce_s(ctx: PredictionInputs, c: Collective, nbytes: float, n: int) -> float:
+    """One all-reduce of ``nbytes`` over ``n`` GPUs: ``nbytes * 2(n-1)/n / busbw`` (nccl-tests'
+    bus bandwidth, which is meant to hold across GPU counts), no less than the latency the
+    run measured at that size."""
+    busbw = _at_size(ctx, c, "busbw_gbps", nbytes)
+    latency = _at_size(ctx, c, "time_us", nbytes) * 1e-6 if nbytes < 1 << 20 else 0.0
+    return max(nbytes * 2 * (n - 1) / n / (busbw * 1e9), latency)
+
+
+def _tp_across_gpus(ctx: PredictionInputs, metric: str, n: int,
+                    collectives: tuple[Collective, ...]) -> tuple[float, str, str]:
+    """A tensor-parallel row on ``n`` GPUs from its one-GPU run: the run's layers scaled to
+    the whole model, prefill's compute and decode's weight reads split ``n`` ways, decode's
+    launch term (what its HBM floor leaves) kept, and 2 all-reduces per layer (prefill: the
+    batch's hidden states at the measured bus bandwidth; decode: the graph-replayed one's
+    latency at one token's message)."""
+    if ctx.params.get("study") != "tensor-parallel":
+        raise Unpredictable("only the tensor-parallel study is modelled across GPU counts")
+    hidden, *_, whole = TP_SHAPES[ctx.params.get("model_shape", "tiny")]
+    layers = ctx.metric("tp_layers", label="L_1 (tp_layers of the one-GPU run)")
+    s = whole / layers
+    ctx.inputs["L (the model's layers)"] = f"{whole} (TP_SHAPES)"
+    batch = ctx.metric("concurrency", label="b (concurrency)")
+    prompt = ctx.metric("prompt_tokens", label="p (prompt_tokens)")
+    elt = 2  # bf16 activations
+    calls = 2 * whole
+    ar_pre = allreduce_s(ctx, _collective(collectives, "all_reduce", False),
+                         batch * prompt * hidden * elt, n) * 1e3
+    ttft = ctx.metric("ttft_ms_p50", label="ttft_1 (ttft_ms_p50)") * s / n + calls * ar_pre
+    formula = (f"ttft' = ttft_1 * L/L_1 / n + 2L * AR(b*p*hidden*2 B, n); AR = bytes*2(n-1)/n/"
+               f"busbw (membench all-reduce, eager); n = {n}")
+    if metric == "ttft_ms_p50":
+        return ttft, "collective", formula
+    if metric not in ("decode_tokens_per_s", "request_latency_ms_p50"):
+        raise Unpredictable(f"{metric} is not modelled across GPU counts")
+    graph = _collective(collectives, "all_reduce", True)
+    d1 = ctx.metric("decode_ms_per_token", label="d_1 (decode_ms_per_token)")
+    floor = ctx.metric("decode_floor_ms_per_token", label="F_1 (decode_floor_ms_per_token)")
+    ar_dec = allreduce_s(ctx, graph, batch * hidden * elt, n) * 1e3
+    dec = floor * s / n + (d1 - floor) * s + calls * ar_dec
+    formula += ("; d' = F_1 * L/L_1 / n + (d_1 - F_1) * L/L_1 + 2L * AR_graph(b*hidden*2 B) "
+                "(HBM floor split n ways, launch term kept)")
+    if metric == "decode_tokens_per_s":
+        return batch / dec * 1e3, "collective", formula + "; tokens/s' = b / d'"
+    steps = ctx.params.get("decode_tokens", 1) - 1
+    return ttft + steps * dec, "collective", formula + "; latency' = ttft' + (new - 1) * d'"
+
+
 #: a run measures the figures of its own study only: the others are left out
 MODEL = PredictModel(metrics=("ttft_ms_p50", "decode_tokens_per_s", "request_latency_ms_p50"),
-                     predict=_predict, only_measured=True)
+                     predict=_predict, only_measured=True, across_gpus=_tp_across_gpus)
