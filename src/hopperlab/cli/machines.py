@@ -26,6 +26,7 @@ from hopperlab.results.machines import (
     mlflow_source,
     predict,
     prediction_error,
+    prediction_pairs,
     reference_update,
     references,
     runs,
@@ -268,33 +269,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pairs_predictions(root: Path, pairs: list[prediction_error.Pair]) -> list[Any]:
-    """Each pair's predictions (the source folder on the target, against its measurements)."""
-    folder = root / descriptions.MACHINES_DIR
-    descs = descriptions.load_descriptions(folder)
-    out = []
-    for pair in pairs:
-        target = descriptions.find_description(folder, pair.target)
-        measured = next((g for g in runs.load_folder(root / pair.measured)
-                         if g.machine == target.name), None)
-        if measured is None:
-            raise SpecError(f"{root / prediction_error.ERRORS_FILE}: pair {pair.name}: "
-                            f"{pair.measured} has no runs of {target.name}")
-        preds = []
-        for g in runs.load_folder(root / pair.source):
-            if g.machine not in descs:
-                raise SpecError(f"{root / prediction_error.ERRORS_FILE}: pair {pair.name}: "
-                                f"{g.machine} has no description in {folder}")
-            preds.extend(predict.predict(g, descs[g.machine], target, measured))
-        out.append((pair, preds))
-    return out
-
-
 def cmd_prediction_errors(args: argparse.Namespace) -> int:
     root = _root(args)
     path = root / prediction_error.ERRORS_FILE
     pairs, committed = prediction_error.load(path)
-    by_pair = _pairs_predictions(root, pairs)
+    by_pair = prediction_pairs.predictions(root, pairs)
     classes = prediction_error.measure(by_pair)
     for pair, preds in by_pair:
         print(f"{pair.name}: {prediction_error.summary_line(preds)}")

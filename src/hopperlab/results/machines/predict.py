@@ -50,7 +50,8 @@ class Prediction:
     energy: PredictedEnergy | None = None
     #: the model class's measured error (prediction_error.ClassError; None: never checked)
     class_error: Any = None
-    #: predicted * (1 -+ the wider of the class's worst error and ``spread``)
+    #: where the measurement falls if the prediction errs no more than the wider of its
+    #: class's worst error and ``spread``: predicted/(1+w) .. predicted/(1-w)
     interval: tuple[float, float] | None = None
     #: the inputs' own spread as a fraction, where a model reports one
     spread: float | None = None

@@ -5,8 +5,9 @@ A prediction is worth acting on only with its error: ``configs/prediction_errors
 the pairs (a results folder predicted on a machine whose own runs we have, or a GPU count from
 another) and, per model class (the ``model`` a family's predict.py names: copy, compute,
 overlap, hbm + launch, launch-bound, host CPU, kv reload, collective, ...), the rows, the median
-and the worst |error| measured on them. Every prediction then carries ``likely lo-hi``: its value
-+- its class's worst error (or its inputs' spread, where a model reports one and it is wider).
+and the worst |error| measured on them. Every prediction then carries ``likely lo-hi``: where the
+measurement falls if the prediction errs no more than its class's worst (or its inputs' spread,
+where a model reports one and it is wider): ``P/(1+w) .. P/(1-w)``.
 ``hopperlab prediction-errors --write`` remeasures the table from the pairs, and a test checks
 the committed one against them, so it cannot drift from the models.
 """
@@ -41,9 +42,15 @@ class Pair:
     source: str
     target: str
     measured: str
+    #: across GPU counts: the one-GPU runs of ``source`` predict the N-GPU runs of
+    #: ``measured`` on the same machine, with the collectives of ``links`` (gpu_count.py)
+    gpus: bool = False
+    links: str = ""
 
     @property
     def name(self) -> str:
+        if self.gpus:
+            return f"{Path(self.source).name} 1 GPU -> {Path(self.measured).name} N GPUs"
         return f"{Path(self.source).name} -> {Path(self.measured).name}"
 
 
@@ -94,8 +101,9 @@ def measure(by_pair: Sequence[tuple[Pair, Sequence[Prediction]]]) -> dict[str, C
             errors.setdefault(p.model, []).append(abs(p.error or 0.0))
             if pair.name not in pairs.setdefault(p.model, []):
                 pairs[p.model].append(pair.name)
-    return {m: ClassError(m, len(e), round(statistics.median(e), 4), round(max(e), 4),
-                          tuple(pairs[m]))
+    # the worst rounded up: the interval it makes must hold the rows it was measured on
+    return {m: ClassError(m, len(e), round(statistics.median(e), 4),
+                          math.ceil(max(e) * 1e4) / 1e4, tuple(pairs[m]))
             for m, e in sorted(errors.items())}
 
 
@@ -107,7 +115,8 @@ def load(path: Path) -> tuple[list[Pair], dict[str, ClassError]]:
     pairs = []
     for i, item in enumerate(data.get("pairs") or []):
         try:
-            pairs.append(Pair(str(item["source"]), str(item["target"]), str(item["measured"])))
+            pairs.append(Pair(str(item["source"]), str(item["target"]), str(item["measured"]),
+                              bool(item.get("gpus", False)), str(item.get("links", ""))))
         except (KeyError, TypeError) as exc:
             raise SpecError(f"{path}: pairs[{i}]: needs source, target and measured ({exc})") \
                 from None
@@ -124,8 +133,8 @@ def load(path: Path) -> tuple[list[Pair], dict[str, ClassError]]:
 
 def dump(pairs: Sequence[Pair], classes: dict[str, ClassError], header: str) -> str:
     """The YAML text of the table (what ``--write`` commits)."""
-    data = {"pairs": [{"source": p.source, "target": p.target, "measured": p.measured}
-                      for p in pairs],
+    data = {"pairs": [{"source": p.source, "target": p.target, "measured": p.measured,
+                       **({"gpus": True, "links": p.links} if p.gpus else {})} for p in pairs],
             "classes": {m: {"rows": c.rows, "median": c.median,
                             "worst": c.worst, "pairs": list(c.pairs)}
                         for m, c in classes.items()}}
@@ -151,7 +160,9 @@ def attach(preds: Iterable[Prediction], classes: dict[str, ClassError]) -> None:
         p.class_error = c
         width = max(c.worst if c else 0.0, p.spread or 0.0)
         if c is not None or p.spread:
-            p.interval = (p.predicted * (1 - width), p.predicted * (1 + width))
+            # error = (P - M) / M within +-w  <=>  M within P/(1+w) .. P/(1-w)
+            p.interval = (p.predicted / (1 + width),
+                          p.predicted / (1 - width) if width < 1 else math.inf)
 
 
 def interval_text(p: Prediction) -> str:
