@@ -203,6 +203,22 @@ def test_the_13b_fsdp2_step_on_two_gpus_is_predicted_from_one_within_ten_percent
     assert p.predicted == pytest.approx(m["tokens_per_s"] * m["step_time_p50_s"] / step)
     measured = _metric(FIX / "results-2xh200-fresh", key, "tokens_per_s")
     assert abs(p.predicted - measured) / measured < 0.10
+    # its one-GPU run repeated the step (3 windows): the interval is at least that spread
+    assert p.spread == pytest.approx((m["tokens_per_s_ci_high"] - m["tokens_per_s_ci_low"]) / 2
+                                     / m["tokens_per_s"])
+    assert p.interval[0] <= p.predicted / (1 + p.spread)
     (no_one,) = [p for (_, k, _), p in preds.items()
                  if k == "finetune/full-llama2-13b-sharded/fsdp2"]
     assert "no ok one-GPU run finetune/full-llama2-13b-sharded/fsdp2-1gpu" in no_one.unpredictable
+
+
+def test_predict_gpus_prints_the_gpu_count_rows_with_their_summary(capsys):
+    tp = str(FIX / "results-4xh200")
+    assert main(["--root", str(REPO), "predict", tp, "--machine", "h200", "--measured", tp,
+                 "--gpus"]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert "rows measured on their target" in first and "model collective" in first
+    assert "inference/tp-long-context/prompt-3k-c8-2gpu ttft_ms_p50 on " in out
+    assert "[PREDICTION from h200-141g-pcie5-x86_64 (1 GPU)]" in out
+    assert main(["--root", str(REPO), "predict", tp, "--machine", "h200", "--gpus"]) == 2

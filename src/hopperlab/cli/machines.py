@@ -21,6 +21,7 @@ from hopperlab.results.machines import (
     ab_page,
     compare,
     descriptions,
+    gpu_count,
     history,
     junit,
     mlflow_source,
@@ -231,20 +232,28 @@ def cmd_predict(args: argparse.Namespace) -> int:
     target = descriptions.find_description(folder, args.machine)
     groups = runs.load_folder(Path(args.results_dir))
     measured = None
-    if args.measured:
-        measured = next((g for g in runs.load_folder(Path(args.measured))
-                         if g.machine == target.name), None)
-    descs = descriptions.load_descriptions(folder)
     out: list[predict.Prediction] = []
-    for g in groups:
-        if g.machine not in descs:
-            raise SpecError(f"{args.results_dir}: its runs were measured on {g.machine}, which "
-                            f"has no description ({folder / (g.machine + '.yaml')}); a "
-                            f"prediction scales figures measured on a described machine: give "
-                            f"results measured on one of {', '.join(sorted(descs))} (CPU smoke "
-                            f"runs are not), or describe {g.machine} in that file "
-                            f"(configs/machines/README.md)")
-        out.extend(predict.predict(g, descs[g.machine], target, measured))
+    if args.gpus:
+        if not args.measured:
+            raise SpecError("hopperlab predict --gpus: give --measured, the folder of the "
+                            "runs on several GPUs to predict from the one-GPU runs")
+        measured_groups = runs.load_folder(Path(args.measured))
+        measured = measured_groups[0]
+        out = gpu_count.predict_counts(groups[0], target, measured_groups)
+    else:
+        if args.measured:
+            measured = next((g for g in runs.load_folder(Path(args.measured))
+                             if g.machine == target.name), None)
+        descs = descriptions.load_descriptions(folder)
+        for g in groups:
+            if g.machine not in descs:
+                raise SpecError(f"{args.results_dir}: its runs were measured on {g.machine}, "
+                                f"which has no description ({folder / (g.machine + '.yaml')}); "
+                                f"a prediction scales figures measured on a described machine: "
+                                f"give results measured on one of {', '.join(sorted(descs))} "
+                                f"(CPU smoke runs are not), or describe {g.machine} in that "
+                                f"file (configs/machines/README.md)")
+            out.extend(predict.predict(g, descs[g.machine], target, measured))
     if args.json:
         print(json.dumps([_pred_dict(p) for p in out], indent=2))
         return 0
@@ -382,4 +391,8 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("results_dir")
     p.add_argument("--machine", required=True, help="target (configs/machines/ name or alias)")
     p.add_argument("--measured", help="a results folder of the target machine, for the error")
+    p.add_argument("--gpus", action="store_true",
+                   help="across GPU counts: predict --measured's runs on several GPUs from "
+                        "results_dir's one-GPU runs of the same variants (--machine: the "
+                        "machine, per GPU), with the membench collectives of both folders")
     p.add_argument("--json", action="store_true")

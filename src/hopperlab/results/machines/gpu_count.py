@@ -15,7 +15,7 @@ from typing import Sequence
 
 from hopperlab.results.machines import prediction_error
 from hopperlab.results.machines.descriptions import MachineDescription
-from hopperlab.results.machines.predict import Prediction, _Ctx, _model
+from hopperlab.results.machines.predict import Prediction, _Ctx, _model, input_spread
 from hopperlab.results.machines.runs import MachineRuns
 from hopperlab.workloads.prediction import Collective, MissingInput, Unpredictable
 
@@ -85,6 +85,7 @@ def predict_counts(source: MachineRuns, desc: MachineDescription,
                 try:
                     value, pred.model, pred.formula = model.across_gpus(ctx, metric, n, colls)
                     pred.predicted = value
+                    pred.spread = input_spread(source.runs[one].metrics, metric)
                 except (Unpredictable, MissingInput) as exc:
                     pred.unpredictable = str(exc)
                 pred.inputs = {"one-GPU run": f"{one} ({source.source})", **ctx.inputs}

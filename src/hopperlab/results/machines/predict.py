@@ -113,6 +113,16 @@ class _Ctx:
         return self.fig(self.src, path, f"{path} S") / self.fig(self.tgt, path, f"{path} T")
 
 
+def input_spread(metrics: dict[str, float], metric: str) -> float | None:
+    """The measured figure's own spread, where the run repeated it: half its confidence
+    interval (``<metric>_ci_low`` .. ``_ci_high``) over the value (None: not repeated)."""
+    value, lo, hi = (metrics.get(metric), metrics.get(f"{metric}_ci_low"),
+                     metrics.get(f"{metric}_ci_high"))
+    if not value or lo is None or hi is None or not all(map(math.isfinite, (value, lo, hi))):
+        return None
+    return abs(hi - lo) / 2 / abs(value)
+
+
 def _model(family: str) -> PredictModel | None:
     """The family's prediction model (None: it declares none, or is not a family here)."""
     return family_info(family).load_predict() if family in FAMILY_MODULES else None
@@ -137,6 +147,7 @@ def predict_run(group: MachineRuns, key: str, src: MachineDescription,
             if not math.isfinite(value):
                 raise MissingInput("the model gives no finite value")
             pred.predicted = value
+            pred.spread = input_spread(row.metrics, metric)
         except (Unpredictable, MissingInput) as exc:
             pred.unpredictable = str(exc)
         pred.inputs = ctx.inputs

@@ -200,7 +200,12 @@ def csv_fields(p: Prediction) -> dict[str, Any]:
 def summary_html(preds: Sequence[Prediction]) -> str:
     """machines.html's lead for the predictions: the summary line and the error table of the
     model classes these predictions use (results/machines/compare.py calls it)."""
-    out = [f'<p class="meta"><b>{html.escape(summary_line(preds))}</b></p>']
+    pairs: dict[tuple[str, str], list[Prediction]] = {}
+    for p in preds:
+        pairs.setdefault((p.source_machine, p.target_machine), []).append(p)
+    out = [f'<p class="meta"><b>{html.escape(src)} -> {html.escape(tgt)}</b>: '
+           f"{html.escape(summary_line(group))}</p>"
+           for (src, tgt), group in pairs.items() if measured_rows(group)]
     classes = {p.class_error.model: p.class_error for p in preds if p.class_error is not None}
     if classes:
         out.append('<p class="meta">each prediction\'s interval: its value +- its model '
