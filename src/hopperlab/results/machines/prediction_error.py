@@ -65,9 +65,15 @@ class ClassError:
     worst: float
     pairs: tuple[str, ...]
 
+    @property
+    def pairs_text(self) -> str:
+        """"2 machine pairs" or "3 GPU-count pairs" (what the error was measured on)."""
+        kind = "GPU-count" if all(" GPU" in p for p in self.pairs) else "machine"
+        return f"{len(self.pairs)} {kind} pair{'s' if len(self.pairs) != 1 else ''}"
+
     def text(self) -> str:
         return (f"model class {self.model}: error {self.worst:.0%} at worst (median "
-                f"{self.median:.1%}, {self.rows} rows) on {len(self.pairs)} machine pairs")
+                f"{self.median:.1%}, {self.rows} rows) on {self.pairs_text}")
 
 
 def measured_rows(preds: Iterable[Prediction]) -> list[Prediction]:
@@ -180,7 +186,7 @@ def interval_text(p: Prediction) -> str:
         band = f"likely {lo / p.source_value:.2f}-{hi / p.source_value:.2f}x"
     else:
         band = f"likely {lo:.4g}-{hi:.4g}"
-    why = (f"model class {p.model} error {c.worst:.0%} on {len(c.pairs)} machine pairs"
+    why = (f"model class {p.model} error {c.worst:.0%} on {c.pairs_text}"
            if c is not None else f"model class {p.model} never checked on a machine pair")
     if p.spread and (c is None or p.spread > c.worst):
         why += f"; its inputs spread {p.spread:.0%}"
