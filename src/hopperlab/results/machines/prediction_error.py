@@ -92,7 +92,8 @@ def summary_line(preds: Sequence[Prediction]) -> str:
     errors = [abs(p.error or 0.0) for p in rows]
     worst = max(rows, key=lambda p: abs(p.error or 0.0))
     within = sum(1 for e in errors if e <= DECISION_ERROR)
-    return (f"{len(rows)} rows measured on their target: median |error| "
+    return (f"{len(rows)} row{'s' if len(rows) != 1 else ''} measured on their target: "
+            f"median |error| "
             f"{statistics.median(errors):.1%}, {within} within {DECISION_ERROR:.0%}, worst "
             f"{worst.error:+.1%} ({worst.key} {worst.metric}, model {worst.model}); "
             f"{refused} not predicted (each says why)")
