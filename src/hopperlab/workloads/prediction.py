@@ -40,6 +40,8 @@ class PredictionInputs(Protocol):
     params: dict[str, Any]
     knobs: dict[str, Any]
     inputs: dict[str, str]
+    #: a model that brackets its figure sets the bracket's half-width over the value
+    spread: float | None
 
     @property
     def row(self) -> MeasuredRun: ...

@@ -76,6 +76,8 @@ class _Ctx:
         self.params: dict[str, Any] = dict(spec.get("params") or {})
         self.knobs: dict[str, Any] = dict(spec.get("knobs") or {})
         self.inputs: dict[str, str] = {}
+        #: the model's own uncertainty as a fraction (a figure bracketed by two bounds)
+        self.spread: float | None = None
 
     def metric(self, name: str, row: RunRow | None = None, label: str | None = None) -> float:
         row = row or self.row
@@ -147,7 +149,8 @@ def predict_run(group: MachineRuns, key: str, src: MachineDescription,
             if not math.isfinite(value):
                 raise MissingInput("the model gives no finite value")
             pred.predicted = value
-            pred.spread = input_spread(row.metrics, metric)
+            spreads = [x for x in (input_spread(row.metrics, metric), ctx.spread) if x]
+            pred.spread = max(spreads) if spreads else None
         except (Unpredictable, MissingInput) as exc:
             pred.unpredictable = str(exc)
         pred.inputs = ctx.inputs

@@ -6,8 +6,9 @@ the pairs (a results folder predicted on a machine whose own runs we have, or a 
 another) and, per model class (the ``model`` a family's predict.py names: copy, compute,
 overlap, hbm + launch, launch-bound, host CPU, kv reload, collective, ...), the rows, the median
 and the worst |error| measured on them. Every prediction then carries ``likely lo-hi``: where the
-measurement falls if the prediction errs no more than its class's worst (or its inputs' spread,
-where a model reports one and it is wider): ``P/(1+w) .. P/(1-w)``.
+measurement falls if the prediction errs no more than its class's worst ``e``:
+``P/(1+e) .. P/(1-e)``, widened to the figure's own spread ``s`` where a model brackets it or
+the run repeated it (``P(1-s) .. P(1+s)``).
 ``hopperlab prediction-errors --write`` remeasures the table from the pairs, and a test checks
 the committed one against them, so it cannot drift from the models.
 """
@@ -165,11 +166,13 @@ def attach(preds: Iterable[Prediction], classes: dict[str, ClassError]) -> None:
             continue
         c = classes.get(p.model)
         p.class_error = c
-        width = max(c.worst if c else 0.0, p.spread or 0.0)
-        if c is not None or p.spread:
-            # error = (P - M) / M within +-w  <=>  M within P/(1+w) .. P/(1-w)
-            p.interval = (p.predicted / (1 + width),
-                          p.predicted / (1 - width) if width < 1 else math.inf)
+        if c is None and not p.spread:
+            continue
+        # the class: error = (P - M) / M within +-e  <=>  M within P/(1+e) .. P/(1-e);
+        # the figure's own spread s (a bracket, repeats): P(1-s) .. P(1+s); the wider of both
+        e, s = (c.worst if c else 0.0), p.spread or 0.0
+        p.interval = (min(p.predicted / (1 + e), p.predicted * (1 - s)),
+                      max(p.predicted / (1 - e) if e < 1 else math.inf, p.predicted * (1 + s)))
 
 
 def interval_text(p: Prediction) -> str:
@@ -190,7 +193,7 @@ def interval_text(p: Prediction) -> str:
     why = (f"model class {p.model} error {c.worst:.0%} on {c.pairs_text}"
            if c is not None else f"model class {p.model} never checked on a machine pair")
     if p.spread and (c is None or p.spread > c.worst):
-        why += f"; its inputs spread {p.spread:.0%}"
+        why += f"; its own spread {p.spread:.0%} (a bracket, or its run's repeats)"
     return f"{head}, {band} ({why})"
 
 
