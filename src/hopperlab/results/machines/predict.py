@@ -13,6 +13,7 @@ kv reload, recommender components) and their formulas: docs/benchmarks/machines.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -55,6 +56,9 @@ class Prediction:
     interval: tuple[float, float] | None = None
     #: the inputs' own spread as a fraction, where a model reports one
     spread: float | None = None
+    #: the target's measurement is one of the prediction's inputs (its description took the
+    #: figure from this very run): its error is no evidence, and measures no class
+    circular: bool = False
 
     @property
     def error(self) -> float | None:
@@ -164,6 +168,12 @@ def predict_run(group: MachineRuns, key: str, src: MachineDescription,
     return out
 
 
+def _cites(inputs: dict[str, str], run_dir: Path, key: str) -> bool:
+    """Whether an input's source names the run (``<results folder>/<key>``) itself."""
+    tail = f"{run_dir.parents[2].name}/{key}" if len(run_dir.parents) > 2 else key
+    return any(tail in v for v in inputs.values())
+
+
 def predict(group: MachineRuns, src: MachineDescription, tgt: MachineDescription,
             measured: MachineRuns | None = None) -> list[Prediction]:
     """Every run of ``group`` predicted on ``tgt``; with ``measured`` (the target's own runs),
@@ -174,6 +184,7 @@ def predict(group: MachineRuns, src: MachineDescription, tgt: MachineDescription
             if measured is not None and key in measured.runs:
                 other = measured.runs[key]
                 pred.measured = other.metrics.get(pred.metric) if other.status == "ok" else None
+                pred.circular = _cites(pred.inputs, Path(other.run_dir), key)
                 if pred.energy is not None and pred.energy.joules is not None:
                     pred.energy = predict_energy(pred.family, pred.metric, pred.predicted, tgt,
                                                  group.params(key), other)

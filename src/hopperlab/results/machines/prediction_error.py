@@ -78,8 +78,10 @@ class ClassError:
 
 
 def measured_rows(preds: Iterable[Prediction]) -> list[Prediction]:
-    """The predictions the target measured too (those with an error)."""
-    return [p for p in preds if p.error is not None and math.isfinite(p.error)]
+    """The predictions the target measured too (those with an error), but for the circular ones
+    (the copy model on a description that took its figure from this very run)."""
+    return [p for p in preds
+            if p.error is not None and math.isfinite(p.error) and not p.circular]
 
 
 def summary_line(preds: Sequence[Prediction]) -> str:
