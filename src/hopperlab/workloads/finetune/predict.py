@@ -1,5 +1,6 @@
 """finetune on a machine we do not have: the step's compute scales with the GPU's peak, its
-offload traffic with the host link (the overlap model).
+offload traffic with the host link (the overlap model); an FSDP2 step on N GPUs from its
+one-GPU run and the measured all-gather (``across_gpus``).
 
 A prediction model (``hopperlab.workloads.prediction``), named by this family's
 ``FamilyInfo.predict``; its formulas: docs/benchmarks/machines.md ("Predictions"). Cheap to

@@ -1,5 +1,7 @@
 """inference on a machine we do not have: the kv-cache, weight-streaming and tensor-parallel
-studies (prefill computes, decode reads weights, reloads and streams cross the host link).
+studies (prefill computes, reloads and streams cross the host link; batch-1 decode and the
+resident first token are launch-bound: their weight and KV reads at HBM, the rest kept), and
+tensor-parallel rows on N GPUs from their one-GPU run (``across_gpus``).
 
 A prediction model (``hopperlab.workloads.prediction``), named by this family's
 ``FamilyInfo.predict``; its formulas: docs/benchmarks/machines.md ("Predictions"). Cheap to
