@@ -220,9 +220,10 @@ def summary_html(preds: Sequence[Prediction]) -> str:
            for (src, tgt), group in pairs.items() if measured_rows(group)]
     classes = {p.class_error.model: p.class_error for p in preds if p.class_error is not None}
     if classes:
-        out.append('<p class="meta">each prediction\'s interval: its value +- its model '
-                   "class's worst |error| where the class was checked (configs/"
-                   "prediction_errors.yaml)</p>")
+        out.append('<p class="meta">each prediction\'s interval ("likely"): where the '
+                   "measurement falls if the prediction errs no more than its model class did "
+                   "on the pairs below (or its own spread, where wider); "
+                   "configs/prediction_errors.yaml</p>")
         out.append("<table><thead><tr><th>model class</th><th>rows</th><th>median |error|</th>"
                    "<th>worst |error|</th><th>measured on</th></tr></thead><tbody>")
         for c in sorted(classes.values(), key=lambda c: c.model):
