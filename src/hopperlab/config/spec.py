@@ -197,6 +197,9 @@ class RunSpec:
     #: how many independent jobs measure the run (``processes``; each its own process, on
     #: Slurm possibly its own node), each with ``repeats`` windows: run/processes.py
     processes: int = 1
+    #: why the run is host-bound (judged on a host figure: the workflow runs it alone on its
+    #: node, config/isolation.py), or None
+    host_bound: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("repeats", "processes"):
@@ -239,8 +242,9 @@ class RunSpec:
             del data["site"]["profiling"]
         data["site"]["tracking_uri"] = redact_uri(self.site.tracking_uri)
         data["key"] = self.key
-        if data["compare_to"] is None:  # absent: specs of runs that name none stay as they were
-            del data["compare_to"]
+        for name in ("compare_to", "host_bound"):  # absent: specs of runs that name none stay
+            if data[name] is None:
+                del data[name]
         for name in ("repeats", "processes"):  # absent likewise at 1: the fingerprint stays
             if data[name] == 1:
                 del data[name]
@@ -272,6 +276,7 @@ class RunSpec:
             source=data.get("source", ""), git_commit=data.get("git_commit"),
             assets=dict(data.get("assets", {})), compare_to=data.get("compare_to"),
             repeats=int(data.get("repeats", 1)), processes=int(data.get("processes", 1)),
+            host_bound=data.get("host_bound"),
         )
 
 
