@@ -35,7 +35,7 @@ TAG_MACHINE = "machine"
 def annotate_record(rec: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
     """``rec`` with ``machine`` and, where the site has a price, the cost metrics."""
     name = machine_name(rec.get("hardware") or {}, spec.site.machine)
-    if spec.host_bound is not None:
+    if getattr(spec, "host_bound", None) is not None:  # a stand-in spec may have none
         rec["isolation"] = isolation_of(spec)
     rec["machine"] = name
     tags = rec.setdefault("tags", {})
