@@ -68,7 +68,7 @@ def test_every_schema_key_round_trips_into_spec_json(key):
 
 def test_all_keys_at_once_give_the_job_the_workflow_spec():
     overrides = {"site": "gpu-node", "scale": "full", "results_dir": "elsewhere",
-                 "families": ["finetune"], "profiler": "torch", "repeats": 2,
+                 "families": ["finetune"], "profiler": "torch", "repeats": 2, "processes": 3,
                  "only": ["finetune/lora-llama2-7b/baseline"],
                  "asset_substitutes": {"dolly-15k": "dolly-synthetic"}}
     assert set(overrides) == set(PROBES)
