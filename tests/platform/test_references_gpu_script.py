@@ -42,7 +42,9 @@ def test_the_script_writes_references_of_three_processes_and_checks_fresh_runs(t
                           env=env, capture_output=True, text=True, timeout=1700)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["script.log", "check.txt", "references.diff", "references.tgz", "runs.tgz"])
+        ["script.log", "check.txt", "references.diff", "references.tgz", "energy.txt",
+         "runs.tgz"])
+    assert (out / "energy.txt").read_text().startswith("| run | status | window s |")
     log = (out / "script.log").read_text()
     assert "ref: snakemake exit 0" in log and "fresh: snakemake exit 0" in log, log
     assert log.count("snakemake --config") == 2, log  # one call measures, one is checked
