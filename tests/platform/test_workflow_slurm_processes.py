@@ -1,40 +1,30 @@
 """``--config processes=3`` on the real Slurm cluster of the tests: three Slurm jobs per run
 (sacct knows each), a record of three process medians, references of n 3 from them, and a
-fresh check of a new folder (one process) that passes against them."""
+fresh check of a new folder (one process) that passes against them. The run is declared
+host-bound here, so each of its jobs asks Slurm for an exclusive allocation and says so."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import copy_project, hopperlab, snakemake
+from tests.helpers import copy_project, edit_yaml, hopperlab, snakemake
+from tests.platform.test_workflow_slurm import _write_site
 
 pytestmark = pytest.mark.timeout(1200)
 
 KEY = "selftest/noise/noisy"
 
 
-def _write_site(project: Path, cluster) -> None:
-    site = {
-        "description": "the test cluster, no tracking server",
-        "executor": "slurm",
-        "poll_interval_s": 1,
-        "slurm": {"partition": cluster.partition},
-        "resources": {"smoke": {"gpus": 0, "cpus": 1, "mem_gb": 1, "time_min": 5},
-                      "full": {"gpus": 0, "cpus": 1, "mem_gb": 1, "time_min": 5}},
-        "tracking": {"uri": None},
-    }
-    (project / "configs/sites/slurm-test.yaml").write_text(yaml.safe_dump(site))
-
-
 @pytest.mark.integration
 def test_three_processes_are_three_slurm_jobs_and_give_references_of_n_3(
         tmp_path, slurm_cluster):
     project = copy_project(tmp_path / "project")
-    _write_site(project, slurm_cluster)
+    _write_site(project, slurm_cluster, None)  # no tracking server: the runs stay on disk
+    edit_yaml(project / "experiments/selftest.yaml", lambda d: d["experiments"]["noise"].update(
+        host_bound="the stand-in of a host-bound run"))
     common = ["--profile", "profiles/slurm", "--config", "site=slurm-test", "families=selftest",
               f"only={KEY}"]
     out = snakemake([*common, "processes=3", "repeats=2"], project, env=slurm_cluster.env)
@@ -52,6 +42,10 @@ def test_three_processes_are_three_slurm_jobs_and_give_references_of_n_3(
         rows = slurm_cluster.sacct(job)
         assert rows and rows[0]["State"].startswith("COMPLETED"), (job, rows)
     assert rec["metrics"]["value_n"] == 3  # the median of the three processes' medians
+    assert rec["isolation"]["isolated"] is True and "exclusive" in rec["isolation"]["how"]
+    for i in range(3):  # each process's own job asked for its node alone
+        scripts = list((run_dir / "processes" / str(i) / "submitit").glob("*.sh"))
+        assert scripts and "#SBATCH --exclusive" in scripts[0].read_text(), scripts
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert sorted({s["process"] for s in samples}) == [0, 1, 2] and len(samples) == 6
 
