@@ -18,7 +18,8 @@ def test_the_pool_comes_from_the_caller_then_the_stand_in_then_the_devices(tmp_p
         (tmp_path / name).touch()
     assert slots.pool("2,3", "4", tmp_path) == (2, 3)
     assert slots.pool(None, "3", tmp_path) == (0, 1, 2)
-    assert slots.pool("GPU-uuid", None, tmp_path) == (0, 1)
+    assert slots.pool(None, None, tmp_path) == (0, 1)
+    assert slots.pool("GPU-uuid", "2", tmp_path) == ()  # the caller's choice, not numbered
     assert slots.pool("", None, tmp_path / "none") == ()
     with pytest.raises(ValueError, match=slots.SLOTS_ENV):
         slots.pool(None, "two", tmp_path)

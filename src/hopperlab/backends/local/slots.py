@@ -7,9 +7,9 @@ takes its slots (all at once, under the pool's own lock, so that two 2-GPU jobs 
 hold one and wait for the other) and keeps them for as long as it lives: the kernel drops the
 locks when the process ends, however it ends, so a killed submitter leaks no slot.
 
-The pool is ``CUDA_VISIBLE_DEVICES`` of the caller when it lists indices, else
-``HOPPERLAB_GPU_SLOTS`` (a stand-in count, to exercise the pool without CUDA), else the
-``/dev/nvidia<N>`` devices of the node.
+The pool is ``CUDA_VISIBLE_DEVICES`` of the caller when it lists indices (none when it names
+GPUs otherwise: UUIDs, -1), else ``HOPPERLAB_GPU_SLOTS`` (a stand-in count, to exercise the
+pool without CUDA), else the ``/dev/nvidia<N>`` devices of the node.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def pool(visible: str | None, stand_in: str | None = None,
     words = [w.strip() for w in (visible or "").split(",") if w.strip()]
     if words and all(w.isdigit() for w in words):
         return tuple(int(w) for w in words)
+    if words:  # UUIDs or -1: the caller chose its GPUs in words the pool does not number
+        return ()
     if stand_in is not None and stand_in.strip():
         if not stand_in.strip().isdigit():
             raise ValueError(f"{SLOTS_ENV}={stand_in!r}: a count of GPUs (0, 1, 2, ...)")
