@@ -53,7 +53,7 @@ for RUNS in "${GROUPS_[@]}"; do
 done
 # workflow_gpu.sh sets PYTHONPATH for its own children only (the wheels and src/)
 export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-python3 benchmarks/sharded_table.py "$RESULTS" --json "$OUT/sharded-13b.json" | tee "$OUT/sharded-13b.txt"
+python3 -m hopperlab.cli table sharded "$RESULTS" --json "$OUT/sharded-13b.json" | tee "$OUT/sharded-13b.txt"
 cp "$WF/runs.tgz" "$WF/energy.tgz" "$OUT/" 2>/dev/null  # energy.tgz: power traces and windows (issue 36)
 cat "$WF/table.txt" "$WF/check.txt" "$WF/energy.txt" >"$OUT/workflow.txt" 2>/dev/null
 if [ "${REPEATS:-1}" -ge 3 ]; then  # references from the windows, into a copy: the diff to commit

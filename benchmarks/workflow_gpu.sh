@@ -12,7 +12,7 @@
 # benchmarks/bounded.sh), so that what ran is still read back; RESULTS names the results
 # folder (results-gpu); REPEATS, the `repeats` config key (unset: the config's 1). Wheels
 # missing from the node's image: in
-# $WHEELS (.whl-wf). At the end: a short table of the runs (benchmarks/run_table.py), `hopperlab
+# $WHEELS (.whl-wf). At the end: a short table of the runs (`hopperlab table runs`), `hopperlab
 # check`, and $OUT/runs.tgz with each run's small files (no profiles), for docs and fixtures.
 set -uo pipefail
 OUT=${1:?OUT}; RUNS=${2:?RUNS}; SUBS=${3:-}
@@ -41,7 +41,7 @@ echo "[workflow_gpu] snakemake exit $RC after ${SECONDS}s$([ $RC = 124 ] && echo
 R=${RESULTS:-results-gpu}
 python3 benchmarks/mlflow_readback.py http://127.0.0.1:5000 --json "$OUT/mlflow-readback.json" \
   >"$OUT/mlflow-readback.txt" 2>&1
-python3 benchmarks/run_table.py "$R" | tee "$OUT/table.txt"
+python3 -m hopperlab.cli table runs "$R" | tee "$OUT/table.txt"
 python3 -m hopperlab.cli check "$R" | tee "$OUT/check.txt"
 # small copies of what each run produced, for the docs and the test fixtures (no profiles)
 tar -czf "$OUT/runs.tgz" --exclude='artifacts' --exclude='attempts' --exclude='mlflow.db' "$R" \
@@ -52,5 +52,5 @@ cp "$R/summary.csv" "$OUT/" 2>/dev/null
 (cd "$R" && find . -path '*/artifacts/energy/*' -print0 | tar -czf "$OUT/energy.tgz" --null -T -) \
   2>/dev/null
 cp "$R/report.html" "$OUT/" 2>/dev/null
-python3 benchmarks/energy_table.py "$R" | tee "$OUT/energy.txt"
+python3 -m hopperlab.cli table energy "$R" | tee "$OUT/energy.txt"
 kill $SERVER 2>/dev/null

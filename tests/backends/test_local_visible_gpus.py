@@ -7,7 +7,18 @@ from __future__ import annotations
 import pytest
 
 from hopperlab.backends.base import JobRequest, JobResources
+from hopperlab.backends.local import slots
 from hopperlab.backends.local.executor import LAUNCHER, caller_gpus
+
+
+@pytest.fixture(autouse=True)
+def _own_slot_pool(tmp_path, monkeypatch):
+    """The slots a job of these tests takes (backends/local/slots.py) are of a pool of its own,
+    given back after: no other test's job waits for them."""
+    monkeypatch.setenv(slots.DIR_ENV, str(tmp_path / "slots"))
+    monkeypatch.delenv(slots.SLOTS_ENV, raising=False)
+    yield
+    slots.release()
 
 
 @pytest.mark.parametrize("visible, expected", [

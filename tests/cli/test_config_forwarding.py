@@ -29,12 +29,14 @@ PROBES: dict[str, tuple[Any, Callable[[Matrix], bool]]] = {
     "asset_substitutes": ({"dolly-15k": "dolly-synthetic"}, lambda m: m.runs[
         "finetune/lora-llama2-7b/baseline"].assets["records"] == "dolly-synthetic"),
     "repeats": (3, lambda m: {s.repeats for s in m.runs.values()} == {3}),
+    "processes": (3, lambda m: {s.processes for s in m.runs.values()} == {3}),
 }
 #: what a probe needs beside its own key (a substitute acts on a family that has the asset)
 BESIDE = {"asset_substitutes": {"families": ["finetune"],
                                 "only": ["finetune/lora-llama2-7b/baseline"]},
           "only": {"families": ["selftest"]}, "profiler": {"families": ["finetune"], "only": ["finetune/lora-llama2-7b/baseline"]},
-          "repeats": {"families": ["selftest"]}, "site": {"families": ["selftest"]},
+          "repeats": {"families": ["selftest"]}, "processes": {"families": ["selftest"]},
+          "site": {"families": ["selftest"]},
           "scale": {"families": ["selftest"]}, "results_dir": {"families": ["selftest"]}}
 
 
@@ -66,7 +68,7 @@ def test_every_schema_key_round_trips_into_spec_json(key):
 
 def test_all_keys_at_once_give_the_job_the_workflow_spec():
     overrides = {"site": "gpu-node", "scale": "full", "results_dir": "elsewhere",
-                 "families": ["finetune"], "profiler": "torch", "repeats": 2,
+                 "families": ["finetune"], "profiler": "torch", "repeats": 2, "processes": 3,
                  "only": ["finetune/lora-llama2-7b/baseline"],
                  "asset_substitutes": {"dolly-15k": "dolly-synthetic"}}
     assert set(overrides) == set(PROBES)

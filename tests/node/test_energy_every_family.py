@@ -4,7 +4,6 @@ for every family, not only the torch fine-tune."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,7 @@ from hopperlab.run.repeats import work_done_totals
 from hopperlab.workloads import family_info
 from hopperlab.workloads.finetune.nemo import MegatronStep, summarize_log
 
-from tests.node.test_energy import Clock, ReplayGpus, _measure  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from tests.node.test_energy import Clock, ReplayGpus, _measure
 
 
 def test_a_window_under_2_s_says_why_counter_and_trace_were_not_compared():
@@ -33,7 +30,7 @@ def test_a_window_under_2_s_says_why_counter_and_trace_were_not_compared():
 
 
 def test_the_energy_table_counts_a_short_window_as_not_compared_with_its_reason(tmp_path):
-    import energy_table
+    from hopperlab.results.tables import energy as energy_table
     from hopperlab.core.rundir import write_json_atomic
 
     run = tmp_path / "finetune" / "full-1b" / "fp8"

@@ -92,7 +92,7 @@ def test_results_never_imports_a_memory_technique():
 @pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
 def test_only_cli_parses_arguments():
     """cli/ is the only argument parser (ARCHITECTURE.md): membench's sweep had its own
-    argparse inside the family; it is benchmarks/membench_sweep.py now."""
+    argparse inside the family; the workflow runs the sweep now."""
     import ast
 
     offenders = []

@@ -14,6 +14,8 @@ from hopperlab.cli.workflow import (
     run_asset_manifests,
     run_key,
     run_output_paths,
+    run_threads,
+    alone_env,
     spec_fingerprint,
 )
 

@@ -15,6 +15,10 @@ rule run:
         key=lambda wc: run_key(MATRIX, wc),
         # a change of the resolved spec (params, knobs, resources, site) reruns the run
         spec=lambda wc: spec_fingerprint(MATRIX, wc),
+        alone=lambda wc, threads: alone_env(MATRIX, wc, threads),
+    # a host-bound run (experiments/<family>.yaml: host_bound) takes every core of a local
+    # workflow, so that nothing runs beside it (on Slurm: an exclusive allocation instead)
+    threads: lambda wc: run_threads(MATRIX, wc, workflow.cores)
     resources:
         # GPUs the run asks for: `--resources gpus=1` keeps a one-GPU node to one GPU job at a
         # time (local executor); without it (Slurm) the scheduler does the counting
@@ -24,4 +28,4 @@ rule run:
         experiment="[a-z0-9][a-z0-9._-]*",
         variant="[a-z0-9][a-z0-9._-]*",
     shell:
-        "{HOPPERLAB} submit {params.key} {UPLOAD_ARGS} --config {CONFIG_ARGS}"
+        "{params.alone}{HOPPERLAB} submit {params.key} {UPLOAD_ARGS} --config {CONFIG_ARGS}"

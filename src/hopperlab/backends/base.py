@@ -115,6 +115,9 @@ class BackendInfo:
     pins_nodes: bool = False
     #: seconds between job-state polls when the site does not say
     poll_interval_s: float = 0.5
+    #: how it keeps a host-bound job alone on its node (config/isolation.py), as the record
+    #: says it; None: by itself it cannot (the workflow's cores do it for a local job)
+    isolates: str | None = None
     #: what of the run's record it fills (the record's scheduler field keeps the name ``slurm``
     #: for the records and MLflow tags already written; its accounting's metrics and tags)
     record_fields: tuple[str, ...] = ()
@@ -163,6 +166,8 @@ class JobRequest:
     #: options for the launcher of each task (pyxis: the image, mounts, working folder)
     task_launcher_args: tuple[str, ...] = ()
     source: str = ""
+    #: the job needs its node(s) to itself (a host-bound run: config/isolation.py)
+    exclusive: bool = False
 
 
 class JobPaths(Protocol):

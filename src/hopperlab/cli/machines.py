@@ -154,10 +154,11 @@ def cmd_references(args: argparse.Namespace) -> int:
     for name, path in report.written.items():
         n = sum(1 for u in report.updated if u.startswith(name + " "))
         print(f"[hopperlab] references of {name}: {n} metric(s) written to {path}")
-    if report.written and len(folders) == 1:
+    if report.written and report.from_windows:
         print(f"[hopperlab] note: {folders[0]} is one process per run, and a fresh process "
               f"can differ by more than its windows do (docs/benchmarks/noise.md); references "
-              f"from three folders of independent runs hold: hopperlab references update A B C")
+              f"from independent processes hold: snakemake --config processes=3, then "
+              f"hopperlab references update {folders[0]}")
     if not report.written:
         raise SpecError(f"{' '.join(args.results_dir)}: no reference written (the runs "
                         f"skipped above: too few samples, measure with --config repeats=N, N >= "

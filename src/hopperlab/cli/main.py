@@ -22,6 +22,7 @@ from hopperlab.cli import assets as assets_cli
 from hopperlab.cli import containers as containers_cli
 from hopperlab.cli import machines as machines_cli
 from hopperlab.cli import profile as profile_cli
+from hopperlab.cli import tables as tables_cli
 from hopperlab.config.matrix import find_root, load_matrix, parse_overrides
 from hopperlab.config.spec import Matrix
 from hopperlab.core.errors import HopperlabError, SpecError, one_line
@@ -265,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ui", help="address of the MLflow UI (default: the tracking server, or "
                                 "http://127.0.0.1:5000 for a SQLite store opened with `mlflow ui`)")
     machines_cli.add_ab_options(p)
-    for group in (assets_cli, containers_cli, profile_cli):
+    for group in (assets_cli, containers_cli, profile_cli, tables_cli):
         group.add_commands(sub)
     machines_cli.add_verbs(sub, add)
     return parser

@@ -25,6 +25,7 @@ from hopperlab.run import attempts
 from hopperlab.node.containers import PYXIS, resolve_site_runtime
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
+from hopperlab.run.isolation import ALONE_ENV
 from hopperlab.run.submit import FORCED_ENV, disk_full_reason, is_disk_full
 from hopperlab.run.warm import Starter
 from hopperlab.run.warm_client import SOCKET_ENV, serves
@@ -365,3 +366,21 @@ def exit_on_config_error(exc: HopperlabError) -> None:
     (a WorkflowError would add Snakemake's file, line and traceback lines and exit 1)."""
     print(one_line(exc), file=sys.stderr)
     raise SystemExit(2)
+
+
+def run_threads(matrix: Matrix, wc: Any, cores: int | None) -> int:
+    """The Snakemake cores a run takes: every one for a host-bound run of a site whose jobs
+    run on this node (nothing starts beside it: config/isolation.py), else 1; a scheduler's
+    site keeps its runs apart itself (Slurm: an exclusive allocation)."""
+    spec = matrix.runs[run_key(matrix, wc)]
+    local = spec.site.backend.job_handle == "process" and not spec.site.backend.isolates
+    return max(1, int(cores or 1)) if spec.host_bound is not None and local else 1
+
+
+def alone_env(matrix: Matrix, wc: Any, threads: int) -> str:
+    """The rule's word to the submitting side that it keeps this run alone (its record says
+    so: run/isolation.py), else nothing."""
+    spec = matrix.runs[run_key(matrix, wc)]
+    if spec.host_bound is None or spec.site.backend.job_handle != "process":
+        return ""
+    return f"{ALONE_ENV}={int(threads)} "

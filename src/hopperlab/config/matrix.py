@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hopperlab.assets.registry import apply_substitutes, load_assets
+from hopperlab.config.isolation import host_bound
+from hopperlab.config.processes import resolve_processes
 from hopperlab.config.site import load_site, site_scale
 from hopperlab.config.spec import (
     DEFAULT_RESOURCES,
@@ -183,7 +185,9 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                 headline_metrics=info.headline_metrics, source=source,
                 assets=assets,
                 compare_to=_compare_to(var, exp["variants"], var_name, source, var_path),
-                repeats=resolve_repeats(config, var, exp, site_repeat))
+                repeats=resolve_repeats(config, var, exp, site_repeat),
+                processes=resolve_processes(config),
+                host_bound=host_bound(exp, var, f"{source}: {var_path}"))
             if _selected(spec.key, list(config.get("only") or [])):
                 check_caps(resources, site, where, scale)  # what this site cannot start
                 runs.append(spec)

@@ -194,11 +194,19 @@ class RunSpec:
     #: how many times the run measures (``repeats``; the family's ``repeat_unit`` says whether
     #: as windows after one warm-up or as reruns): each sample recorded, the median reported
     repeats: int = 1
+    #: how many independent jobs measure the run (``processes``; each its own process, on
+    #: Slurm possibly its own node), each with ``repeats`` windows: run/processes.py
+    processes: int = 1
+    #: why the run is host-bound (judged on a host figure: the workflow runs it alone on its
+    #: node, config/isolation.py), or None
+    host_bound: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
-            raise SpecError(f"{self.source}: {self.key}: repeats must be an integer >= 1, "
-                            f"got {self.repeats!r}")
+        for name in ("repeats", "processes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"{self.source}: {self.key}: {name} must be an integer >= 1, "
+                                f"got {value!r}")
 
     @property
     def key(self) -> str:
@@ -234,10 +242,12 @@ class RunSpec:
             del data["site"]["profiling"]
         data["site"]["tracking_uri"] = redact_uri(self.site.tracking_uri)
         data["key"] = self.key
-        if data["compare_to"] is None:  # absent: specs of runs that name none stay as they were
-            del data["compare_to"]
-        if data["repeats"] == 1:  # absent likewise: a run measured once keeps its fingerprint
-            del data["repeats"]
+        for name in ("compare_to", "host_bound"):  # absent: specs of runs that name none stay
+            if data[name] is None:
+                del data[name]
+        for name in ("repeats", "processes"):  # absent likewise at 1: the fingerprint stays
+            if data[name] == 1:
+                del data[name]
         return data
 
     @classmethod
@@ -265,7 +275,8 @@ class RunSpec:
             headline_metrics=tuple(data.get("headline_metrics", ())),
             source=data.get("source", ""), git_commit=data.get("git_commit"),
             assets=dict(data.get("assets", {})), compare_to=data.get("compare_to"),
-            repeats=int(data.get("repeats", 1)),
+            repeats=int(data.get("repeats", 1)), processes=int(data.get("processes", 1)),
+            host_bound=data.get("host_bound"),
         )
 
 

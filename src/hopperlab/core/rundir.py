@@ -260,6 +260,25 @@ def read_samples(run_dir: Path) -> list[dict[str, float]]:
     return out
 
 
+def read_process_samples(run_dir: Path) -> list[list[dict[str, float]]]:
+    """The windows of each independent process of a run measured with ``processes`` (the
+    ``process`` of each line of ``samples.jsonl``), in process order; empty for a run of one
+    process (its lines name none)."""
+    path = Path(run_dir) / SAMPLES_FILE
+    if not path.exists():
+        return []
+    groups: dict[int, list[dict[str, float]]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            data = json.loads(line)
+            process, metrics = data["process"], dict(data["metrics"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+        if isinstance(process, int) and not isinstance(process, bool):
+            groups.setdefault(process, []).append(metrics)
+    return [groups[p] for p in sorted(groups)]
+
+
 def finite_samples(run_dir: Path, samples: Sequence[Mapping[str, Any]], metric: str
                    ) -> list[float]:
     """``metric`` in each of ``samples`` that has it; a value that is not a finite number (NaN,

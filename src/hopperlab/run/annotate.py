@@ -22,6 +22,7 @@ from hopperlab.config.energy import (
     energy_scope,
 )
 from hopperlab.config.spec import RunSpec
+from hopperlab.run.isolation import isolation_of
 from hopperlab.core.energy_names import (SLOW_STEP_X, SLOW_STEPS, TAG_BASIS, TAG_SLOW,
                                          TAG_WORK_NOT_COUNTED)
 from hopperlab.node.containers import image_digest
@@ -34,6 +35,8 @@ TAG_MACHINE = "machine"
 def annotate_record(rec: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
     """``rec`` with ``machine`` and, where the site has a price, the cost metrics."""
     name = machine_name(rec.get("hardware") or {}, spec.site.machine)
+    if getattr(spec, "host_bound", None) is not None:  # a stand-in spec may have none
+        rec["isolation"] = isolation_of(spec)
     rec["machine"] = name
     tags = rec.setdefault("tags", {})
     tags[TAG_MACHINE] = name

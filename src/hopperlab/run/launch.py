@@ -179,7 +179,7 @@ def job_request(spec: RunSpec, run_dir: Path) -> JobRequest:
                                tasks_on_node=res.tasks_on_node),
         settings=spec.site.own_settings, poll_interval_s=spec.site.poll_interval_s,
         env=dict(spec.site.env), task_launcher_args=tuple(container_srun_args(spec, run_dir)),
-        source=spec.site.source)
+        source=spec.site.source, exclusive=spec.host_bound is not None)
 
 
 def make_executor(spec: RunSpec, run_dir: Path, log: Callable[[str], None] = print

@@ -159,6 +159,7 @@ def _execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     try:
         rec.hardware = hardware.fingerprint()
         rec.hardware["container"] = inside_container()  # what the job sees of its image
+        rec.hardware["gpu_index"] = os.environ.get("CUDA_VISIBLE_DEVICES")  # its GPU slot(s)
         if FORKED_ENV in os.environ:  # its imports done once for the workflow (run/warm.py)
             rec.hardware["warm_start"] = f"forked from the warm starter, pid {os.environ[FORKED_ENV]}"
         elif os.environ.get(COLD_ENV):  # a starter was asked, and why it did not fork this job

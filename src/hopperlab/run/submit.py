@@ -45,7 +45,7 @@ from hopperlab.node.containers import (
     start_failure,
 )
 from hopperlab.profiling import check_profiler
-from hopperlab.run import attempts, launch, ranks, runner, scheduler
+from hopperlab.run import attempts, launch, processes, ranks, runner, scheduler
 from hopperlab.run.annotate import annotate_record
 
 #: How long the submitting side waits for space to write a run's record on a full disk, and how
@@ -494,7 +494,26 @@ def submit(matrix: Matrix, key: str, *, upload: Uploader | None = None,
         found = adoptable_attempt(matrix, spec, run_dir) if adopt else None
         if found is not None:
             return _adopt(run_dir, spec, found, upload, log)
+        if spec.processes > 1:
+            return _submit_processes(spec, run_dir, upload, log, checkout_commit(matrix.root))
         return _submit_locked(spec, run_dir, upload, log, checkout_commit(matrix.root))
+
+
+def _submit_processes(spec: RunSpec, run_dir: Path, upload: Uploader | None, log,
+                      commit: str | None) -> int:
+    """``spec.processes`` jobs of the run, one after the other (``run/processes.py``); the
+    run's record made from theirs, uploaded once."""
+    def one(sub: RunSpec, folder: Path) -> int:
+        index = folder.name
+        return _submit_locked(sub, folder, None, lambda line: log(f"{line} [process {index}]"),
+                              commit)
+
+    rec = processes.submit_processes(spec, run_dir, one, commit, log)
+    log(f"[hopperlab] {spec.key}: {rec['status']} over {spec.processes} processes"
+        + (f" ({rec['reason']})" if rec["reason"] else ""))
+    if upload:
+        upload(run_dir, spec.site.tracking_uri, log)
+    return 1 if rec["status"] in FAILING_STATUSES else 0
 
 
 def _await_earlier_job(spec: RunSpec, run_dir: Path, log) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 
@@ -229,31 +228,6 @@ def test_loaded_cudart_paths():
         "/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13",
         "/opt/torch/lib/libcudart-9335f6a2.so.12",
     ]
-
-
-def _sweep_script():
-    """benchmarks/membench_sweep.py as a module (a script: no command line in the package)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "membench_sweep.py"
-    spec_ = importlib.util.spec_from_file_location("membench_sweep", path)
-    module = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(module)
-    return module
-
-
-def test_sweep_script_on_cpu(tmp_path, capsys):
-    sweep = _sweep_script()
-
-    rc = sweep.main(["--out", str(tmp_path), "--scale", "smoke", "--gpus", "0", "--no-extras",
-                     "--only", "copy-h2d-pageable,copy-h2d-pinned,alloc-host",
-                     "--copy-sizes", "1,2", "--alloc-sizes", "1,2"])
-    assert rc == 0
-    out = capsys.readouterr().out
-    assert "fingerprint:" in out and "copy/h2d-pinned" in out and "skipped" in out
-    assert (tmp_path / "table.txt").exists() and (tmp_path / "fingerprint.json").exists()
-    rec = json.loads((tmp_path / "copy-h2d-pageable" / "metrics.json").read_text())
-    assert rec["status"] == "ok" and rec["hardware"]["cpu_arch"]
 
 
 # --------------------------------------------------------------------------- energy's work done

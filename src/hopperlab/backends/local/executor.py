@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hopperlab.backends.base import MASTER_PORT_ENV, Executor, JobHandle, JobRequest, Launcher
+from hopperlab.backends.local import slots
 from hopperlab.node import oom_kills
 
 #: the local controller's own limit lies this far past ours (minutes)
 BACKSTOP_MIN = 1
+#: how long a job waits for GPU slots that other jobs of this node hold
+SLOT_WAIT_S = 6 * 3600.0
 #: where submitit's local controller writes its own stderr (in the job's submitit folder)
 CONTROLLER_ERR = "controller.err"
 
@@ -31,6 +34,19 @@ def caller_gpus(visible: str | None) -> tuple[int, ...]:
     if not words or not all(w.isdigit() for w in words):
         return ()
     return tuple(int(w) for w in words)
+
+
+def job_gpus(n: int, log: Callable[[str], None] = print) -> tuple[int, ...]:
+    """The GPUs a job of ``n`` gets: its own slots of the node's pool (``slots``: no other
+    job of this node holds them while it runs), else the caller's ``CUDA_VISIBLE_DEVICES``
+    (a node whose pool is empty: submitit numbers from 0)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    indices = slots.pool(visible, os.environ.get(slots.SLOTS_ENV))
+    if not n or not indices or n > len(indices):  # more than the pool: submitit refuses
+        return caller_gpus(visible)
+    got = slots.take(n, indices, timeout_s=SLOT_WAIT_S)
+    log(f"[hopperlab] GPU slot(s) {','.join(map(str, got))} of {len(indices)}")
+    return got
 
 
 def free_port() -> int:
@@ -53,7 +69,7 @@ class LocalLauncher(Launcher):
             os.environ[MASTER_PORT_ENV] = str(free_port())
         ex.update_parameters(timeout_min=res.time_min + BACKSTOP_MIN, gpus_per_node=res.gpus,
                              tasks_per_node=res.tasks_on_node, nodes=1, signal_delay_s=0,
-                             visible_gpus=caller_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")))
+                             visible_gpus=job_gpus(res.gpus, log))
         return ex
 
     def submit(self, executor: Executor, func: Callable[..., Any], *args: Any) -> JobHandle:

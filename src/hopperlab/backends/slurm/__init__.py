@@ -45,6 +45,7 @@ BACKEND = BackendInfo(
     profiler_reach="node",
     node_setup=lambda settings: tuple(settings.setup) if settings is not None else (),
     job_handle="scheduler",
+    isolates="an exclusive Slurm allocation (sbatch --exclusive): no other job on its node",
     enforces_time_limit=True,
     pins_nodes=True,
     poll_interval_s=30.0,

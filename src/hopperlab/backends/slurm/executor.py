@@ -137,6 +137,8 @@ def make_executor(req: JobRequest, log: Callable[[str], None] = print) -> Execut
     )
     if res.gpus:
         params["gpus_per_node"] = res.gpus
+    if req.exclusive:  # a host-bound run: its node to itself
+        params["exclusive"] = True
     for key in ("partition", "account", "qos", "constraint"):
         if getattr(s, key):
             params[key] = getattr(s, key)

@@ -31,6 +31,7 @@ from hopperlab.results.machines import ab, prediction_error
 from hopperlab.results.machines import cost as costs
 from hopperlab.results.machines import energy as energies
 from hopperlab.results.machines.descriptions import MachineDescription, MatmulProbe
+from hopperlab.results.machines.probes import with_measured
 from hopperlab.results.machines.predict import Prediction, predict
 from hopperlab.results.machines.references import direction
 from hopperlab.results.machines.runs import MachineRuns
@@ -579,7 +580,9 @@ def compare(groups: Sequence[MachineRuns], out_dir: Path, *, reference: str | No
     if reference not in names:
         raise SpecError(f"--reference {reference}: not one of the compared machines "
                         f"({', '.join(names)})")
-    lines = build_lines(groups, reference, probes_of(descriptions or {}))
+    # each machine's own matmul runs (membench/matmul) over its description's probe
+    lines = build_lines(groups, reference, with_measured(
+        probes_of(descriptions or {}), [r for g in groups for r in g.runs.values()]))
     preds = all_predictions(groups, descriptions or {}, targets)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,7 @@ class HostLink:
 
 @dataclass(frozen=True)
 class MatmulProbe:
-    """The node's own matmul loop in TFLOP per joule (``benchmarks/energy_probe.py``, measured):
+    """The node's own matmul loop in TFLOP per joule (the runs ``membench/matmul/bf16`` and ``/fp8``, measured):
     no model does more work per joule, so a run above it by more than 10 % has joules or work
     that are wrong (``config.energy.plausibility``). fp8 runs are held to the fp8 figure."""
 

@@ -41,9 +41,10 @@ from hopperlab.core.effects import DEFAULT_MIN_EFFECT, min_effect_for
 from hopperlab.core.errors import SpecError
 from hopperlab.core.locks import folder_held
 from hopperlab.core.run_key import key_problem
-from hopperlab.core.rundir import SAMPLES_FILE, finite_samples, read_samples, write_text_atomic
+from hopperlab.core.rundir import (SAMPLES_FILE, finite_samples, read_process_samples,
+                                   read_samples, write_text_atomic)
 from hopperlab.core.schema import load_yaml
-from hopperlab.core.stats import percentile, robust_spread
+from hopperlab.core.stats import aggregate_samples, percentile, robust_spread
 from hopperlab.node.hardware import host_cpu
 from hopperlab.results.machines import references as refs_mod
 from hopperlab.results.rows import RunRow, read_runs
@@ -67,6 +68,12 @@ class UpdateReport:
     skipped: list[str]                # why a run gave no reference
     #: each folder as given -> the machines its ok runs recorded
     machines: dict[str, list[str]] = field(default_factory=dict)
+    #: the runs (one folder) whose references came from one process's windows, not processes
+    from_windows: list[str] = field(default_factory=list)
+
+
+#: a metric's samples for a reference, each checked (``_values``)
+Getter = Callable[[str], list[float]]
 
 
 def _metrics_for(row: RunRow, existing: Mapping[str, Any]) -> list[str]:
@@ -83,10 +90,14 @@ def _entry(row: RunRow, metric: str, values: list[float], min_effect: float,
     cpu = host_cpu(row.hardware) if refs_mod.cpu_driven(row.family, metric) else None
     spread = robust_spread(values, f"{row.key} {metric}")
     where = ", ".join(f"{r.name}/{row.key}" for r in results)
-    what = (f"{len(values)} repeats ({row.tags.get('repeat_unit', 'reruns')})"
-            if len(results) == 1 else
-            f"{len(values)} independent runs (one process each, its samples reduced to their "
-            f"median)")
+    if len(results) > 1:
+        what = (f"{len(values)} independent runs (one process each, its samples reduced to "
+                f"their median)")
+    elif _by_process(row):
+        what = (f"{len(values)} independent processes (each one's windows reduced to their "
+                f"median)")
+    else:
+        what = f"{len(values)} repeats ({row.tags.get('repeat_unit', 'reruns')})"
     entry: dict[str, Any] = {
         "value": percentile(values, 50), "spread": spread, "n": len(values),
         "min_effect": min_effect,
@@ -112,23 +123,58 @@ def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None =
            min_effect: float | None = None, today: str | None = None,
            pool_machines: bool = False) -> UpdateReport:
     """Write (or update) ``refs_dir/<machine>.yaml`` from the ok runs under ``results`` (one
-    folder: each run's samples; several: one sample per folder holding the run, the median of
-    its samples, and a run needs ``MIN_SAMPLES`` folders).
+    folder: each run's processes when it ran in ``MIN_SAMPLES`` or more, else its samples;
+    several: one sample per folder holding the run, the median of its samples, and a run
+    needs ``MIN_SAMPLES`` folders).
 
     A machine is a name, never a path (``check``'s rule): ``--machine ../x`` is refused, a
     record whose machine is not a name is skipped. Every sample must be a finite positive
     number, else nothing is written. Each file is read, merged and replaced under a lock on
-    the folder (concurrent updates keep every run) and replaced only by a file that loads."""
+    the folder (concurrent updates keep every run) and replaced only by a file that loads.
+    In four steps: the folders read once, every sample checked, each file merged, written."""
     today = today or date.today().isoformat()
+    _check_arguments(machine, pool_machines, refs_dir)
+    folders = [Path(results)] if isinstance(results, (str, Path)) else [Path(r) for r in results]
+    _refuse_twice(folders)
+    report = UpdateReport({}, [], [])
+    by_machine = _read(folders, machine, pool_machines, report)
+    values = {(name, key): _pooled([r for _, r in same], len(folders) > 1)
+              for name, keys in by_machine.items() for key, same in keys.items()}
+    _check_samples(by_machine, values, refs_dir)
+    floor = DEFAULT_MIN_EFFECT if min_effect is None else min_effect
+    for name, keys in by_machine.items():
+        refs_dir.mkdir(parents=True, exist_ok=True)
+        path = refs_dir / f"{name}.yaml"
+        with folder_held(refs_dir):
+            data = load_yaml(path, "references") if path.is_file() else {}
+            body = dict(data.get("references") or {})
+            merge = _Merge(name, folders, machine, floor, today, report)
+            if not merge.into(body, keys, values):
+                continue
+            text = _header(path) + tool_line(today, [*_folders_of(path, today),
+                                                     " ".join(map(str, folders))])
+            _replace_checked(path, text + _dump(name, body))
+        report.written[name] = path
+    return report
+
+
+#: machine -> run key -> (folder, run) of the key, one per folder (the first names the entry)
+ByMachine = dict[str, dict[str, list[tuple[Path, RunRow]]]]
+
+
+def _check_arguments(machine: str | None, pool_machines: bool, refs_dir: Path) -> None:
     if machine is not None and not refs_mod.MACHINE_NAME.fullmatch(machine):
         raise SpecError(f"--machine {machine!r}: not a machine name (letters, digits and . _ + "
                         f"-, no path): references are {refs_dir}/<machine>.yaml")
     if pool_machines and machine is None:
         raise SpecError("references update --pool-machines: give --machine, the one machine "
                         "the pooled folders' references are for")
-    folders = [Path(results)] if isinstance(results, (str, Path)) else [Path(r) for r in results]
-    _refuse_twice(folders)
-    report = UpdateReport({}, [], [])
+
+
+def _read(folders: list[Path], machine: str | None, pool_machines: bool,
+          report: UpdateReport) -> ByMachine:
+    """Every folder's ok runs, read once, grouped by machine and key; the folders checked to
+    be independent and (unless pooled) of one machine."""
     runs_of: dict[Path, list[RunRow]] = {}
     for f in folders:
         found, refused = read_runs(f)
@@ -146,8 +192,7 @@ def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None =
                         f"{len(recorded)} machines ({_machines_said(report.machines)}): a "
                         f"reference pools runs of one machine; give one machine's folders, or "
                         f"--pool-machines to take them all as {machine}'s")
-    # machine -> key -> (folder, run) of the key, one per folder (the first names the entry)
-    by_machine: dict[str, dict[str, list[tuple[Path, RunRow]]]] = {}
+    by_machine: ByMachine = {}
     for folder, found in runs_of.items():
         for r in found:
             name = machine or r.machine or "unknown"
@@ -157,51 +202,62 @@ def update(results: Path | Sequence[Path], refs_dir: Path, machine: str | None =
                                       f"--machine")
                 continue
             by_machine.setdefault(name, {}).setdefault(r.key, []).append((folder, r))
-    values = {(name, key): _pooled([r for _, r in same], len(folders) > 1)
-              for name, keys in by_machine.items() for key, same in keys.items()}
-    for name, keys in by_machine.items():  # every sample checked before any file is touched
+    return by_machine
+
+
+def _check_samples(by_machine: ByMachine, values: Mapping[tuple[str, str], Getter],
+                   refs_dir: Path) -> None:
+    """Every sample of every metric to be written checked before any file is touched."""
+    for name, keys in by_machine.items():
         path = refs_dir / f"{name}.yaml"
         data = load_yaml(path, "references") if path.is_file() else {}
         body = data.get("references") if isinstance(data, Mapping) else None
         for key, same in keys.items():
             for metric in _metrics_for(same[0][1], body if isinstance(body, Mapping) else {}):
                 values[name, key](metric)
-    for name, keys in by_machine.items():
-        refs_dir.mkdir(parents=True, exist_ok=True)
-        path = refs_dir / f"{name}.yaml"
-        with folder_held(refs_dir):
-            data = load_yaml(path, "references") if path.is_file() else {}
-            header = _header(path)
-            body = dict(data.get("references") or {})
-            changed = False
-            for key, same in keys.items():
-                row = same[0][1]
-                for metric in _metrics_for(row, body):
-                    got = values[name, key](metric)
-                    if len(got) < MIN_SAMPLES:
-                        how = ("run it with repeats (--config repeats=N)" if len(folders) == 1
-                               else _where_it_ran(name, [f for f, _ in same], folders,
-                                                  report.machines, machine))
-                        report.skipped.append(
-                            f"{row.key} {metric}: {len(got)} sample(s); a reference needs "
-                            f"{MIN_SAMPLES} or more: {how}")
-                        continue
-                    old_runs = body.setdefault(row.key, {})
-                    old = old_runs.get(metric)
-                    floor = DEFAULT_MIN_EFFECT if min_effect is None else min_effect
-                    effect = min_effect_for(got, floor)
-                    new = _entry(row, metric, got, effect, [f for f, _ in same], today)
-                    merged = _merge(old, new)
-                    old_runs[metric] = merged[0] if len(merged) == 1 else merged
-                    report.updated.append(f"{name} {row.key} {metric}")
-                    changed = True
-            if not changed:
-                continue
-            text = header + tool_line(today, [*_folders_of(path, today),
-                                              " ".join(map(str, folders))])
-            _replace_checked(path, text + _dump(name, body))
-        report.written[name] = path
-    return report
+
+
+@dataclass
+class _Merge:
+    """One machine's new entries merged into its file's ``references`` body."""
+
+    name: str
+    folders: list[Path]
+    machine: str | None
+    floor: float
+    today: str
+    report: UpdateReport
+
+    def into(self, body: dict[str, Any], keys: Mapping[str, list[tuple[Path, RunRow]]],
+             values: Mapping[tuple[str, str], Getter]) -> bool:
+        """Merge every run of ``keys`` into ``body``; whether anything changed."""
+        changed = False
+        for key, same in keys.items():
+            row = same[0][1]
+            for metric in _metrics_for(row, body):
+                got = values[self.name, key](metric)
+                if len(got) < MIN_SAMPLES:
+                    self.report.skipped.append(
+                        f"{row.key} {metric}: {len(got)} sample(s); a reference needs "
+                        f"{MIN_SAMPLES} or more: {self._how(same)}")
+                    continue
+                old_runs = body.setdefault(row.key, {})
+                new = _entry(row, metric, got, min_effect_for(got, self.floor),
+                             [f for f, _ in same], self.today)
+                merged = _merge(old_runs.get(metric), new)
+                old_runs[metric] = merged[0] if len(merged) == 1 else merged
+                self.report.updated.append(f"{self.name} {row.key} {metric}")
+                if len(self.folders) == 1 and not _by_process(row):
+                    self.report.from_windows.append(row.key)
+                changed = True
+        return changed
+
+    def _how(self, same: list[tuple[Path, RunRow]]) -> str:
+        if len(self.folders) == 1:
+            return ("run it in independent processes (--config processes=3), or with "
+                    "repeats (--config repeats=N)")
+        return _where_it_ran(self.name, [f for f, _ in same], self.folders,
+                             self.report.machines, self.machine)
 
 
 def _refuse_twice(folders: Sequence[Path]) -> None:
@@ -258,7 +314,12 @@ def _where_it_ran(name: str, held: Sequence[Path], folders: Sequence[Path],
                else ""))
 
 
-def _pooled(runs: list[RunRow], per_process: bool) -> Callable[[str], list[float]]:
+def _by_process(row: RunRow) -> bool:
+    """Whether the run's one folder holds ``MIN_SAMPLES`` or more independent processes."""
+    return len(read_process_samples(row.run_dir)) >= MIN_SAMPLES
+
+
+def _pooled(runs: list[RunRow], per_process: bool) -> Getter:
     """A metric's samples for a reference: the one run's samples, or (``per_process``, the
     runs of several folders) one sample per run, the median of its own."""
     getters = [_values(r) for r in runs]
@@ -275,7 +336,11 @@ def _values(row: RunRow) -> Callable[[str], list[float]]:
     """A metric's samples of ``row`` (its one value when it has none), each checked: a
     sample that is not a finite positive number refuses the update (a reference of it would
     never load, or would fail every later check)."""
-    samples = read_samples(row.run_dir)
+    groups = read_process_samples(row.run_dir)
+    if len(groups) >= MIN_SAMPLES:  # processes: one sample each, the median of its windows
+        samples = [aggregate_samples(g, ()) for g in groups]
+    else:  # one process's windows (of a run of fewer processes: its first's)
+        samples = groups[0] if groups else read_samples(row.run_dir)
     where = Path(row.run_dir) / SAMPLES_FILE
 
     def get(metric: str) -> list[float]:

@@ -1,6 +1,6 @@
 """membench: what the host<->device memory system gives on the node a job landed on.
 
-Three tests (``MembenchParams.test``):
+Four tests (``MembenchParams.test``):
 
 * ``copy``: copy bandwidth host->device, device->host and both at once, from pageable or pinned
   host memory, over a sweep of sizes.
@@ -11,6 +11,9 @@ Three tests (``MembenchParams.test``):
 * ``collective``: the GPU-GPU link: all-reduce or all-gather over the run's ranks (NCCL on
   GPUs, gloo on CPU), time and nccl-tests' algorithm and bus bandwidth over message sizes, and
   the time of the hidden-size message of a 70B decode step (``collective.py``).
+* ``matmul``: the node's own ceilings, a bf16 or fp8 matmul loop on one GPU (``matmul.py``):
+  TFLOP/s (the compute floor) and TFLOP per joule (the energy plausibility gate's ceiling);
+  GPU-only, skipped with the reason elsewhere.
 
 Units: sizes are MiB (``size_mb`` = 2**20 bytes, as CUDA's bandwidthTest counts); bandwidth is
 GB/s with GB = 1e9 bytes; times are milliseconds. ``workload.py`` says how each figure is timed
@@ -29,7 +32,8 @@ from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, F
                                       WorkUnit)
 
 # each choice declared once, as the params' type (core.schema checks it); the tuples for readers
-Test = Literal["copy", "alloc", "collective"]
+Test = Literal["copy", "alloc", "collective", "matmul"]
+Dtype = Literal["bf16", "fp8"]
 Op = Literal["all_reduce", "all_gather"]
 Direction = Literal["h2d", "d2h", "bidir"]
 HostMemory = Literal["pageable", "pinned"]
@@ -44,8 +48,10 @@ HOST_MEMORIES, KINDS = get_args(HostMemory), get_args(Kind)
 #: latency_us_small (one call of the smallest message), latency_us_decode_b1 (one call of a 70B
 #: decode step's hidden-size message at batch 1: 8192 x 2 bytes).
 COLLECTIVE_HEADLINES = ("busbw_gbps_peak", "latency_us_small", "latency_us_decode_b1")
+#: matmul: tflops (the loop's TFLOP/s), tflop_per_j (its TFLOP per GPU joule)
+MATMUL_HEADLINES = ("tflops", "tflop_per_j")
 HEADLINE_METRICS: tuple[str, ...] = ("gbps_peak", "gbps_at_largest", "alloc_ms_at_largest",
-                                     *COLLECTIVE_HEADLINES)
+                                     *COLLECTIVE_HEADLINES, *MATMUL_HEADLINES)
 
 
 def headline_metrics(test: str) -> tuple[str, ...]:
@@ -54,6 +60,8 @@ def headline_metrics(test: str) -> tuple[str, ...]:
         return ("gbps_peak", "gbps_at_largest", "alloc_ms_at_largest")
     if test == "collective":
         return COLLECTIVE_HEADLINES
+    if test == "matmul":
+        return MATMUL_HEADLINES
     return ("gbps_peak", "gbps_at_largest")
 
 
@@ -96,6 +104,11 @@ class MembenchParams:
     #: collective: batches whose 70B decode message (decode_hidden x 2 bytes x batch) is timed
     decode_batches: tuple[int, ...] = bounded((1, 8), at_least=1)
     decode_hidden: int = bounded(8192, at_least=1)
+    #: matmul: the inputs' type (fp8: e4m3 through torch._scaled_mm, the ceiling of fp8 runs),
+    #: the square matrices' side and the seconds of the measured loop
+    dtype: Dtype = "bf16"
+    size: int = bounded(8192, at_least=16)
+    seconds: float = bounded(3.0, at_least=0.1)
 
     def __post_init__(self) -> None:
         """Types and bounds are declared on the fields (``settle_fields``); here: the fields
@@ -109,9 +122,9 @@ class MembenchParams:
 def check(knobs: Knobs, params: MembenchParams) -> None:
     """Refuse a variant whose memory knob contradicts its test or kind (``FamilyInfo.check``)."""
     memory, kind = knobs.memory, params.kind
-    if params.test == "collective" and memory != "device":
-        raise Contradiction("memory", f"{memory!r} does not apply to the test collective (the "
-                            f"collective's buffers are the backend's own)")
+    if params.test in ("collective", "matmul") and memory != "device":
+        raise Contradiction("memory", f"{memory!r} does not apply to the test {params.test} "
+                            f"(its buffers are plain device memory)")
     if params.test == "copy" and memory == "system":
         raise Contradiction("memory", "system has no copy to measure (the GPU reads system "
                             "memory in place): use test: alloc, kind: system")
@@ -130,14 +143,19 @@ METRIC_DIRECTIONS = {"gbps_peak": HIGHER, "gbps_at_largest": HIGHER, "h2d_gbps_a
               "d2h_gbps_at_largest": HIGHER, "alloc_ms_at_largest": LOWER,
               "free_ms_at_largest": LOWER, "busbw_gbps_peak": HIGHER,
               "busbw_gbps_at_largest": HIGHER, "latency_us_small": LOWER,
-              "latency_us_decode_b1": LOWER, "latency_us_decode_b8": LOWER}
+              "latency_us_decode_b1": LOWER, "latency_us_decode_b8": LOWER,
+              "tflops": HIGHER, "tflop_per_j": HIGHER}
 #: cost by the rate at the largest size; energy by the bytes every copy of the sweep moved
 #: inside the measured window (``measured_gb_copied``, GB; issue 36). The alloc and collective
 #: tests copy nothing over the host link and count none: their J per unit is by the rate, and
 #: tag ``energy.work_not_counted`` says why (``workload._NOT_COUNTED``)
 WORK_UNITS = (WorkUnit("cost_per_tb_copied", "per TB copied (at the largest size)", 1e12 / 1e9,
                        "per_s", "gbps_at_largest", work_per_j="gb_copied_per_j",
-                       work_label="GB copied per joule", done=("measured_gb_copied",)),)
+                       work_label="GB copied per joule", done=("measured_gb_copied",)),
+              # matmul: the TFLOP the measured loop did (its TFLOP per joule: the ceiling)
+              WorkUnit("cost_per_pflop", "per PFLOP", 1e3, "per_s", "tflops",
+                       work_per_j="tflop_per_j", work_label="TFLOP per joule",
+                       done=("measured_tflop",)))
 
 FAMILY = FamilyInfo(
     name="membench",
@@ -150,7 +168,8 @@ FAMILY = FamilyInfo(
     params=MembenchParams,
     headline_metrics=HEADLINE_METRICS,
     directions=METRIC_DIRECTIONS,
-    judged=("gbps_at_largest", "busbw_gbps_peak", "latency_us_small", "alloc_ms_at_largest"),
+    judged=("gbps_at_largest", "busbw_gbps_peak", "latency_us_small", "alloc_ms_at_largest",
+            "tflops"),
     work_units=WORK_UNITS,
     charts="hopperlab.workloads.membench.charts:charts",
     check=check,

@@ -18,7 +18,7 @@ from hopperlab.cuda.nvtx import nvtx_range, profiled_region
 from hopperlab.core.rundir import SkipRun
 from hopperlab.core.window import MEASURED, window
 from hopperlab.workloads.membench import HEADLINE_METRICS, MembenchParams, headline_metrics
-from hopperlab.workloads.membench import collective
+from hopperlab.workloads.membench import collective, matmul
 from hopperlab.workloads.membench.allocation import check_alloc, run_alloc
 from hopperlab.workloads.membench.common import Env, plan_for, probe
 from hopperlab.workloads.membench.copies import check_copy, run_copy
@@ -61,6 +61,11 @@ def run(spec: RunView, recorder: Recording, *, use_torch: bool = True) -> None:
         recorder.set_tag("membench.grace_hopper", str(env.is_grace_hopper).lower())
     else:
         recorder.set_tag("membench.no_cuda_reason", env.no_cuda_reason)
+    if params.test == "matmul":  # the node's ceilings: counts its own work (TFLOP)
+        matmul.check_matmul(env, params)  # skip before the profiler starts
+        with _profiling(env, profiler, recorder):
+            matmul.run_matmul(env, params, recorder)
+        return
     if params.test != "copy":  # the unit of work is bytes copied over the host link
         recorder.set_tag(TAG_WORK_NOT_COUNTED, _NOT_COUNTED[params.test])
     if params.test == "collective":

@@ -1,12 +1,12 @@
-"""Energy of each run of a results folder, one line each: the table of docs/benchmarks/energy.md.
-
-    python3 benchmarks/energy_table.py RESULTS_DIR [--probe PROBE.json] [--probe-fp8 PROBE.json]
+"""Energy of each run of a results folder, one line each: the table of docs/benchmarks/energy.md
+(``hopperlab table energy RESULTS_DIR``).
 
 Per run: status, the measured window (s), GPU and host joules, mean and peak GPU power, the
 trace/counter agreement, energy per unit of work and work per joule of the family's first unit
 (GPU energy; "+host" where the host was measured), the run's model TFLOP per joule against the
-node's matmul probe (benchmarks/energy_probe.py: bf16, or ``--probe-fp8`` for fp8 runs; more
-than 10 % above it marks the energy ``implausible``, kept out of the comparisons), and how
+node's matmul probe (its ``membench/matmul`` runs in the same folder, else the machine's
+description: bf16, fp8 for fp8 runs; more than 10 % above it marks the energy
+``implausible``, kept out of the comparisons), and how
 energy was measured or why not (how J per unit was divided, slow steps inside the window, why a
 trace disagrees with its counter). Two closing lines: runs whose counter and trace agree within
 5 %, runs below the probe. Reads the run directories (records), like ``hopperlab report``.
@@ -14,13 +14,15 @@ trace disagrees with its counter). Two closing lines: runs whose counter and tra
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
+from typing import Mapping
 
 from hopperlab.config.energy import node_name, plausibility
 from hopperlab.core import energy_names as N
 from hopperlab.node.energy.arithmetic import AGREEMENT_MIN_S
+from hopperlab.results.machines.compare import probe_for
+from hopperlab.results.machines.descriptions import MatmulProbe
+from hopperlab.results.machines.probes import probes_from_runs
 from hopperlab.results.rows import collect_runs
 from hopperlab.workloads import family_info
 
@@ -29,22 +31,22 @@ def _f(value: float | None, digits: int = 4) -> str:
     return "not measured" if value is None else f"{value:.{digits}g}"
 
 
-def _probe(path: Path | None) -> float | None:
-    if path is None or not path.is_file():
-        return None
-    return json.loads(path.read_text()).get(N.TFLOP_PER_J)
-
-
-def lines(results: Path, probe: float | None = None, probe_fp8: float | None = None
-          ) -> list[str]:
+def lines(results: Path, probes: Mapping[str, MatmulProbe] | None = None) -> list[str]:
+    """The table's lines; ``probes``: each machine's matmul probe (None: the folder's own
+    ``membench/matmul`` runs)."""
+    rows = collect_runs(results)
+    probes = probes_from_runs(rows) if probes is None else probes
     out = ["| run | status | window s | GPU J | host J | GPU W mean / peak | trace/counter | "
            "J per unit (GPU; +host) | work per J | TFLOP/J (probe) | how |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     agree, disagree, below, above, unmatched = [], [], [], [], []
-    for r in collect_runs(results):
+    probed = False
+    for r in rows:
         m, t = r.metrics, r.tags
         units = [u for u in family_info(r.family).work_units if u.energy_name in m]
-        ceiling = probe_fp8 if "fp8" in r.key and probe_fp8 else probe
+        probe = probe_for(probes, r.machine or "unknown")
+        ceiling = probe.ceiling("fp8" in r.key) if probe is not None else None
+        probed = probed or ceiling is not None
         gate = plausibility(m, ceiling)
         per = work = "not measured"
         if units:
@@ -92,18 +94,6 @@ def lines(results: Path, probe: float | None = None, probe_fp8: float | None = N
                   if unmatched else ""))
     out.append(f"work per joule below the probe's: {len(below)} of {len(below) + len(above)}"
                + (f"; implausible: {', '.join(above)}" if above else "")
-               + ("" if probe else " (no probe given)"))
+               + ("" if probed else " (no matmul probe of these machines: run "
+                                    "membench/matmul into this folder)"))
     return out
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("results", type=Path)
-    ap.add_argument("--probe", type=Path, help="energy_probe.py's JSON (bf16)")
-    ap.add_argument("--probe-fp8", type=Path, help="energy_probe.py --dtype fp8's JSON")
-    args = ap.parse_args()
-    print("\n".join(lines(args.results, _probe(args.probe), _probe(args.probe_fp8))))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,18 +1,13 @@
 """The sharded fine-tune's runs of a results folder as issue 35 judges them: set-up, step, the
 floor from the hardware and its parts, the CPU optimizer against its floor and how much of it
-the step waited for, host memory (benchmarks/sharded_13b_gpu.sh prints it).
-
-    python benchmarks/sharded_table.py results-13b [--json OUT.json]
-
-``--json``: every sharded run's metrics, tags and thread plan, for checking the figures.
+the step waited for, host memory (``hopperlab table sharded RESULTS_DIR [--json OUT.json]``;
+``--json``: every sharded run's metrics, tags and thread plan, for checking the figures).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
+from typing import Any
 
 from hopperlab.results.rows import collect_runs
 
@@ -43,39 +38,35 @@ DIAG_COLUMNS = (("diag_step_s", "step s"), ("diag_gpu_busy_s", "GPU busy s"),
                 ("diag_optimizer_exposed_s", "optim exposed s"), ("diag_kernels", "kernels"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results_dir", nargs="?", default="results-13b")
-    ap.add_argument("--json", help="write every sharded run's figures here")
-    args = ap.parse_args(argv)
-    runs = [r for r in collect_runs(Path(args.results_dir)) if "sharded" in r.experiment]
-    print(" | ".join(["run", "status", *(title for _, title in COLUMNS)]))
+def lines(results_dir: Path) -> list[str]:
+    """The table's lines: one per sharded run, the profiled step's, each run's tags."""
+    runs = [r for r in collect_runs(Path(results_dir)) if "sharded" in r.experiment]
+    out = [" | ".join(["run", "status", *(title for _, title in COLUMNS)])]
     for r in runs:
         figures = {**r.metrics, "setup_s": r.setup_s}
         cells = [f"{figures[k]:.4g}" if figures.get(k) is not None else "-" for k, _ in COLUMNS]
-        print(" | ".join([r.variant, r.status, *cells]) + (f"  ({r.reason})" if r.reason else ""))
+        out.append(" | ".join([r.variant, r.status, *cells])
+                   + (f"  ({r.reason})" if r.reason else ""))
     profiled = [r for r in runs if "diag_step_s" in r.metrics]
     if profiled:
-        print("\nthe profiled step (diagnose_step, after the measured ones; rank 0)")
-        print(" | ".join(["run", *(title for _, title in DIAG_COLUMNS)]))
+        out += ["", "the profiled step (diagnose_step, after the measured ones; rank 0)",
+                " | ".join(["run", *(title for _, title in DIAG_COLUMNS)])]
         for r in profiled:
             cells = [f"{r.metrics[k]:.4g}" if r.metrics.get(k) is not None else "-"
                      for k, _ in DIAG_COLUMNS]
-            print(" | ".join([r.variant, *cells]))
+            out.append(" | ".join([r.variant, *cells]))
     for r in runs:
         tags = {k: v for k, v in r.tags.items()
                 if k in ("finetune.compile", "finetune.optimizer_wait", "finetune.step_profile",
                          "finetune.h2d_prefetch", "finetune.reshard_after_forward")}
         if tags:
-            print(f"{r.variant}: " + "; ".join(f"{k}={v}" for k, v in sorted(tags.items())))
-    if args.json:
-        Path(args.json).write_text(json.dumps(
-            {r.variant: {"status": r.status, "reason": r.reason, "setup_s": r.setup_s,
-                         "metrics": r.metrics, "tags": r.tags,
-                         "threads": r.hardware.get("threads"), "machine": r.machine}
-             for r in runs}, indent=1, sort_keys=True))
-    return 0
+            out.append(f"{r.variant}: " + "; ".join(f"{k}={v}" for k, v in sorted(tags.items())))
+    return out
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def figures(results_dir: Path) -> dict[str, Any]:
+    """Every sharded run's figures (``--json``)."""
+    return {r.variant: {"status": r.status, "reason": r.reason, "setup_s": r.setup_s,
+                        "metrics": r.metrics, "tags": r.tags,
+                        "threads": r.hardware.get("threads"), "machine": r.machine}
+            for r in collect_runs(Path(results_dir)) if "sharded" in r.experiment}
