@@ -33,7 +33,7 @@ def test_expandable_segments_for_the_block_and_the_default_after_it(applied):
 @pytest.mark.integration  # a whole (tiny) sharded run in this process: seconds
 def test_the_sharded_backend_says_it_could_not_apply_them_without_cuda(applied, tmp_path):
     from hopperlab.core.rundir import Recorder
-    from hopperlab.workloads.finetune import llama, sharded
+    from hopperlab.workloads.finetune.sharded import llama, engine as sharded
     from hopperlab.workloads.finetune import FinetuneParams
 
     assert FinetuneParams(backend="sharded", method="full",

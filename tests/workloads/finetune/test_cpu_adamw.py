@@ -14,7 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hopperlab.node.host_bandwidth import triad_gbps
-from hopperlab.workloads.finetune import cpu_adamw, llama, sharded
+from hopperlab.memory import cpu_adamw
+from hopperlab.workloads.finetune.sharded import llama, engine as sharded
 from tests.helpers import copy_project, edit_yaml, hopperlab
 from tests.infra.mlflow_fixture import free_port
 

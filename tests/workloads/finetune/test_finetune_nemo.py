@@ -20,8 +20,8 @@ import pytest
 from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.base import Knobs, fake_run
 from hopperlab.workloads.finetune import FinetuneParams
-from hopperlab.workloads.finetune import nemo
-from hopperlab.workloads.finetune.nemo import (mcore_settings, mcore_targets, model_shape,
+from hopperlab.workloads.finetune.mcore import engine as nemo
+from hopperlab.workloads.finetune.mcore.engine import (mcore_settings, mcore_targets, model_shape,
                                                parse_log, parse_peak_gib, run_nemo,
                                                runner_config, summarize_log, write_tokens)
 
@@ -266,7 +266,7 @@ def test_the_runner_trains_adapters_of_a_tiny_megatron_gpt_with_and_without_reco
 def test_an_adapter_without_a_gradient_stops_the_run():
     import torch
 
-    from hopperlab.workloads.finetune.mcore_lora import adapter_grad_norm
+    from hopperlab.workloads.finetune.mcore.runner import adapter_grad_norm
 
     a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
     with pytest.raises(RuntimeError, match="iteration 4: 2 of 2 adapter tensors got no gradient"):

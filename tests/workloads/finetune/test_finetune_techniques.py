@@ -11,10 +11,10 @@ import torch
 
 from hopperlab.memory.layers import decoder_layers
 from hopperlab.workloads.finetune import FinetuneParams, check
-from hopperlab.workloads.finetune import model as model_mod
-from hopperlab.workloads.finetune.loop import forward_backward, to_device
+from hopperlab.workloads.finetune.torch import model as model_mod
+from hopperlab.workloads.finetune.torch.loop import forward_backward, to_device
 from hopperlab.workloads.base import Contradiction, Knobs
-from hopperlab.workloads.finetune.techniques import Techniques
+from hopperlab.workloads.finetune.torch.techniques import Techniques
 
 from tests.memory_helpers import architecture_dir
 

@@ -17,9 +17,9 @@ from hopperlab.core.stats import percentile
 from hopperlab.workloads.base import Contradiction, FakeSite, Knobs, RunView, fake_run
 from hopperlab.workloads.finetune import FAMILY, FinetuneParams
 from hopperlab.workloads.finetune.metrics import flops_per_token, link_floors
-from hopperlab.workloads.finetune.model import ModelCounts
-from hopperlab.workloads.finetune.techniques import Techniques
-from hopperlab.workloads.finetune.workload import run
+from hopperlab.workloads.finetune.torch.model import ModelCounts
+from hopperlab.workloads.finetune.torch.techniques import Techniques
+from hopperlab.workloads.finetune.torch.workload import run
 
 ROOT = Path(__file__).resolve().parents[3]
 SMOKE = FinetuneParams(weights="pretrained", dtype="float32", seq_len=128, micro_batch=8,
@@ -224,7 +224,7 @@ def test_a_peer_can_take_the_frozen_weights_and_still_train(assets, tmp_path):
     import torch
     from accelerate import cpu_offload
 
-    from hopperlab.workloads.finetune.workload import prepare, train
+    from hopperlab.workloads.finetune.torch.workload import prepare, train
 
     taken = []
 

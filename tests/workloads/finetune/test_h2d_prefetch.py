@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import HashStore
 
-from hopperlab.workloads.finetune import h2d_prefetch, llama, sharded
+from hopperlab.memory import h2d_prefetch
+from hopperlab.workloads.finetune.sharded import llama, engine as sharded
 
 SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
 

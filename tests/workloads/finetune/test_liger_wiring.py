@@ -17,9 +17,9 @@ from hopperlab.core.schema import typed_from_mapping
 from hopperlab.memory.layers import decoder_layers
 from hopperlab.workloads.base import Contradiction, Knobs, fake_run
 from hopperlab.workloads.finetune import LIGER_KERNELS, FinetuneParams, check
-from hopperlab.workloads.finetune import model as model_mod
-from hopperlab.workloads.finetune.techniques import Techniques
-from hopperlab.workloads.finetune.workload import prepare
+from hopperlab.workloads.finetune.torch import model as model_mod
+from hopperlab.workloads.finetune.torch.techniques import Techniques
+from hopperlab.workloads.finetune.torch.workload import prepare
 
 from tests.memory_helpers import architecture_dir
 

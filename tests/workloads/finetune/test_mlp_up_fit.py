@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hopperlab.workloads.finetune import llama, mlp_up_fit, sharded
+from hopperlab.workloads.finetune.sharded import llama, mlp_up_fit, engine as sharded
 
 GIB = 2**30
 SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)

@@ -12,7 +12,7 @@ from hopperlab.core.rundir import Recorder, SkipRun
 from hopperlab.cuda.managed_policy import oversubscription_refusal
 from hopperlab.workloads.base import Contradiction, FakeSite, Knobs, fake_run
 from hopperlab.workloads.finetune import FinetuneParams, check
-from hopperlab.workloads.finetune import workload as ft_workload
+from hopperlab.workloads.finetune.torch import workload as ft_workload
 from hopperlab.workloads.finetune.oversubscription import check_oversubscription
 
 ROOT = Path(__file__).resolve().parents[3]

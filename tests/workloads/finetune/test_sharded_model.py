@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hopperlab.workloads.finetune import llama, sharded
+from hopperlab.workloads.finetune.sharded import llama, engine as sharded
 
 SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
 

@@ -20,7 +20,7 @@ from hopperlab.core.errors import SpecError
 from hopperlab.core.schema import bounded, settle_fields
 from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, Contradiction, FamilyInfo, Knobs,
                                       WorkUnit)
-from hopperlab.workloads.finetune.moe_config import check_model_asset
+from hopperlab.workloads.finetune.torch.moe_config import check_model_asset
 
 # each choice declared once, as the params' type (core.schema checks it); the tuples for readers
 Backend = Literal["torch", "nemo", "sharded"]
@@ -328,7 +328,7 @@ FLOORS = {"step_time_p50_s": "link_floor_s"}
 
 FAMILY = FamilyInfo(
     name="finetune",
-    entry="hopperlab.workloads.finetune.workload:run",
+    entry="hopperlab.workloads.finetune.torch.workload:run",
     predict="hopperlab.workloads.finetune.predict:MODEL",
     supported_knobs={
         "num_workers": frozenset(range(0, 65)),

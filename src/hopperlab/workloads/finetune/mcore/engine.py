@@ -40,7 +40,7 @@ from hopperlab.workloads.base import Recording, RunView
 from hopperlab.workloads.finetune import data
 from hopperlab.workloads.finetune import FinetuneParams
 
-RUNNER = "hopperlab.workloads.finetune.mcore_lora"
+RUNNER = "hopperlab.workloads.finetune.mcore.runner"
 #: megatron-core's submodules that offload activations import TransformerEngine's cpu_offload
 TE_MODULE = "transformer_engine"
 MIB_PER_GIB = 1024.0

@@ -19,8 +19,9 @@ from hopperlab.assets.random_weights import (
     weights_tags,
 )
 from hopperlab.memory.pinned import pinned_copy
-from hopperlab.workloads.finetune import FinetuneParams, moe
-from hopperlab.workloads.finetune.moe_config import is_moe, moe_config
+from hopperlab.workloads.finetune import FinetuneParams
+from hopperlab.workloads.finetune.torch import moe
+from hopperlab.workloads.finetune.torch.moe_config import is_moe, moe_config
 
 
 @dataclass

@@ -28,13 +28,15 @@ from hopperlab.memory.saved_tensor_census import CENSUS_CSV, CENSUS_JSON, SavedT
 from hopperlab.node.threads import env_threads
 from hopperlab.workloads.base import Recording, RunView, no_cuda_reason, spec_params
 from hopperlab.workloads.finetune import HEADLINE_METRICS, SHAPES, FinetuneParams
-from hopperlab.workloads.finetune import data, llama, loop, metrics, sharded
-from hopperlab.workloads.finetune.fused_kernels import LigerUnavailable
-from hopperlab.workloads.finetune import model as model_mod
-from hopperlab.workloads.finetune.master_weights import MasterWeightsAdamW
-from hopperlab.workloads.finetune.nemo import run_nemo
+from hopperlab.workloads.finetune import data, metrics
+from hopperlab.workloads.finetune.sharded import llama, engine as sharded
+from hopperlab.workloads.finetune.torch import loop
+from hopperlab.workloads.finetune.torch.fused_kernels import LigerUnavailable
+from hopperlab.workloads.finetune.torch import model as model_mod
+from hopperlab.workloads.finetune.torch.master_weights import MasterWeightsAdamW
+from hopperlab.workloads.finetune.mcore.engine import run_nemo
 from hopperlab.workloads.finetune.oversubscription import check_oversubscription
-from hopperlab.workloads.finetune.techniques import Techniques
+from hopperlab.workloads.finetune.torch.techniques import Techniques
 
 __all__ = ["run", "run_torch", "prepare", "train", "TorchRun", "HEADLINE_METRICS"]
 

@@ -34,7 +34,7 @@ import time
 from typing import Any, Callable
 
 from hopperlab.cuda.nvtx import BACKWARD, STEP, measured_region, nvtx_range
-from hopperlab.workloads.finetune.nemo import WINDOW_END, WINDOW_START
+from hopperlab.workloads.finetune.mcore.engine import WINDOW_END, WINDOW_START
 
 MIB = float(1 << 20)
 
@@ -289,7 +289,7 @@ def memory_line(it: int) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m hopperlab.workloads.finetune.mcore_lora CONFIG.json",
+        print("usage: python -m hopperlab.workloads.finetune.mcore.runner CONFIG.json",
               file=sys.stderr)
         return 2
     with open(argv[0]) as f:

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hopperlab.memory.chunked_cross_entropy import LinearCrossEntropy
-from hopperlab.workloads.finetune import shard_init
+from hopperlab.workloads.finetune.sharded import shard_init
 
 
 @dataclass(frozen=True)

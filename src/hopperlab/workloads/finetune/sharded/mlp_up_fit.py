@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hopperlab.workloads.finetune.llama import Llama, Shape, keep_mlp_up
+from hopperlab.workloads.finetune.sharded.llama import Llama, Shape, keep_mlp_up
 
 #: the room left unplanned: the caching allocator's fragments and a kernel's workspace (a
 #: share of the GPU's memory, at least ``MARGIN_MIN_BYTES``). On an H200 (138.9 GiB for torch,

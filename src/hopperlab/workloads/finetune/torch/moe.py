@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hopperlab.cuda.host_readback import HostReadback
 from hopperlab.memory.recompute_elementwise import RecomputeInBackward
-from hopperlab.workloads.finetune.moe_config import MoeConfig
+from hopperlab.workloads.finetune.torch.moe_config import MoeConfig
 
 
 @dataclass

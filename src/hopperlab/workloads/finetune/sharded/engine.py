@@ -34,9 +34,9 @@ from hopperlab.memory import caching_allocator
 from hopperlab.memory.pinned import pinned_empty
 from hopperlab.node.host_bandwidth import triad_gbps
 from hopperlab.workloads.base import Recording
-from hopperlab.workloads.finetune import (cpu_adamw, h2d_prefetch, host_need, mlp_up_fit,
-                                          shard_init, step_floor, step_profile)
-from hopperlab.workloads.finetune.llama import (CPU_COMPILE_BACKEND, Llama, Shape, build_model,
+from hopperlab.memory import cpu_adamw, h2d_prefetch
+from hopperlab.workloads.finetune.sharded import host_need, mlp_up_fit, shard_init, step_floor, step_profile
+from hopperlab.workloads.finetune.sharded.llama import (CPU_COMPILE_BACKEND, Llama, Shape, build_model,
                                                 compile_layers, keep_mlp_up)
 
 

@@ -26,7 +26,8 @@ from hopperlab.memory import (caching_allocator, chunked_cross_entropy, checkpoi
                               managed_allocator, recompute_elementwise)
 from hopperlab.memory.activation_offload import ActivationOffload, save_on_cpu_reference
 from hopperlab.memory.parameter_offload import ParameterOffload
-from hopperlab.workloads.finetune import OFFLOADS, FinetuneParams, fused_kernels
+from hopperlab.workloads.finetune import OFFLOADS, FinetuneParams
+from hopperlab.workloads.finetune.torch import fused_kernels
 
 
 GIB = 1 << 30
