@@ -169,7 +169,7 @@ def _execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
         _size_threads(spec, rec)
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
         info = family_info(spec.family)
-        entry = info.load_entry()
+        entry = info.engine_of(spec.params).load_entry()  # the run's engine's entry
         # the meter spans every repeat: energy is the whole run's
         _run_metered(lambda s, r: repeats.measure(entry, s, r, info), spec, rec)
         write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)

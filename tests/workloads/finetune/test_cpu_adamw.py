@@ -178,11 +178,10 @@ def test_the_delayed_update_applies_each_steps_gradients_one_step_later(during_b
 
 
 def test_the_delayed_update_is_fsdp2_offloads_only():
-    from hopperlab.workloads.finetune import FinetuneParams
+    from hopperlab.workloads.finetune import ShardedParams
 
     with pytest.raises(ValueError, match="delayed_update: only with sharding fsdp2-cpu-offload"):
-        FinetuneParams(backend="sharded", method="full", sharding="torchao-cpu-offload",
-                       delayed_update=True)
+        ShardedParams(sharding="torchao-cpu-offload", delayed_update=True)
     model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5)
     with pytest.raises(ValueError, match="delayed update is FSDP2 offload's"):
         sharded.make_optimizer(model, "fsdp2", LR, WD, delayed=True)

@@ -204,16 +204,19 @@ def test_missing_data_becomes_synthetic_only_when_allowed(assets, tmp_path):
     assert rec.tags["data.source"] == "synthetic (asset nope,nope not built)"
 
 
-def test_nemo_backend_without_megatron_core_is_skipped(assets, tmp_path, monkeypatch):
+def test_mcore_engine_without_megatron_core_is_skipped(assets, tmp_path, monkeypatch):
     import sys
+
+    from hopperlab.workloads.finetune import McoreParams
+    from hopperlab.workloads.finetune.mcore import engine
 
     # a None in sys.modules makes the import fail, as where megatron-core is not installed
     monkeypatch.setitem(sys.modules, "megatron", None)
     monkeypatch.setitem(sys.modules, "megatron.core", None)
-    s = spec(assets, replace(SMOKE, backend="nemo"), tmp_path)
+    s = spec(assets, McoreParams(data="synthetic"), tmp_path)
     s.site = FakeSite(assets_dir=str(assets))
     with pytest.raises(SkipRun, match="megatron-core is not importable"):
-        run(s, Recorder(tmp_path / "n"))
+        engine.run(s, Recorder(tmp_path / "n"))
 
 
 @pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess

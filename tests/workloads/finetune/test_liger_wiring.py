@@ -99,7 +99,6 @@ def test_a_run_without_cuda_is_skipped_with_the_reason(model_dir, tmp_path):
 @pytest.mark.parametrize("values, message", [
     ({"liger": ["rope", "rope"]}, "liger: rope named twice"),
     ({"liger": ["flash"]}, "liger"),
-    ({"liger": ["rope"], "backend": "nemo"}, "liger: Liger Kernel is applied by backend torch"),
     ({"liger": ["rope"], "compile": True}, "liger: not with compile"),
     ({"liger": ["swiglu"], "recompute_elementwise": True}, "liger: swiglu not with recompute"),
     ({"liger": ["fused_linear_cross_entropy"], "loss_chunk_tokens": 1024},

@@ -164,12 +164,11 @@ def test_a_compiled_layer_follows_the_flag_set_after_its_first_step():
 
 
 def test_fitting_needs_the_most_it_may_keep():
-    from hopperlab.workloads.finetune import FinetuneParams
+    from hopperlab.workloads.finetune import ShardedParams
 
     with pytest.raises(ValueError, match="mlp_up_fit"):
-        FinetuneParams(backend="sharded", method="full", checkpointing=True, mlp_up_fit=True)
-    params = FinetuneParams(backend="sharded", method="full", checkpointing=True,
-                            mlp_up_saved_layers=4, mlp_up_fit=True)
+        ShardedParams(checkpointing=True, mlp_up_fit=True)
+    params = ShardedParams(checkpointing=True, mlp_up_saved_layers=4, mlp_up_fit=True)
     assert params.mlp_up_fit
 
 

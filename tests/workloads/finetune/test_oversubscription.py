@@ -65,7 +65,6 @@ def test_refused_before_the_model_or_allocator(tmp_path, monkeypatch):
         raise AssertionError("the run went past the gate")
 
     monkeypatch.setattr(ft_workload, "run_torch", boom)
-    monkeypatch.setattr(ft_workload, "run_nemo", boom)
     with pytest.raises(SkipRun):
         ft_workload.run(_spec(), _rec(tmp_path, H200))
 

@@ -120,15 +120,14 @@ def test_every_rank_records_the_slowest_ranks_windows(tmp_path):
 def test_the_runs_repeats_become_the_plans_windows(tmp_path, monkeypatch):
     """``run_sharded`` hands ``spec.repeats`` to the plan (and nothing else measures them)."""
     from hopperlab.workloads.base import fake_run
-    from hopperlab.workloads.finetune import FinetuneParams
-    from hopperlab.workloads.finetune.torch import workload
+    from hopperlab.workloads.finetune import ShardedParams
+    from hopperlab.workloads.finetune.sharded import entry
 
     plans = []
     monkeypatch.setattr(sharded, "run", lambda plan, *a: plans.append(plan))
-    params = FinetuneParams(backend="sharded", sharding="fsdp2", model_shape="tiny",
-                            num_layers=2)
+    params = ShardedParams(sharding="fsdp2", model_shape="tiny", num_layers=2)
     rec = Recorder(tmp_path / "run")
-    workload.run_sharded(fake_run(params, run_dir=tmp_path, repeats=4), params, rec)
+    entry.run_sharded(fake_run(params, run_dir=tmp_path, repeats=4), params, rec)
     assert [p.windows for p in plans] == [4]
 
 

@@ -36,9 +36,9 @@ from typing import Any, Iterable, Sequence
 from hopperlab.core.rundir import SkipRun
 from hopperlab.core.window import MEASURED, announce
 from hopperlab.core.stats import percentile
-from hopperlab.workloads.base import Recording, RunView
+from hopperlab.workloads.base import Recording, RunView, spec_params
 from hopperlab.workloads.finetune import data
-from hopperlab.workloads.finetune import FinetuneParams
+from hopperlab.workloads.finetune.mcore.params import McoreParams
 
 RUNNER = "hopperlab.workloads.finetune.mcore.runner"
 #: megatron-core's submodules that offload activations import TransformerEngine's cpu_offload
@@ -103,7 +103,7 @@ def model_shape(config: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"model config.json: key {exc.args[0]!r} missing") from None
 
 
-def mcore_settings(params: FinetuneParams, knobs: Any, *, num_layers: int,
+def mcore_settings(params: McoreParams, knobs: Any, *, num_layers: int,
                    te_available: bool) -> dict[str, Any]:
     """The TransformerConfig settings the run's knobs and params map onto (ValueError: what
     megatron-core cannot do here, the reason)."""
@@ -140,7 +140,7 @@ def mcore_settings(params: FinetuneParams, knobs: Any, *, num_layers: int,
     return out
 
 
-def runner_config(params: FinetuneParams, knobs: Any, shape: dict[str, Any], *,
+def runner_config(params: McoreParams, knobs: Any, shape: dict[str, Any], *,
                   tokens_path: str, te_available: bool) -> dict[str, Any]:
     """Everything the runner needs, as JSON-able values (ValueError: see ``mcore_settings``)."""
     return {"shape": shape,
@@ -223,14 +223,21 @@ def _importable(module: str) -> bool:
 
 def _child_env() -> dict[str, str]:
     """The job's environment with hopperlab's source folder first on PYTHONPATH."""
-    src = str(Path(__file__).resolve().parents[3])
+    src = str(Path(__file__).resolve().parents[4])  # src/hopperlab/workloads/finetune/mcore
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # megatron-core's advice for overlap
     return env
 
 
-def run_nemo(spec: RunView, params: FinetuneParams, recorder: Recording) -> None:
+def run(spec: RunView, recorder: Recording) -> None:
+    """The mcore engine's entry (``EngineInfo.entry``)."""
+    params = spec_params(spec, McoreParams)
+    recorder.set_tag("finetune.backend", params.backend)
+    run_nemo(spec, params, recorder)
+
+
+def run_nemo(spec: RunView, params: McoreParams, recorder: Recording) -> None:
     why = missing_stack()
     if why is not None:
         raise SkipRun(f"backend nemo: {why}")
@@ -304,7 +311,7 @@ def run_logged(cmd: list[str], log_path: Path) -> int:
     return returncode
 
 
-def write_tokens(spec: RunView, params: FinetuneParams, vocab_size: int, path: Path) -> str:
+def write_tokens(spec: RunView, params: McoreParams, vocab_size: int, path: Path) -> str:
     """The run's batches (the torch backend's data source and loader, one worker-less pass),
     shifted for megatron (labels are the next token; -100 where no loss), saved for the runner;
     returns the source's description."""

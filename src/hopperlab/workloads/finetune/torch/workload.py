@@ -1,7 +1,6 @@
 """finetune's entry: ``run(spec, recorder)``.
 
-``backend: nemo`` runs megatron-core's GPT with LoRA in a child process (``nemo.py``);
-``backend: torch`` trains here: on ``cuda:0`` where torch sees CUDA and the run asks for a GPU
+The torch engine (``backend: torch``) trains here: on ``cuda:0`` where torch sees CUDA and the run asks for a GPU
 (tag ``finetune.gpu_measured=true``), otherwise on the CPU with every technique's bookkeeping
 (the smoke test's figures, not a measurement of any technique's speed).
 
@@ -25,16 +24,14 @@ from hopperlab.memory.fp8 import Fp8Unavailable
 from hopperlab.memory.layers import decoder_layers
 from hopperlab.memory.managed_allocator import ManagedAllocatorError
 from hopperlab.memory.saved_tensor_census import CENSUS_CSV, CENSUS_JSON, SavedTensorCensus
-from hopperlab.node.threads import env_threads
 from hopperlab.workloads.base import Recording, RunView, no_cuda_reason, spec_params
-from hopperlab.workloads.finetune import HEADLINE_METRICS, SHAPES, FinetuneParams
+from hopperlab.workloads.finetune import HEADLINE_METRICS, FinetuneParams
 from hopperlab.workloads.finetune import data, metrics
-from hopperlab.workloads.finetune.sharded import llama, engine as sharded
+from hopperlab.workloads.finetune.device import use_cuda
 from hopperlab.workloads.finetune.torch import loop
 from hopperlab.workloads.finetune.torch.fused_kernels import LigerUnavailable
 from hopperlab.workloads.finetune.torch import model as model_mod
 from hopperlab.workloads.finetune.torch.master_weights import MasterWeightsAdamW
-from hopperlab.workloads.finetune.mcore.engine import run_nemo
 from hopperlab.workloads.finetune.oversubscription import check_oversubscription
 from hopperlab.workloads.finetune.torch.techniques import Techniques
 
@@ -44,15 +41,10 @@ GIB = float(1 << 30)
 
 
 def run(spec: RunView, recorder: Recording) -> None:
+    """The torch engine's entry (``EngineInfo.entry``)."""
     params = spec_params(spec, FinetuneParams)
     recorder.set_tag("finetune.backend", params.backend)
     check_oversubscription(spec, params.oversubscribe, recorder)  # before any allocation
-    if params.backend == "nemo":
-        run_nemo(spec, params, recorder)
-        return
-    if params.backend == "sharded":
-        run_sharded(spec, params, recorder)
-        return
     run_torch(spec, params, recorder)
 
 
@@ -84,16 +76,6 @@ class TorchRun:
 
     def trainable(self) -> list[Any]:
         return [p for p in self.model.parameters() if p.requires_grad]
-
-
-def use_cuda(spec: RunView) -> tuple[bool, str]:
-    """Whether this run measures a GPU, and if not, why."""
-    try:
-        import torch
-    except ImportError:
-        return False, "torch is not installed"
-    reason = no_cuda_reason(torch, spec.resources.gpus)
-    return reason is None, reason or ""
 
 
 def prepare(spec: RunView, params: FinetuneParams, recorder: Recording) -> TorchRun:
@@ -327,48 +309,3 @@ def _pinned_link(device: Any) -> tuple[float, float]:
     moment (``hopperlab.cuda.link``)."""
     return tuple(pinned_copy_gbps(device, d, 256 * MIB, copies=4, samples=3, verify=True)
                  for d in ("h2d", "d2h"))  # type: ignore[return-value]
-
-
-def run_sharded(spec: RunView, params: FinetuneParams, recorder: Recording) -> None:
-    """Full fine-tuning sharded over the run's ranks (FSDP2, with CPU offload) or torchao's
-    CPU-offloaded optimizer on one GPU (``sharded.py``); ``repeats`` are windows of measured
-    steps after one build and warm-up (a 13B build takes longer than its steps)."""
-    import torch
-    import torch.distributed as dist
-
-    cuda, why = use_cuda(spec)
-    recorder.set_tag("finetune.sharding", params.sharding)
-    recorder.set_tag("finetune.target", "cuda" if cuda else "host")
-    if not cuda:
-        recorder.set_tag("finetune.no_cuda_reason", why)
-    hidden, heads, ffn, vocab, layers = SHAPES[params.model_shape]
-    shape = llama.Shape(hidden, heads, ffn, vocab, params.num_layers or layers)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    pinned = None
-    if cuda and params.sharding != "fsdp2":
-        recorder.set_tag("finetune.pinned_alloc", sharded.fast_pinning())
-        dev = torch.device("cuda", torch.cuda.current_device())
-        pinned = (pinned_copy_gbps(dev, "h2d"), pinned_copy_gbps(dev, "d2h"))
-        recorder.log_metrics(pinned_h2d_gbps=pinned[0], pinned_d2h_gbps=pinned[1])
-    plan = sharded.Plan(
-        mode=params.sharding, shape=shape, seq_len=params.seq_len, micro_batch=params.micro_batch,
-        global_batch=params.global_batch or params.micro_batch * world,
-        steps=params.measured_steps, warmup=params.warmup_steps,
-        dtype=getattr(torch, params.dtype), lr=params.learning_rate,
-        weight_decay=params.weight_decay, seed=params.seed, checkpointing=params.checkpointing,
-        overlap_optimizer=params.overlap_optimizer and params.sharding == "fsdp2-cpu-offload",
-        delayed_update=params.delayed_update, compile=params.compile,
-        diagnose_step=params.diagnose_step, reshard_after_forward=params.reshard_after_forward,
-        h2d_prefetch=params.h2d_prefetch, mlp_up_saved_layers=params.mlp_up_saved_layers,
-        mlp_up_fit=params.mlp_up_fit, expandable_segments=params.expandable_segments,
-        loss_chunk_tokens=params.loss_chunk_tokens,
-        cpus=env_threads("OMP_NUM_THREADS"),  # what the runner's thread plan gave this rank
-        windows=spec.repeats)  # repeat_unit "windows": the model built once, one warm-up
-    recorder.set_tag("finetune.world_size", world)
-    if params.sharding in ("fsdp2-cpu-offload", "torchao-cpu-offload"):
-        recorder.set_tag("finetune.cpu_optimizer", (
-            "per FSDP unit during backward" if plan.overlap_optimizer else "after backward") + (
-            ", delayed by one step (ZeRO-Offload's: step t's gradients update the weights at "
-            "step t+1)" if plan.delayed_update else
-            (" (same update as after backward)" if plan.overlap_optimizer else "")))
-    sharded.run(plan, recorder, cuda, pinned)
