@@ -26,6 +26,7 @@ from hopperlab.memory import (caching_allocator, chunked_cross_entropy, checkpoi
                               managed_allocator, recompute_elementwise)
 from hopperlab.memory.activation_offload import ActivationOffload, save_on_cpu_reference
 from hopperlab.memory.parameter_offload import ParameterOffload
+from hopperlab.workloads.finetune import ACTIVATION_OFFLOADS as ACTIVATION_POLICIES
 from hopperlab.workloads.finetune import OFFLOADS, FinetuneParams
 from hopperlab.workloads.finetune.torch import fused_kernels
 
@@ -58,6 +59,14 @@ class Techniques:
     _expandable: bool = False
     _capped: bool = False
     _allocator_last: dict[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        """A policy name is a closed vocabulary: a params object the matrix never checked (a
+        test's, a benchmark's) with another name is refused, not run as the reference."""
+        policy = self.params.activation_offload
+        if policy not in ACTIVATION_POLICIES:
+            raise ValueError(f"activation_offload: {policy!r} is not one of "
+                             f"{', '.join(ACTIVATION_POLICIES)}")
 
     # -- which techniques ----------------------------------------------------------------
     @property
@@ -208,7 +217,7 @@ class Techniques:
         activation offload carries the parameter offload's when both are on)."""
         if self._offload is not None:
             return self._offload
-        if self.offloads_activations:  # the save_on_cpu reference
+        if self.offloads_activations and self.params.activation_offload == "save_on_cpu":
             return save_on_cpu_reference(pin_memory=self.cuda)
         if self._param_offload is not None:
             return self._param_offload
