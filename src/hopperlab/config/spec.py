@@ -151,11 +151,11 @@ def backend_settings(values: Mapping[str, Any], where: str, own: BackendInfo,
     in a spec.json written before issue 38 (every backend's block) they are dropped."""
     found = {}
     for info in backends.all_backends():
-        key = info.site_key
-        if key is None or (info.name != own.name and not check_others):
-            continue
+        key, settings = info.site_key, info.settings
+        if key is None or settings is None or (info.name != own.name and not check_others):
+            continue  # a backend with no settings has no site key
         block = values.get(key)
-        typed = typed_from_mapping(info.settings, block or {}, f"{where}: {key}",
+        typed = typed_from_mapping(settings, block or {}, f"{where}: {key}",
                                    f"key of a site's {key} block") \
             if block else info.default_settings()
         if info.name == own.name:
@@ -327,9 +327,10 @@ def result_data(data: Mapping[str, Any]) -> dict[str, Any]:
     the run produces (``RESULT_KEYS``; of the site: executor, its own backend's ``result_keys``
     such as Slurm's partition and options, environment, the container image by name). Another
     backend's block (an old spec.json has every backend's) changes nothing."""
-    site = data.get("site") if isinstance(data.get("site"), Mapping) else {}
-    container = site.get("container") if isinstance(site.get("container"), Mapping) else {}
-    kept = {k: data.get(k) for k in RESULT_KEYS}
+    site: Mapping[str, Any] = data["site"] if isinstance(data.get("site"), Mapping) else {}
+    container: Mapping[str, Any] = (site["container"] if isinstance(site.get("container"),
+                                                                     Mapping) else {})
+    kept: dict[str, Any] = {k: data.get(k) for k in RESULT_KEYS}
     kept["params"] = _params_with_defaults(data.get("family"), data.get("params"))
     kept["site"] = {k: site.get(k) for k in RESULT_SITE_KEYS}
     info = _site_backend(site.get("executor"))

@@ -362,7 +362,7 @@ class Recording(Protocol):
     def mark_setup_done(self) -> None: ...
 
 
-def _load(ref: str) -> Callable[..., Any]:
+def _load(ref: str) -> Any:
     module_name, _, func = ref.partition(":")
     return getattr(importlib.import_module(module_name), func)
 
