@@ -146,7 +146,7 @@ def test_allocator_cap_without_cuda_is_tagged_and_refused_with_managed(assets, t
     assert rec.tags["finetune.allocator_cap"] == "none: no CUDA device"
     assert rec.tags["finetune.offload_budget_caps_allocator"] == "true"
     with pytest.raises(Contradiction, match="not with memory: managed"):
-        FAMILY.check(Knobs(offload="activations", memory="managed"), capped)
+        FAMILY.engine_of(capped).check(Knobs(offload="activations", memory="managed"), capped)
 
 
 def test_offload_staging_is_checked_and_refused_under_a_budget():

@@ -107,15 +107,12 @@ def mcore_settings(params: McoreParams, knobs: Any, *, num_layers: int,
                    te_available: bool) -> dict[str, Any]:
     """The TransformerConfig settings the run's knobs and params map onto (ValueError: what
     megatron-core cannot do here, the reason)."""
-    if params.method != "lora":
-        raise ValueError("backend nemo: only method: lora is built")
-    if params.weights != "random":
-        raise ValueError("backend nemo: weights: random only (loading Hugging Face weights into "
-                         "megatron-core is Megatron-Bridge's conversion, not importable here)")
+    # method lora and weights random are McoreParams' types; the knobs the matrix refuses
+    # (managed, fp8, offload with recompute) are refused here too, for a run built without it
     if knobs.memory == "managed":
-        raise ValueError("backend nemo: memory: managed has no megatron-core setting")
+        raise ValueError("engine mcore: memory: managed has no megatron-core setting")
     if knobs.precision == "fp8":
-        raise ValueError("backend nemo: fp8 needs TransformerEngine's layer spec, and this "
+        raise ValueError("engine mcore: fp8 needs TransformerEngine's layer spec, and this "
                          "backend builds megatron-core's local one" + (
                              "" if te_available else " (TransformerEngine is not installed: "
                              "its CUDA 13 wheel is 264 MiB, over the device's carry)"))
@@ -127,11 +124,11 @@ def mcore_settings(params: McoreParams, knobs: Any, *, num_layers: int,
                    recompute_num_layers=1)
     if knobs.offload != "none":
         if not te_available:
-            raise ValueError("backend nemo: megatron-core's CPU offloading of activations "
+            raise ValueError("engine mcore: megatron-core's CPU offloading of activations "
                              "(cpu_offloading and fine_grained_activation_offloading alike) "
                              "needs TransformerEngine's cpu_offload, which is not installed")
         if params.checkpointing:
-            raise ValueError("backend nemo: megatron-core refuses CPU offloading with "
+            raise ValueError("engine mcore: megatron-core refuses CPU offloading with "
                              "activation recomputation")
         # megatron-core needs cpu_offloading_num_layers < num_layers
         out.update(cpu_offloading=True, cpu_offloading_num_layers=num_layers - 1,
@@ -240,7 +237,7 @@ def run(spec: RunView, recorder: Recording) -> None:
 def run_nemo(spec: RunView, params: McoreParams, recorder: Recording) -> None:
     why = missing_stack()
     if why is not None:
-        raise SkipRun(f"backend nemo: {why}")
+        raise SkipRun(f"engine mcore: {why}")
     te = _importable(TE_MODULE)
     config_json = Path(spec.asset_path("model")) / "config.json"
     try:
