@@ -4,7 +4,7 @@ resources, site) and the whole matrix of them (``Matrix``). The job rebuilds its
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 

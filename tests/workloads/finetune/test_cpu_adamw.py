@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from hopperlab.node.host_bandwidth import triad_gbps
 from hopperlab.memory import cpu_adamw
-from hopperlab.workloads.finetune.sharded import llama, engine as sharded
+from hopperlab.workloads.finetune.sharded import llama, rates, engine as sharded
 from tests.helpers import copy_project, edit_yaml, hopperlab
 from tests.infra.mlflow_fixture import free_port
 
@@ -66,7 +66,7 @@ def _reference_steps(delayed: bool = False) -> dict[str, torch.Tensor]:
 
 def _triad(out: Path) -> None:
     rank = dist.get_rank()
-    got = sharded.node_triad(share_bytes=256 * 2**20, threads=1, ranks_on_host=2)  # 64 MiB arrays
+    got = rates.node_triad(share_bytes=256 * 2**20, threads=1, ranks_on_host=2)  # 64 MiB arrays
     (out / f"triad-{rank}.json").write_text(json.dumps({
         "node": got.node_gbps, "rank": got.rank_gbps, "threads": got.threads,
         "windows": got.windows}))

@@ -17,8 +17,7 @@ from __future__ import annotations
 from typing import Any, Mapping, get_args
 
 from hopperlab.core.errors import SpecError
-from hopperlab.workloads.base import (HIGHER, LOWER, PROFILERS, EngineInfo, FamilyInfo, Knobs,
-                                      WorkUnit)
+from hopperlab.workloads.base import HIGHER, LOWER, EngineInfo, FamilyInfo, Knobs, WorkUnit
 from hopperlab.workloads.finetune.common import (CommonParams, DataSource, Dtype, LoraParams,
                                                  Method, Weights)
 from hopperlab.workloads.finetune.mcore import params as mcore

@@ -6,14 +6,24 @@ Cheap to import (no torch): the spec layer reads it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Iterable, Literal
 
 from hopperlab.core.schema import bounded
+from hopperlab.workloads.base import PROFILERS
 
 Method = Literal["lora", "full"]
 Weights = Literal["random", "pretrained"]
 DataSource = Literal["prepared", "tokenize", "synthetic"]
 Dtype = Literal["bfloat16", "float32"]
+
+
+def engine_knobs(*, num_workers: Iterable[int], offload: Iterable[str], memory: Iterable[str],
+                 precision: Iterable[str]) -> dict[str, frozenset[Any]]:
+    """An engine's ``supported_knobs``: the values it honours of each knob (every engine runs
+    its measured steps in ``measured_region``, so every profiler)."""
+    return {"num_workers": frozenset(num_workers), "offload": frozenset(offload),
+            "memory": frozenset(memory), "precision": frozenset(precision),
+            "profiler": PROFILERS}
 
 
 @dataclass(frozen=True)

@@ -8,22 +8,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hopperlab.core.schema import settle_fields
-from hopperlab.workloads.base import PROFILERS, Contradiction, Knobs
-from hopperlab.workloads.finetune.common import LoraParams
+from hopperlab.workloads.base import Contradiction, Knobs
+from hopperlab.workloads.finetune.common import LoraParams, engine_knobs
 
 #: the name of this engine in spec.json files written before it was named for what it is
 ALIASES = ("nemo",)
 
-SUPPORTED_KNOBS = {
-    "num_workers": frozenset({0}),   # the tokens are written once for the child process
-    # megatron-core's CPU offloading (activations, weights); it needs TransformerEngine's
-    # cpu_offload: a node without it skips the run, saying so
-    "offload": frozenset({"none", "activations", "parameters", "both"}),
-    "memory": frozenset({"device"}),  # no managed-memory setting in megatron-core
-    # fp8 needs TransformerEngine's layer spec; this engine builds megatron-core's local one
-    "precision": frozenset({"bf16"}),
-    "profiler": PROFILERS,
-}
+#: num_workers: the tokens are written once for the child process; offload: megatron-core's
+#: CPU offloading (activations, weights), which needs TransformerEngine's cpu_offload (a node
+#: without it skips the run, saying so); memory: megatron-core has no managed-memory setting;
+#: precision: fp8 needs TransformerEngine's layer spec, and this engine builds the local one
+SUPPORTED_KNOBS = engine_knobs(num_workers=[0], offload=["none", "activations", "parameters",
+                                                         "both"],
+                               memory=["device"], precision=["bf16"])
 
 
 @dataclass(frozen=True)

@@ -27,17 +27,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from hopperlab.core.rundir import SkipRun
-from hopperlab.core.stats import percentile
-from hopperlab.cuda.device_rates import matmul_tflops
 from hopperlab.cuda.nvtx import measured_region
-from hopperlab.memory import caching_allocator
+from hopperlab.memory import caching_allocator, cpu_adamw, h2d_prefetch
 from hopperlab.memory.pinned import pinned_empty
-from hopperlab.node.host_bandwidth import triad_gbps
 from hopperlab.workloads.base import Recording
-from hopperlab.memory import cpu_adamw, h2d_prefetch
-from hopperlab.workloads.finetune.sharded import host_need, mlp_up_fit, shard_init, step_floor, step_profile
-from hopperlab.workloads.finetune.sharded.llama import (CPU_COMPILE_BACKEND, Llama, Shape, build_model,
-                                                compile_layers, keep_mlp_up)
+from hopperlab.workloads.finetune.sharded import shard_init, step_floor, step_profile
+from hopperlab.workloads.finetune.sharded.llama import (CPU_COMPILE_BACKEND, Llama, Shape,
+                                                        build_model, compile_layers, keep_mlp_up)
+from hopperlab.workloads.finetune.sharded.memory_fit import MlpUpFitting, check_host_memory
+from hopperlab.workloads.finetune.sharded.rates import (finite, floor_of, gpu_memory_figures,
+                                                        matmul_rate_tflops,
+                                                        model_flops_per_token, pinned_host_gb,
+                                                        slowest_p50s, step_figures)
+from hopperlab.workloads.finetune.sharded.rates import is_cuda as _is_cuda
 
 
 def build_sharded(shape: Shape, dtype: Any, mode: str, seed: int, device: Any, cuda: bool,
@@ -259,27 +261,6 @@ def measure_compute(model: nn.Module, plan: "Plan", device: Any, accum: int) -> 
     return seconds
 
 
-def pinned_host_gb() -> float | None:
-    """Pinned host memory PyTorch's caching host allocator holds, GB (None where it cannot
-    say). It rounds every block up to a power of two: for the 13B shape's weight matrices
-    that is 1.3-1.9x their bytes, which is what sizes the host memory an offload run needs."""
-    try:
-        stats = torch.cuda.host_memory_stats()
-    except (RuntimeError, AttributeError):
-        return None
-    # the key names moved between releases ("reserved_bytes.all.peak", "allocated_bytes.peak")
-    for kind in ("reserved_bytes", "allocated_bytes"):
-        for key, value in stats.items():
-            if key.startswith(kind) and key.endswith(".peak") and value:
-                return value / 1e9
-    return None
-
-
-def _is_cuda(device: Any) -> bool:
-    """Whether ``device`` (a torch.device or its name) is a GPU's."""
-    return getattr(device, "type", str(device)) == "cuda"
-
-
 def _sync(device: Any) -> None:
     if _is_cuda(device):
         torch.cuda.synchronize(device)
@@ -414,92 +395,6 @@ def _train(plan: Plan, recorder: Recording, cuda: bool,
             dist.destroy_process_group()
 
 
-class MlpUpFitting:
-    """The two sizing steps of ``mlp_up_fit`` (the first two warm-up steps): after the first
-    (none kept) as many of the last layers keep their up-projection as an estimate fits above
-    its GPU memory peak; after the second, more join at the rate a keeping layer measured. The
-    same number on every rank (the fewest any rank holds); recorded. A CPU run keeps what
-    was asked (no GPU memory to fit)."""
-
-    def __init__(self, model: Llama, plan: Plan, recorder: Recording, cuda: bool, device: Any,
-                 world: int) -> None:
-        self.model, self.plan, self.recorder = model, plan, recorder
-        self.cuda, self.device, self.world = cuda, device, world
-        self.first: mlp_up_fit.Fit | None = None
-
-    def after_step(self, step: int) -> None:
-        if step > 1:
-            return
-        if not self.cuda:
-            if step == 0:
-                self._cpu()
-            return
-        peak = torch.cuda.max_memory_allocated(self.device)
-        if step == 0:
-            free, _ = torch.cuda.mem_get_info(self.device)
-            capacity = free + torch.cuda.memory_reserved(self.device)  # what torch can hold
-            self.first = self._agree(mlp_up_fit.fit(
-                self.model, self.plan.mlp_up_saved_layers,
-                self.plan.micro_batch * self.plan.seq_len,
-                torch.finfo(self.plan.dtype).bits // 8, peak, capacity))
-            torch.cuda.reset_peak_memory_stats(self.device)  # the next step's own peak
-            return
-        assert self.first is not None
-        outcome = self._agree(mlp_up_fit.refine(self.model, self.first, peak))
-        self.recorder.log_metrics(mlp_up_saved_layers=float(outcome.kept),
-                                  mlp_up_fit_peak_gib=outcome.peak_bytes / 2**30,
-                                  mlp_up_fit_second_peak_gib=peak / 2**30,
-                                  mlp_up_layer_gib=outcome.layer_bytes / 2**30)
-        self.recorder.set_tag("finetune.mlp_up_saved", outcome.describe())
-
-    def _agree(self, outcome: mlp_up_fit.Fit) -> mlp_up_fit.Fit:
-        """The fewest layers any rank can keep, kept on every rank."""
-        if self.world == 1:
-            return outcome
-        fewest = torch.tensor([outcome.kept], device=self.device)
-        dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
-        if int(fewest.item()) == outcome.kept:
-            return outcome
-        return replace(outcome, kept=keep_mlp_up(self.model, int(fewest.item())))
-
-    def _cpu(self) -> None:
-        kept = keep_mlp_up(self.model, self.plan.mlp_up_saved_layers)
-        self.recorder.log_metric("mlp_up_saved_layers", float(kept))
-        self.recorder.set_tag("finetune.mlp_up_saved", (
-            f"the last {kept} of {len(self.model.layers)} decoder layers keep their MLP's "
-            f"up-projection: not fitted (no GPU memory to fit: a CPU run keeps what was asked)"))
-
-
-def check_host_memory(plan: Plan, world: int, recorder: Recording, device: Any,
-                      meminfo: str | None = None) -> None:
-    """Skip, with the figures, an offloading run this node's free host memory cannot hold
-    (``host_need``), before any of it is allocated; log the estimate either way. ``meminfo``:
-    /proc/meminfo's text (read when not given)."""
-    from pathlib import Path
-
-    model = Llama(plan.shape, plan.dtype, "meta")
-    elt = torch.finfo(plan.dtype).bits // 8
-    split = world if plan.mode.startswith("fsdp2") else 1
-    local = [-(-p.shape[0] // split) * (p.numel() // p.shape[0]) * elt
-             for p in model.parameters()]
-    need = host_need.host_bytes(plan.mode, local, exact_params=True,
-                                delayed=plan.delayed_update)
-    recorder.log_metric("host_need_gb", need / 1e9)
-    need *= max(1, min(world, torch.cuda.device_count()))  # this node's ranks share its memory
-    try:
-        free = host_need.available_bytes(meminfo if meminfo is not None
-                                         else Path("/proc/meminfo").read_text())
-    except OSError:
-        free = None
-    short = torch.tensor([float(free is not None and need > free)], device=device)
-    if world > 1:  # every rank skips or none does: a lone skip would leave its peers waiting
-        dist.all_reduce(short, op=dist.ReduceOp.MAX)
-    if short.item():
-        raise SkipRun(f"{plan.mode} of {plan.shape.layers} layers needs about {need / 1e9:.0f} GB "
-                      f"of host memory for this node's ranks (pinned parameters and gradients, "
-                      f"AdamW states); this node has {(free or 0) / 1e9:.0f} GB available")
-
-
 def probe_compute(plan: Plan, device: Any, accum: int, saved: int) -> float:
     """The run's GPU compute alone (a diagnostic beside the floor): forward and backward of this
     rank's micro batches of one step on a model whole on ``device`` (``measure_compute``), with
@@ -530,123 +425,25 @@ def probe_compute(plan: Plan, device: Any, accum: int, saved: int) -> float:
     return plain + saved * ((timed(2, 2) - t2) / 2)  # each saving layer's difference
 
 
-@dataclass(frozen=True)
-class NodeTriad:
-    """The host memory rate with every rank of the node streaming at once."""
+@dataclass
+class Measured:
+    """What the measured steps of a run gave (``_measured_steps``): each step's seconds, its
+    optimizer's and the part of it the step waited for, the losses of every step, and the
+    warm-up's seconds."""
 
-    #: GB/s of all the ranks together (the rate their optimizer steps share) and of this one
-    node_gbps: float
-    rank_gbps: float
-    threads: int
-    ranks: int
-    #: wall-clock (start, end) of this rank's timed passes
-    windows: list[tuple[float, float]]
-
-
-def node_triad(share_bytes: int, threads: int, ranks_on_host: int) -> NodeTriad:
-    """The triad on ``threads`` threads in every rank of the node at once: each timed pass
-    starts at a barrier and counts at the slowest rank's time, so the node's rate is the sum
-    of what the ranks streamed over the time they all streamed. Arrays a quarter of the
-    rank's parameter bytes, 8 to 512 MiB each (well past the caches)."""
-    together = dist.is_initialized() and dist.get_world_size() > 1
-
-    def slowest(seconds: float) -> float:
-        t = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_cpu_group())
-        return float(t)
-
-    windows: list[tuple[float, float]] = []
-    mib = max(8, min(512, share_bytes // 4 // 2**20))
-    rank_gbps = triad_gbps(mib_per_array=mib, threads=threads, windows=windows,
-                           start=(lambda: dist.barrier(group=_cpu_group())) if together else None,
-                           slowest=slowest if together else None)
-    return NodeTriad(node_gbps=rank_gbps * ranks_on_host, rank_gbps=rank_gbps, threads=threads,
-                     ranks=ranks_on_host, windows=windows)
+    times: list[float]
+    opt_times: list[float]
+    exposed_times: list[float]
+    losses: list[float]
+    warmup_s: float
 
 
-_CPU_GROUP: list[Any] = []
-
-
-def _cpu_group() -> Any:
-    """A gloo group over the default group's ranks (CPU tensors under NCCL), made once."""
-    if not _CPU_GROUP:
-        backend = dist.get_backend()
-        _CPU_GROUP.append(None if backend == "gloo" else dist.new_group(backend="gloo"))
-    return _CPU_GROUP[0]
-
-
-def ranks_on_host(world: int) -> int:
-    """Ranks of this job on this host, asked of the ranks themselves (each names its host over
-    the CPU group), so that no launcher's variables are read here (backends/ owns those)."""
-    import socket
-
-    if world <= 1 or not dist.is_initialized():
-        return max(1, world)
-    names: list[Any] = [None] * world
-    dist.all_gather_object(names, socket.gethostname(), group=_cpu_group())
-    return sum(1 for n in names if n == socket.gethostname())
-
-
-def matmul_rate_tflops(device: Any, dtype: Any) -> float:
-    """The dense matmul rate the compute floor divides by: the GPU's (``device_rates``, bf16
-    at 8192 cubed) or, on a CPU-only run, the CPU's in ``dtype`` on the job's threads."""
-    if _is_cuda(device):
-        return matmul_tflops(device, dtype=dtype if dtype in (torch.bfloat16, torch.float16)
-                             else torch.bfloat16)
-    n = 512
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    torch.matmul(a, b)
-    best = math.inf
-    for _ in range(5):
-        t0 = time.perf_counter()
-        torch.matmul(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best / 1e12
-
-
-def matmul_params(model: Llama) -> int:
-    """Parameters of the model's matrix products (global sizes, sharded or not): every 2-D
-    weight but the embedding, which is a lookup."""
-    return sum(p.numel() for name, p in model.named_parameters()
-               if p.dim() == 2 and not name.startswith("embed"))
-
-
-def step_flops_of(model: Llama, plan: "Plan", world: int) -> float:
-    """FLOPs of this rank's step (``step_floor.step_flops``; global parameter sizes)."""
-    head = model.head.weight.numel()
-    tokens = plan.global_batch // world * plan.seq_len
-    not_recomputed = sum(layer.gate_up.weight.numel() for layer in model.layers
-                         if plan.checkpointing and layer.save_mlp_up)
-    return step_floor.step_flops(matmul_params(model), head, plan.shape.layers,
-                                 plan.shape.hidden, plan.seq_len, tokens, plan.checkpointing,
-                                 not_recomputed)
-
-
-def model_flops_per_token(model: Llama, plan: "Plan") -> float:
-    """The model's FLOPs per training token (forward and backward, causal attention; no
-    recomputation): the figure the torch backend logs as ``flops_per_token``, so that the
-    energy's plausibility gate (work per joule against the node's matmul probe) judges these
-    runs too."""
-    return step_floor.step_flops(matmul_params(model), model.head.weight.numel(),
-                                 plan.shape.layers,
-                                 plan.shape.hidden, plan.seq_len, 1, checkpointing=False)
-
-
-def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None,
-         model: Llama, device: Any, rank: int, world: int, accum: int,
-         after_warmup_step: Callable[[int], None] | None = None) -> None:
-    n_params = sum(p.numel() for p in model.parameters())  # global sizes, sharded or not
-    threads = plan.cpus or torch.get_num_threads()
-    torch.set_num_threads(threads)  # the job's CPUs, whatever a launcher left in the pool
-    overlap = plan.overlap_optimizer and accum == 1 and plan.mode == "fsdp2-cpu-offload"
-    # stepping during backward, the optimizer leaves 2 of the rank's CPUs to the training
-    # thread's kernel launches and the driver's and NCCL's threads (cpu_adamw.optimizer_threads)
-    opt_threads = cpu_adamw.optimizer_threads(threads, overlap)
-    opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay, device, opt_threads,
-                         plan.delayed_update)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    times, opt_times, exposed_times, losses, warmup_s = [], [], [], [], 0.0
+def _measured_steps(plan: Plan, recorder: Recording, model: Llama, opt: Any, device: Any,
+                    rank: int, world: int, accum: int, overlap: bool,
+                    after_warmup_step: Callable[[int], None] | None) -> Measured:
+    """The warm-up steps, then ``plan.windows`` windows of ``plan.steps`` steps inside one
+    measured region, each step logged (its window said on its line)."""
+    out = Measured([], [], [], [], 0.0)
     windows = max(1, plan.windows)  # repeats: windows of plan.steps, one measured region
     recorder.mark_setup_done()  # set-up ends where the first step begins (setup_s)
     with ExitStack() as measured:  # the measured window: the steps after warm-up
@@ -663,16 +460,35 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
             dt = time.perf_counter() - t0
             recorder.log_step(step, loss=loss, step_s=dt, optimizer_s=opt_s,
                               optimizer_exposed_s=exposed_s)
-            losses.append(loss)
+            out.losses.append(loss)
             if step < plan.warmup:  # first kernels, allocator, pinned blocks, compilation
-                warmup_s += dt
-            if step < plan.warmup and after_warmup_step is not None:  # MlpUpFitting
-                after_warmup_step(step)
-            if step >= plan.warmup:
-                times.append(dt)
-                opt_times.append(opt_s)
-                exposed_times.append(exposed_s)
+                out.warmup_s += dt
+                if after_warmup_step is not None:  # MlpUpFitting
+                    after_warmup_step(step)
+            else:
+                out.times.append(dt)
+                out.opt_times.append(opt_s)
+                out.exposed_times.append(exposed_s)
     recorder.repeat = None
+    return out
+
+
+def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None,
+         model: Llama, device: Any, rank: int, world: int, accum: int,
+         after_warmup_step: Callable[[int], None] | None = None) -> None:
+    n_params = sum(p.numel() for p in model.parameters())  # global sizes, sharded or not
+    threads = plan.cpus or torch.get_num_threads()
+    torch.set_num_threads(threads)  # the job's CPUs, whatever a launcher left in the pool
+    overlap = plan.overlap_optimizer and accum == 1 and plan.mode == "fsdp2-cpu-offload"
+    # stepping during backward, the optimizer leaves 2 of the rank's CPUs to the training
+    # thread's kernel launches and the driver's and NCCL's threads (cpu_adamw.optimizer_threads)
+    opt_threads = cpu_adamw.optimizer_threads(threads, overlap)
+    opt = make_optimizer(model, plan.mode, plan.lr, plan.weight_decay, device, opt_threads,
+                         plan.delayed_update)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    got = _measured_steps(plan, recorder, model, opt, device, rank, world, accum, overlap,
+                          after_warmup_step)
     if plan.compile:  # dynamo's graphs so far: the run's layers share one (the probe's plain
         # layers, measured later, add their own)
         from torch._dynamo.utils import counters
@@ -682,77 +498,37 @@ def _run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, 
         diagnose(plan, recorder, cuda, model, opt, device, rank, world, accum, overlap)
     if hasattr(opt, "wait_kind"):
         recorder.set_tag("finetune.optimizer_wait", opt.wait_kind)
-    # the run's p50 and each window's: the run is as fast as its slowest rank, window by
-    # window too; one collective for all of them, the same call on every rank
+    windows = max(1, plan.windows)
     cut = [slice(w * plan.steps, (w + 1) * plan.steps) for w in range(windows)]
-    p50s = [percentile(times, 50)] + [percentile(times[c], 50) for c in cut]
-    if world > 1:
-        t = torch.tensor(p50s, dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        p50s = [float(v) for v in t.tolist()]
-    s_iter = p50s[0]
+    p50s = slowest_p50s(got.times, cut, world, device)
     tokens = plan.global_batch * plan.seq_len
     elt = torch.finfo(plan.dtype).bits // 8
+    losses = got.losses
     figures = {"optimizer_overlapped": float(overlap), "torch_threads": float(threads),
                "optimizer_delayed": float(plan.delayed_update),
-               "optimizer_threads": float(opt_threads), "warmup_s": warmup_s,
+               "optimizer_threads": float(opt_threads), "warmup_s": got.warmup_s,
                "loss_first": losses[0], "loss_last": losses[-1], "loss_drop": losses[0] - losses[-1],
                "params_b": n_params / 1e9, "accumulation_steps": float(accum),
                "peak_host_mem_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
     if cuda:
-        figures["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-        figures["peak_gpu_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        # the caching allocator's retries (each frees its cache and waits for the GPU: idle
-        # time near a full GPU, e.g. under mlp_up_fit) and its reserved peak
-        stats = torch.cuda.memory_stats(device)
-        figures["gpu_alloc_retries"] = float(stats.get("num_alloc_retries", 0))
-        figures["peak_gpu_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+        figures.update(gpu_memory_figures(device))
     pinned = pinned_host_gb() if cuda else None
     if pinned is not None:
         figures["pinned_host_peak_gb"] = pinned
-    # the floor from the hardware (step_floor): FLOPs at the measured matmul rate, the link's
-    # bytes at the pinned rates, the CPU optimizer's bytes at the node's triad (every rank at
-    # once, on the job's threads); the run's own parts stay beside it as diagnostics
-    local = ranks_on_host(world)
     figures["flops_per_token"] = model_flops_per_token(model, plan)
     figures["matmul_tflops"] = matmul_rate_tflops(device, plan.dtype)
     kept = sum(1 for layer in model.layers if layer.save_mlp_up)
     figures["compute_measured_s"] = probe_compute(plan, device, accum, kept)  # diagnostic
-    host = None
-    if plan.mode in step_floor.OFFLOADED:
-        triad = node_triad(n_params * elt // world, threads, local)
-        host = triad.node_gbps
-        figures.update(host_triad_gbps=host, host_triad_rank_gbps=triad.rank_gbps,
-                       host_triad_threads=float(triad.threads), host_triad_ranks=float(local))
-    rates = pinned_gbps if cuda and pinned_gbps else (None, None)
-    floor = step_floor.step_floor(step_floor.FloorInputs(
-        mode=plan.mode, params=n_params, elt_bytes=elt, world=world,
-        flops=step_flops_of(model, plan, world), matmul_tflops=figures["matmul_tflops"],
-        host_gbps=host, ranks_on_host=local, h2d_gbps=rates[0], d2h_gbps=rates[1],
-        overlapped=overlap, reshard_after_forward=plan.reshard_after_forward))
+    floor = floor_of(plan, model, figures, n_params, elt, world, threads, overlap, cuda,
+                   pinned_gbps)
     # the step's figures over every measured step, as each window's below
-    figures.update(**floor, **step_figures(s_iter, tokens, times, opt_times, exposed_times, floor))
+    figures.update(**floor, **step_figures(p50s[0], tokens, got.times, got.opt_times,
+                                           got.exposed_times, floor))
     if floor.get("floor_compute_s", 0) > 0:
         figures["compute_measured_over_floor"] = (figures["compute_measured_s"]
                                                   / floor["floor_compute_s"])
-    recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})
+    recorder.log_metrics(finite(figures))
     if windows > 1:  # one sample per window, judged like the run (repeats.measure aggregates)
         for c, s_w in zip(cut, p50s[1:]):
-            sample = step_figures(s_w, tokens, times[c], opt_times[c], exposed_times[c], floor)
-            recorder.add_sample({k: v for k, v in sample.items() if math.isfinite(v)})
-
-
-def step_figures(s_iter: float, tokens: int, times: list[float], opt_times: list[float],
-                 exposed_times: list[float], floor: dict[str, float]) -> dict[str, float]:
-    """The step's figures over ``times`` (the run's measured steps, or one window's: its
-    sample): the p50 step (``s_iter``: the slowest rank's), the figures judged from it and its
-    floor ratios, this rank's own parts, and the tokens of its steps (``measured_tokens``, the
-    work done inside the energy window; the windows' samples sum to the run's,
-    ``work_done_totals``)."""
-    out = {"step_time_p50_s": s_iter, "s_per_iter": s_iter, "tokens_per_s": tokens / s_iter,
-           "step_s": percentile(times, 50), "optimizer_step_s": percentile(opt_times, 50),
-           "optimizer_exposed_s": percentile(exposed_times, 50),
-           "measured_tokens": float(len(times) * tokens), **step_floor.over_floor(s_iter, floor)}
-    if floor.get("optimizer_floor_s", 0) > 0:
-        out["optimizer_over_floor"] = out["optimizer_step_s"] / floor["optimizer_floor_s"]
-    return out
+            recorder.add_sample(finite(step_figures(s_w, tokens, got.times[c], got.opt_times[c],
+                                                     got.exposed_times[c], floor)))

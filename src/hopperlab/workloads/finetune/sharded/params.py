@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hopperlab.core.schema import bounded, settle_fields
-from hopperlab.workloads.base import PROFILERS
-from hopperlab.workloads.finetune.common import CommonParams
+from hopperlab.workloads.finetune.common import CommonParams, engine_knobs
 
 #: how the full fine-tune is spread (engine.py)
 Sharding = Literal["fsdp2", "fsdp2-cpu-offload", "torchao-cpu-offload"]
@@ -19,13 +18,11 @@ ModelShape = Literal["llama-2-13b", "tiny"]
 SHAPES: dict[str, tuple[int, int, int, int, int]] = {
     "llama-2-13b": (5120, 40, 13824, 32000, 40), "tiny": (64, 4, 128, 256, 2)}
 
-SUPPORTED_KNOBS = {
-    "num_workers": frozenset({0}),      # random tokens, no data loader
-    "offload": frozenset({"none"}),     # offload is the sharding's (fsdp2-cpu-offload, torchao)
-    "memory": frozenset({"device"}),
-    "precision": frozenset({"bf16"}),   # the dtype param says bf16 or float32; no fp8 layers
-    "profiler": PROFILERS,
-}
+#: random tokens (no data loader); what it offloads is the sharding's (fsdp2-cpu-offload,
+#: torchao-cpu-offload), not the offload knob's; device memory; the dtype param says bfloat16 or
+#: float32, and no layer is fp8
+SUPPORTED_KNOBS = engine_knobs(num_workers=[0], offload=["none"], memory=["device"],
+                               precision=["bf16"])
 
 
 @dataclass(frozen=True)

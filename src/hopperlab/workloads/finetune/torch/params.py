@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from hopperlab.core.schema import bounded, settle_fields
-from hopperlab.workloads.base import PROFILERS, Contradiction, Knobs
-from hopperlab.workloads.finetune.common import LoraParams
+from hopperlab.workloads.base import Contradiction, Knobs
+from hopperlab.workloads.finetune.common import LoraParams, engine_knobs
 
 ActivationOffload = Literal["async", "save_on_cpu"]
 ManagedAdvice = Literal["none", "preferred_device", "accessed_by", "both"]
@@ -21,13 +21,8 @@ OFFLOADS: dict[str, frozenset[str]] = {
     "none": frozenset(), "activations": frozenset({"activations"}),
     "parameters": frozenset({"parameters"}), "both": frozenset({"activations", "parameters"})}
 
-SUPPORTED_KNOBS = {
-    "num_workers": frozenset(range(0, 65)),
-    "offload": frozenset(OFFLOADS),
-    "memory": frozenset({"device", "managed"}),
-    "precision": frozenset({"bf16", "fp8"}),
-    "profiler": PROFILERS,
-}
+SUPPORTED_KNOBS = engine_knobs(num_workers=range(0, 65), offload=OFFLOADS,
+                               memory=["device", "managed"], precision=["bf16", "fp8"])
 
 
 @dataclass(frozen=True)

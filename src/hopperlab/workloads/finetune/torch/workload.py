@@ -24,7 +24,7 @@ from hopperlab.memory.fp8 import Fp8Unavailable
 from hopperlab.memory.layers import decoder_layers
 from hopperlab.memory.managed_allocator import ManagedAllocatorError
 from hopperlab.memory.saved_tensor_census import CENSUS_CSV, CENSUS_JSON, SavedTensorCensus
-from hopperlab.workloads.base import Recording, RunView, no_cuda_reason, spec_params
+from hopperlab.workloads.base import Recording, RunView, spec_params
 from hopperlab.workloads.finetune import HEADLINE_METRICS, FinetuneParams
 from hopperlab.workloads.finetune import data, metrics
 from hopperlab.workloads.finetune.device import use_cuda
