@@ -35,6 +35,7 @@ from hopperlab.workloads.finetune.sharded import shard_init, step_floor, step_pr
 from hopperlab.workloads.finetune.sharded.llama import (CPU_COMPILE_BACKEND, Llama, Shape,
                                                         build_model, compile_layers, keep_mlp_up)
 from hopperlab.workloads.finetune.sharded.memory_fit import MlpUpFitting, check_host_memory
+from hopperlab.workloads.finetune.sharded.plan import Plan
 from hopperlab.workloads.finetune.sharded.rates import (finite, floor_of, gpu_memory_figures,
                                                         matmul_rate_tflops,
                                                         model_flops_per_token, pinned_host_gb,
@@ -92,7 +93,7 @@ def fast_pinning() -> str:
     return "malloc, pages touched by 8 threads, cudaHostRegister"
 
 
-def compile_model(model: Llama, plan: "Plan", cuda: bool) -> dict[str, str]:
+def compile_model(model: Llama, plan: Plan, cuda: bool) -> dict[str, str]:
     """Compile ``model``'s decoder layers where ``plan.compile`` says so; returns the tags that
     say what the run got (a CPU run traces with dynamo's eager backend: no kernels made)."""
     if not plan.compile:
@@ -139,7 +140,7 @@ def shard(model: Llama, mode: str, cuda: bool, reshard_after_forward: bool = Tru
     fully_shard(model, **kw)
 
 
-def prefetch_h2d(model: Llama, plan: "Plan", world: int,
+def prefetch_h2d(model: Llama, plan: Plan, world: int,
                  device: Any) -> tuple[h2d_prefetch.NextLayerPrefetch | None, str]:
     """The next layer's host shards copied on a side stream (``h2d_prefetch``) where FSDP2
     would copy them on the compute stream: CPU offload at world size 1. Returns the
@@ -221,7 +222,7 @@ def train_step(model: nn.Module, opt: Any, step: int, accum: int, rank: int, wor
     return float(total), opt_s, exposed_s
 
 
-def diagnose(plan: "Plan", recorder: Recording, cuda: bool, model: nn.Module, opt: Any,
+def diagnose(plan: Plan, recorder: Recording, cuda: bool, model: nn.Module, opt: Any,
              device: Any, rank: int, world: int, accum: int, overlap: bool) -> None:
     """One more step after the measured ones, profiled (``step_profile``): its ``diag_*``
     figures in the record (rank 0's are the run's), or the tag ``finetune.step_profile`` saying
@@ -242,7 +243,7 @@ def diagnose(plan: "Plan", recorder: Recording, cuda: bool, model: nn.Module, op
     recorder.log_metrics({k: v for k, v in figures.items() if math.isfinite(v)})
 
 
-def measure_compute(model: nn.Module, plan: "Plan", device: Any, accum: int) -> float:
+def measure_compute(model: nn.Module, plan: Plan, device: Any, accum: int) -> float:
     """Seconds of forward and backward of one optimizer step's micro batches with every
     weight on ``device`` and no optimizer: the GPU-compute part of an offloading step's floor.
 
@@ -266,56 +267,6 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-@dataclass
-class Plan:
-    mode: str
-    shape: Shape
-    seq_len: int
-    micro_batch: int
-    global_batch: int
-    steps: int
-    warmup: int
-    dtype: Any
-    lr: float
-    weight_decay: float
-    seed: int
-    checkpointing: bool
-    #: FSDP2 offload: step each unit's AdamW during backward as its gradients land in host
-    #: memory (``cpu_adamw``); one micro batch per step only (else after backward)
-    overlap_optimizer: bool = False
-    #: CPUs this rank was given (the job's thread plan); None: torch's current pool
-    cpus: int | None = None
-    #: FSDP2 offload: ZeRO-Offload's one-step delayed update (``cpu_adamw``; other maths)
-    delayed_update: bool = False
-    #: one extra step after the measured ones under torch.profiler, reduced to where the GPU's
-    #: time went (``step_profile``: diag_* figures); GPU runs only
-    diagnose_step: bool = False
-    #: torch.compile each decoder layer (``compile_layers``; inductor on a GPU, dynamo's eager
-    #: backend on a CPU); the compilation happens in the warm-up step
-    compile: bool = False
-    #: FSDP2's option for the decoder layers (``shard``); false keeps them gathered from
-    #: forward to backward
-    reshard_after_forward: bool = True
-    #: FSDP2 offload at world size 1: stage the next layer's host shards on a side stream
-    #: (``prefetch_h2d``)
-    h2d_prefetch: bool = True
-    #: under checkpointing, the last N decoder layers keep their MLP's up-projection instead
-    #: of recomputing it (``keep_mlp_up``): GPU memory for fewer FLOPs
-    mlp_up_saved_layers: int = 0
-    #: ``mlp_up_saved_layers`` is the most: two sizing steps (two more warm-up steps) measure
-    #: the GPU memory peak and what a keeping layer adds, and as many of the last layers keep
-    #: as fit (``MlpUpFitting``); a CPU run keeps what was asked
-    mlp_up_fit: bool = False
-    #: the loss in chunks of this many tokens (``Llama.forward``); None: the whole batch's
-    #: logits, upcast to float32
-    loss_chunk_tokens: int | None = None
-    #: the run's repeats (repeat_unit "windows"): after the one warm-up, ``windows`` windows of
-    #: ``steps`` steps on the one built model, each recorded as a sample; 1: no samples
-    windows: int = 1
-    #: the CUDA caching allocator with expandable segments for the run (``caching_allocator``)
-    expandable_segments: bool = False
-
-
 def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, float] | None) -> None:
     """Train ``plan`` on this rank, log steps and the run's figures (rank 0's are the run's).
 
@@ -329,10 +280,9 @@ def run(plan: Plan, recorder: Recording, cuda: bool, pinned_gbps: tuple[float, f
         _train(plan, recorder, cuda, pinned_gbps)
 
 
-def _train(plan: Plan, recorder: Recording, cuda: bool,
-           pinned_gbps: tuple[float, float] | None) -> None:
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
+def _refuse(plan: Plan, world: int, cuda: bool) -> None:
+    """What this plan cannot be on this job: a batch the ranks do not divide, a one-GPU peer
+    over several tasks, torchao's offload without a GPU (a skip)."""
     if plan.global_batch % (plan.micro_batch * world):
         raise ValueError(f"global_batch {plan.global_batch} is not a multiple of micro_batch "
                          f"{plan.micro_batch} x world size {world}")
@@ -341,6 +291,47 @@ def _train(plan: Plan, recorder: Recording, cuda: bool,
     if plan.mode == "torchao-cpu-offload" and not cuda:
         raise SkipRun("torchao's CPUOffloadOptimizer moves optimizer states between a GPU and "
                       "host memory: it needs a CUDA device")
+
+
+def _build(plan: Plan, recorder: Recording, device: Any, cuda: bool) -> tuple[Llama, list[Any]]:
+    """This rank's model, its build timed and its loss's chunks said."""
+    t0 = time.perf_counter()
+    build_parts: dict[str, float] = {}
+    model, pinned = build_sharded(plan.shape, plan.dtype, plan.mode, plan.seed, device, cuda,
+                                  plan.checkpointing,
+                                  reshard_after_forward=plan.reshard_after_forward,
+                                  timings=build_parts)
+    _sync(device)
+    recorder.log_metrics(build_s=time.perf_counter() - t0, **build_parts)
+    model.loss_chunk_tokens = plan.loss_chunk_tokens
+    recorder.set_tag("finetune.loss_chunk_tokens", "none" if plan.loss_chunk_tokens is None
+                     else str(plan.loss_chunk_tokens))
+    return model, pinned
+
+
+def _keep_mlp_up(plan: Plan, model: Llama, recorder: Recording, cuda: bool, device: Any,
+                 world: int) -> tuple[Plan, Callable[[int], None] | None]:
+    """The layers that keep their MLP's up-projection: as asked, or fitted on a GPU in two more
+    warm-up steps (``MlpUpFitting``, whose step hook is returned with the plan that has them)."""
+    fitting = plan.mlp_up_fit and plan.checkpointing and plan.mlp_up_saved_layers > 0
+    saved = keep_mlp_up(model, 0 if fitting and cuda else plan.mlp_up_saved_layers)
+    if plan.mlp_up_saved_layers and not fitting:
+        recorder.log_metric("mlp_up_saved_layers", float(saved))
+        recorder.set_tag("finetune.mlp_up_saved", (
+            f"the last {saved} of {len(model.layers)} decoder layers keep their MLP's "
+            f"up-projection (not recomputed in backward)") if saved else
+            "none: the model does not recompute (checkpointing off)")
+    if not fitting:
+        return plan, None
+    plan = replace(plan, warmup=plan.warmup + 2)
+    return plan, MlpUpFitting(model, plan, recorder, cuda, device, world).after_step
+
+
+def _train(plan: Plan, recorder: Recording, cuda: bool,
+           pinned_gbps: tuple[float, float] | None) -> None:
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    _refuse(plan, world, cuda)
     accum = plan.global_batch // (plan.micro_batch * world)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     own_group = plan.mode.startswith("fsdp2") and not dist.is_initialized()
@@ -350,29 +341,8 @@ def _train(plan: Plan, recorder: Recording, cuda: bool,
     try:
         if cuda and plan.mode != "fsdp2":
             check_host_memory(plan, world, recorder, device)
-        t0 = time.perf_counter()
-        build_parts: dict[str, float] = {}
-        model, pinned = build_sharded(plan.shape, plan.dtype, plan.mode, plan.seed, device, cuda,
-                                      plan.checkpointing,
-                                      reshard_after_forward=plan.reshard_after_forward,
-                                      timings=build_parts)
-        _sync(device)
-        recorder.log_metrics(build_s=time.perf_counter() - t0, **build_parts)
-        model.loss_chunk_tokens = plan.loss_chunk_tokens
-        recorder.set_tag("finetune.loss_chunk_tokens", "none" if plan.loss_chunk_tokens is None
-                         else str(plan.loss_chunk_tokens))
-        fitting = plan.mlp_up_fit and plan.checkpointing and plan.mlp_up_saved_layers > 0
-        saved = keep_mlp_up(model, 0 if fitting and cuda else plan.mlp_up_saved_layers)
-        if plan.mlp_up_saved_layers and not fitting:
-            recorder.log_metric("mlp_up_saved_layers", float(saved))
-            recorder.set_tag("finetune.mlp_up_saved", (
-                f"the last {saved} of {len(model.layers)} decoder layers keep their MLP's "
-                f"up-projection (not recomputed in backward)") if saved else
-                "none: the model does not recompute (checkpointing off)")
-        sizing = None
-        if fitting:  # two more warm-up steps, the sizing ones (MlpUpFitting)
-            plan = replace(plan, warmup=plan.warmup + 2)
-            sizing = MlpUpFitting(model, plan, recorder, cuda, device, world).after_step
+        model, pinned = _build(plan, recorder, device, cuda)
+        plan, sizing = _keep_mlp_up(plan, model, recorder, cuda, device, world)
         for key, value in compile_model(model, plan, cuda).items():
             recorder.set_tag(key, value)
         if plan.mode.startswith("fsdp2"):

@@ -15,6 +15,7 @@ from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.base import Recording
 from hopperlab.workloads.finetune.sharded import host_need, mlp_up_fit
 from hopperlab.workloads.finetune.sharded.llama import Llama, keep_mlp_up
+from hopperlab.workloads.finetune.sharded.plan import Plan
 
 
 class MlpUpFitting:
@@ -24,7 +25,7 @@ class MlpUpFitting:
     same number on every rank (the fewest any rank holds); recorded. A CPU run keeps what
     was asked (no GPU memory to fit)."""
 
-    def __init__(self, model: Llama, plan: Any, recorder: Recording, cuda: bool, device: Any,
+    def __init__(self, model: Llama, plan: Plan, recorder: Recording, cuda: bool, device: Any,
                  world: int) -> None:
         self.model, self.plan, self.recorder = model, plan, recorder
         self.cuda, self.device, self.world = cuda, device, world
@@ -73,7 +74,7 @@ class MlpUpFitting:
             f"up-projection: not fitted (no GPU memory to fit: a CPU run keeps what was asked)"))
 
 
-def check_host_memory(plan: Any, world: int, recorder: Recording, device: Any,
+def check_host_memory(plan: Plan, world: int, recorder: Recording, device: Any,
                       meminfo: str | None = None) -> None:
     """Skip, with the figures, an offloading run this node's free host memory cannot hold
     (``host_need``), before any of it is allocated; log the estimate either way. ``meminfo``:

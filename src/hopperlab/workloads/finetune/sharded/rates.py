@@ -18,6 +18,7 @@ from hopperlab.cuda.device_rates import matmul_tflops
 from hopperlab.node.host_bandwidth import triad_gbps
 from hopperlab.workloads.finetune.sharded import step_floor
 from hopperlab.workloads.finetune.sharded.llama import Llama
+from hopperlab.workloads.finetune.sharded.plan import Plan
 
 
 def is_cuda(device: Any) -> bool:
@@ -122,7 +123,7 @@ def matmul_params(model: Llama) -> int:
                if p.dim() == 2 and not name.startswith("embed"))
 
 
-def step_flops_of(model: Llama, plan: Any, world: int) -> float:
+def step_flops_of(model: Llama, plan: Plan, world: int) -> float:
     """FLOPs of this rank's step (``step_floor.step_flops``; global parameter sizes)."""
     head = model.head.weight.numel()
     tokens = plan.global_batch // world * plan.seq_len
@@ -133,7 +134,7 @@ def step_flops_of(model: Llama, plan: Any, world: int) -> float:
                                  not_recomputed)
 
 
-def model_flops_per_token(model: Llama, plan: Any) -> float:
+def model_flops_per_token(model: Llama, plan: Plan) -> float:
     """The model's FLOPs per training token (forward and backward, causal attention; no
     recomputation): the figure the torch backend logs as ``flops_per_token``, so that the
     energy's plausibility gate (work per joule against the node's matmul probe) judges these
@@ -180,7 +181,7 @@ def gpu_memory_figures(device: Any) -> dict[str, float]:
             "peak_gpu_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
 
 
-def floor_of(plan: Any, model: Llama, figures: dict[str, float], n_params: int, elt: int,
+def floor_of(plan: Plan, model: Llama, figures: dict[str, float], n_params: int, elt: int,
            world: int, threads: int, overlap: bool, cuda: bool,
            pinned_gbps: tuple[float, float] | None) -> dict[str, float]:
     """The floor from the hardware (step_floor): FLOPs at the measured matmul rate, the link's
