@@ -13,8 +13,9 @@ import torch.distributed as dist
 
 from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.base import Recording
-from hopperlab.workloads.finetune.sharded import host_need, mlp_up_fit
-from hopperlab.workloads.finetune.sharded.llama import Llama, keep_mlp_up
+from hopperlab.memory import mlp_up_fit
+from hopperlab.workloads.finetune.sharded import host_need
+from hopperlab.workloads.finetune.sharded.llama import Llama, Shape, keep_mlp_up
 from hopperlab.workloads.finetune.sharded.plan import Plan
 
 
@@ -31,6 +32,10 @@ class MlpUpFitting:
         self.cuda, self.device, self.world = cuda, device, world
         self.first: mlp_up_fit.Fit | None = None
 
+    def keep(self, n: int) -> int:
+        """The last ``n`` layers keep their up-projection (``mlp_up_fit``'s ``keep``)."""
+        return keep_mlp_up(self.model, n)
+
     def after_step(self, step: int) -> None:
         if step > 1:
             return
@@ -43,13 +48,14 @@ class MlpUpFitting:
             free, _ = torch.cuda.mem_get_info(self.device)
             capacity = free + torch.cuda.memory_reserved(self.device)  # what torch can hold
             self.first = self._agree(mlp_up_fit.fit(
-                self.model, self.plan.mlp_up_saved_layers,
+                self.keep, len(self.model.layers), model_shape(self.model),
+                self.plan.mlp_up_saved_layers,
                 self.plan.micro_batch * self.plan.seq_len,
                 torch.finfo(self.plan.dtype).bits // 8, peak, capacity))
             torch.cuda.reset_peak_memory_stats(self.device)  # the next step's own peak
             return
         assert self.first is not None
-        outcome = self._agree(mlp_up_fit.refine(self.model, self.first, peak))
+        outcome = self._agree(mlp_up_fit.refine(self.keep, self.first, peak))
         self.recorder.log_metrics(mlp_up_saved_layers=float(outcome.kept),
                                   mlp_up_fit_peak_gib=outcome.peak_bytes / 2**30,
                                   mlp_up_fit_second_peak_gib=peak / 2**30,
@@ -102,3 +108,11 @@ def check_host_memory(plan: Plan, world: int, recorder: Recording, device: Any,
         raise SkipRun(f"{plan.mode} of {plan.shape.layers} layers needs about {need / 1e9:.0f} GB "
                       f"of host memory for this node's ranks (pinned parameters and gradients, "
                       f"AdamW states); this node has {(free or 0) / 1e9:.0f} GB available")
+
+
+def model_shape(model: Llama) -> Shape:
+    """The shape a built model has (its first layer's projections; the vocabulary's head)."""
+    layer = model.layers[0]
+    hidden = layer.qkv.in_features
+    return Shape(hidden=hidden, heads=layer.heads, ffn=layer.down.in_features,
+                 vocab=model.head.out_features, layers=len(model.layers))

@@ -1,5 +1,6 @@
-"""How many decoder layers can keep their MLP's up-projection (``llama.keep_mlp_up``) on this
-GPU, measured rather than guessed, in two sizing steps: the first, with none kept, gives the
+"""How many decoder layers can keep their MLP's up-projection on this GPU (the sharded engine's
+``llama.keep_mlp_up``, through the ``keep`` it hands here), measured rather than guessed, in two
+sizing steps: the first, with none kept, gives the
 step's peak, and the layers an estimate of each one's bytes (its up-projection's output and
 input) fits above it, less a margin for the allocator's fragments, keep; the second measures
 the peak with them and so what a keeping layer really adds, and the layers that still fit at
@@ -15,8 +16,21 @@ docs/benchmarks/distributed.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable, Protocol
 
-from hopperlab.workloads.finetune.sharded.llama import Llama, Shape, keep_mlp_up
+
+class MlpShape(Protocol):
+    """What a layer's bytes are sized from: the model's hidden and MLP widths."""
+
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def ffn(self) -> int: ...
+
+
+#: ``keep(n)``: the last ``n`` decoder layers keep their up-projection (the others recompute
+#: it); returns how many do (a model without recompute keeps none)
+Keep = Callable[[int], int]
 
 #: the room left unplanned: the caching allocator's fragments and a kernel's workspace (a
 #: share of the GPU's memory, at least ``MARGIN_MIN_BYTES``). On an H200 (138.9 GiB for torch,
@@ -64,7 +78,7 @@ class Fit:
                 f"kept, so {self.layer_bytes / GIB:.2f} GiB a keeping layer measured)")
 
 
-def layer_bytes(shape: Shape, tokens: int, elt_bytes: int) -> int:
+def layer_bytes(shape: MlpShape, tokens: int, elt_bytes: int) -> int:
     """GPU bytes a layer adds by keeping its up-projection over ``tokens`` tokens of a micro
     batch: the projection's output (gate and up, 2 x ffn) and its input (the MLP's norm,
     hidden), which a recomputing layer derives again from its checkpointed input."""
@@ -85,20 +99,20 @@ def layers_that_fit(peak_bytes: int, capacity_bytes: int, per_layer_bytes: int, 
     return max(0, min(most, room // per_layer_bytes))
 
 
-def fit(model: Llama, most: int, tokens: int, elt_bytes: int, peak_bytes: int,
-        capacity_bytes: int) -> Fit:
-    """After the first sizing step: let the last layers the estimate fits keep their
-    up-projection (``keep_mlp_up``, at most ``most``) and say so. The compiled layers see the
+def fit(keep: Keep, layers: int, shape: MlpShape, most: int, tokens: int, elt_bytes: int,
+        peak_bytes: int, capacity_bytes: int) -> Fit:
+    """After the first sizing step: let the last layers (of ``layers``) the estimate fits keep
+    their up-projection (``keep``, at most ``most``) and say so. The compiled layers see the
     new flag at their next call (a guard: one more graph, compiled in the next step)."""
-    per_layer = layer_bytes(model_shape(model), tokens, elt_bytes)
+    per_layer = layer_bytes(shape, tokens, elt_bytes)
     margin = margin_for(capacity_bytes)
-    kept = keep_mlp_up(model, layers_that_fit(peak_bytes, capacity_bytes, per_layer, most, margin))
-    return Fit(kept=kept, most=most, layers=len(model.layers), peak_bytes=peak_bytes,
+    kept = keep(layers_that_fit(peak_bytes, capacity_bytes, per_layer, most, margin))
+    return Fit(kept=kept, most=most, layers=layers, peak_bytes=peak_bytes,
                capacity_bytes=capacity_bytes, layer_bytes=per_layer, margin_bytes=margin,
                estimate_gib=per_layer / GIB)
 
 
-def refine(model: Llama, first: Fit, second_peak_bytes: int) -> Fit:
+def refine(keep: Keep, first: Fit, second_peak_bytes: int) -> Fit:
     """After the second sizing step (``first.kept`` layers keeping): what a keeping layer
     really added, (second peak - first peak) / layers kept, and as many more of the last
     layers keep as fit at that rate above the second peak (never fewer than the first kept:
@@ -108,14 +122,7 @@ def refine(model: Llama, first: Fit, second_peak_bytes: int) -> Fit:
     measured = max(1, (second_peak_bytes - first.peak_bytes) // first.kept)
     more = layers_that_fit(second_peak_bytes, first.capacity_bytes, measured,
                            first.most - first.kept, first.margin_bytes)
-    kept = keep_mlp_up(model, first.kept + more)
+    kept = keep(first.kept + more)
     return replace(first, kept=kept, layer_bytes=measured, first_kept=first.kept,
                    second_peak_bytes=second_peak_bytes)
 
-
-def model_shape(model: Llama) -> Shape:
-    """The shape a built model has (its first layer's projections; the vocabulary's head)."""
-    layer = model.layers[0]
-    hidden = layer.qkv.in_features
-    return Shape(hidden=hidden, heads=layer.heads, ffn=layer.down.in_features,
-                 vocab=model.head.out_features, layers=len(model.layers))
