@@ -4,10 +4,9 @@ Backends are found by looking at the sub-packages of this package, as the famili
 backend is a new folder ``hopperlab/backends/<name>/`` (``__init__`` with ``BACKEND``, cheap;
 ``jobenv``; ``executor`` with ``LAUNCHER``, loaded only to submit). A backend can also come from
 outside the package, as submitit's executor plugins do: a distribution that declares an entry
-point ``<name> = <its package>`` in the group ``hopperlab.backends`` (``pyproject.toml``:
-``[project.entry-points."hopperlab.backends"]``); a folder of this package keeps its name.
-A site names one in its ``executor:`` key; config validates the name and the backend's
-settings block from here.
+point ``<name> = <its package>`` in the group ``hopperlab.backends``; a folder of this package
+keeps its name. A site names one in its ``executor:`` key; config validates the name and the
+backend's settings block from here.
 
 A backend that cannot be loaded (its package raises on import, or a stray folder declares no
 ``BACKEND``) is skipped with one warning naming it (and, for a plugin, the distribution that
