@@ -16,6 +16,8 @@ from hopperlab.core.errors import AssetMissing, SpecError
 from hopperlab.workloads.prediction import PredictModel
 
 P = TypeVar("P")
+#: a run's params type, as its engine declares it (``RunView[TorchParams]``)
+P_co = TypeVar("P_co", covariant=True)
 
 #: every value of the ``profiler`` knob the platform can run (``hopperlab.profiling``): a family
 #: whose runs open ``measured_region()`` supports them all
@@ -312,7 +314,7 @@ class SiteView(Protocol):
 
 
 @runtime_checkable
-class RunView(Protocol):
+class RunView(Protocol[P_co]):
     """One run as a family sees it: the first argument of ``FamilyInfo.entry``."""
 
     @property
@@ -326,7 +328,7 @@ class RunView(Protocol):
     @property
     def knobs(self) -> Knobs: ...
     @property
-    def params(self) -> Any: ...  # the family's params dataclass
+    def params(self) -> P_co: ...  # the engine's params dataclass (EngineInfo.params)
     @property
     def resources(self) -> ResourcesView: ...
     @property

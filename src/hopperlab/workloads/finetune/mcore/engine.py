@@ -227,7 +227,7 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def run(spec: RunView, recorder: Recording) -> None:
+def run(spec: RunView[McoreParams], recorder: Recording) -> None:
     """The mcore engine's entry (``EngineInfo.entry``)."""
     params = spec_params(spec, McoreParams)
     recorder.set_tag("finetune.backend", params.backend)

@@ -12,7 +12,7 @@ from hopperlab.workloads.finetune.sharded import llama
 from hopperlab.workloads.finetune.sharded.params import SHAPES, ShardedParams
 
 
-def run(spec: RunView, recorder: Recording) -> None:
+def run(spec: RunView[ShardedParams], recorder: Recording) -> None:
     params = spec_params(spec, ShardedParams)
     recorder.set_tag("finetune.backend", params.backend)
     run_sharded(spec, params, recorder)

@@ -40,7 +40,7 @@ __all__ = ["run", "run_torch", "prepare", "train", "TorchRun", "HEADLINE_METRICS
 GIB = float(1 << 30)
 
 
-def run(spec: RunView, recorder: Recording) -> None:
+def run(spec: RunView[FinetuneParams], recorder: Recording) -> None:
     """The torch engine's entry (``EngineInfo.entry``)."""
     params = spec_params(spec, FinetuneParams)
     recorder.set_tag("finetune.backend", params.backend)
