@@ -71,3 +71,30 @@ def test_the_default_matrix_plans_the_runs_it_planned_before(label):
         now.pop("site")
         was.pop("site")
         assert now == was, key
+
+
+@pytest.mark.parametrize("key", ["finetune/lora-llama2-7b/baseline",
+                                 "finetune/lora-llama2-7b/nemo-baseline",
+                                 "finetune/full-llama2-13b-sharded/fsdp2"])
+def test_a_finished_run_of_ca91e75_is_what_submit_adopts(tmp_path, key):
+    """Its spec.json in a results folder with an ``ok`` record: ``hopperlab submit`` takes that
+    attempt for the run (``adoptable_record``) instead of submitting it again."""
+    from hopperlab.core import rundir as record
+    from hopperlab.run.submit import adoptable_record
+
+    matrix = load_matrix(ROOT, {"families": "finetune", "only": key,
+                                "results_dir": str(tmp_path / "results")})
+    spec = matrix.get(key)
+    run_dir = matrix.root / spec.run_dir
+    old = json.loads((FIXTURES / "results-ca91e75" / key / "spec.json").read_text())
+    record.write_json_atomic(run_dir / record.SPEC_FILE, old)
+    record.write_record(run_dir, {"key": key, "attempt": 1, "status": "ok", "reason": None,
+                                  "metrics": {}})
+    (run_dir / record.HISTORY_FILE).write_text(
+        json.dumps({"attempt": 1, "event": "start"}) + "\n" +
+        json.dumps({"attempt": 1, "event": "end"}) + "\n")
+    rec = adoptable_record(matrix, spec, run_dir)
+    assert rec is not None and rec["status"] == "ok"
+    old["params"]["seed"] += 1  # a run that changed since is not adopted
+    record.write_json_atomic(run_dir / record.SPEC_FILE, old)
+    assert adoptable_record(matrix, spec, run_dir) is None
