@@ -150,3 +150,18 @@ def test_hopperlab_list_refuses_the_13b_sharded_variant_that_lied(tmp_path, caps
                           f"experiments.full-llama2-13b-sharded.variants.probe.{knob}: "
                           f"the finetune family's sharded engine does not implement "
                           f"{knob}='{value}'"), err
+
+
+def test_what_megatron_core_refuses_is_refused_at_load_not_in_the_job():
+    """The contradictions the mcore engine met in the job before (issue 55): the default
+    weights (pretrained), fp8, managed memory, CPU offloading with recompute."""
+    assert "weights: expected one of random, got str 'pretrained'" in _refused(
+        FT.engine_named("mcore"), {}, {"weights": "pretrained"})
+    assert "precision: the finetune family's mcore engine does not implement" in _refused(
+        FT.engine_named("nemo"), {"precision": "fp8"}, {})
+    msg = _refused(FT.engine_named("mcore"), {"offload": "activations"}, {"checkpointing": True})
+    assert msg == (f"{SOURCE}: {VAR}.offload: activations, but checkpointing: megatron-core "
+                   f"refuses CPU offloading with activation recomputation")
+    built = build_params(FT, {"backend": "mcore"}, SOURCE, f"{VAR}.params")
+    check_variant(FT, check_knobs(FT, {"offload": "activations"}, SOURCE, VAR, built), built,
+                  SOURCE, VAR)  # offloading alone: megatron-core's (TransformerEngine's) own
