@@ -44,27 +44,27 @@ class ShardedParams(CommonParams):
     loss_chunk_tokens: int | None = bounded(None, at_least=1)
     #: CUDA caching allocator with expandable segments (memory/caching_allocator.py)
     expandable_segments: bool = False
-    #: fsdp2-cpu-offload: step each FSDP unit's CPU AdamW during backward as its gradients land
-    #: in host memory (memory/cpu_adamw.py); false: one step after backward
-    overlap_optimizer: bool = False
-    #: fsdp2-cpu-offload: ZeRO-Offload's one-step delayed parameter update (tag
-    #: finetune.cpu_optimizer says so; memory/cpu_adamw.py)
-    delayed_update: bool = False
     #: one extra step after the measured ones under torch.profiler (diag_* figures;
     #: step_profile.py); GPU runs only
     diagnose_step: bool = False
-    #: fsdp2 and fsdp2-cpu-offload: FSDP2's option for the decoder layers; false keeps each
-    #: layer's gathered parameters from its forward to its backward
-    reshard_after_forward: bool = True
-    #: fsdp2-cpu-offload at world size 1: copy the next decoder layer's host shards to the GPU on
-    #: a side stream (memory/h2d_prefetch.py); ignored (and said so) at larger world sizes
-    h2d_prefetch: bool = True
     #: with checkpointing: the last N decoder layers keep their MLP's up-projection output and
     #: input instead of recomputing them in backward (llama.keep_mlp_up)
     mlp_up_saved_layers: int = bounded(0, at_least=0)
     #: on a GPU: as many of the last ``mlp_up_saved_layers`` keep as the GPU's memory holds,
     #: measured in two more warm-up steps (mlp_up_fit.py; the record says how many and why)
     mlp_up_fit: bool = False
+    #: fsdp2-cpu-offload: step each FSDP unit's CPU AdamW during backward as its gradients land
+    #: in host memory (memory/cpu_adamw.py); false: one step after backward
+    overlap_optimizer: bool = False
+    #: fsdp2-cpu-offload: ZeRO-Offload's one-step delayed parameter update (tag
+    #: finetune.cpu_optimizer says so; memory/cpu_adamw.py)
+    delayed_update: bool = False
+    #: fsdp2-cpu-offload at world size 1: copy the next decoder layer's host shards to the GPU on
+    #: a side stream (memory/h2d_prefetch.py); ignored (and said so) at larger world sizes
+    h2d_prefetch: bool = True
+    #: fsdp2 and fsdp2-cpu-offload: FSDP2's option for the decoder layers; false keeps each
+    #: layer's gathered parameters from its forward to its backward
+    reshard_after_forward: bool = True
 
     def __post_init__(self) -> None:
         settle_fields(self)
