@@ -25,7 +25,8 @@ import time
 from typing import Any, Callable
 
 from hopperlab.cuda import device_rates
-from hopperlab.workloads.finetune import SHAPES, step_floor
+from hopperlab.workloads.finetune import SHAPES
+from hopperlab.workloads.finetune.sharded import step_floor
 
 
 def _timer(device: Any) -> Callable[[Callable[[], None], int], float]:
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from hopperlab.cuda.device_rates import matmul_tflops
-    from hopperlab.workloads.finetune import llama, sharded
+    from hopperlab.workloads.finetune.sharded import llama, engine as sharded
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

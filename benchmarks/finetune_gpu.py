@@ -86,7 +86,7 @@ def run_with_peers(spec: Any, params: FinetuneParams, rec: Recorder, *,
     """The family's run with other projects' pieces in place of its own: ``adapt_model(model,
     layers)`` changes the prepared model, ``make_optimizer(trainable)`` and ``forward_context``
     (entered around each forward) replace the family's; none given is ``run_torch``."""
-    from hopperlab.workloads.finetune.workload import prepare, train
+    from hopperlab.workloads.finetune.torch.workload import prepare, train
 
     job = prepare(spec, params, rec)
     if adapt_model is not None:

@@ -18,7 +18,7 @@ NEMO_WHEELS=${NEMO_WHEELS:-.whl-nemo}
 # NEMO_SITE: a folder that already holds megatron-core (no install; e.g. a CPU rehearsal)
 SITE=${NEMO_SITE:-/tmp/site-nemo}
 E=finetune/lora-llama2-7b
-RUNS=${RUNS:-$E/nemo-baseline,$E/nemo-checkpointing,$E/nemo-offload-activations,$E/nemo-fp8,$E/baseline,$E/checkpointing}
+RUNS=${RUNS:-$E/nemo-baseline,$E/nemo-checkpointing,$E/nemo-offload-activations,$E/baseline,$E/checkpointing}
 mkdir -p "$OUT"
 CHECK="$OUT/stack-check.txt"
 {

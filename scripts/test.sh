@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh Debian 12 machine, as root: installs what it needs (Python
-# packages; Slurm, munge, slurmdbd, MariaDB and Chromium from Debian), runs pytest, and the
-# tests themselves start and stop the one-node Slurm cluster and the MLflow server.
+# The whole test suite on a fresh Debian 12 machine, as root (`--unit`: only the unit tests, no
+# install; below): installs what it needs (Python packages; Slurm, munge, slurmdbd, MariaDB and
+# Chromium from Debian), runs pytest, and the tests themselves start and stop the one-node Slurm
+# cluster and the MLflow server.
 # Not root? The Slurm tests skip with the reason (HOPPERLAB_REQUIRE_SLURM=1 makes that a failure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# --unit: plain pytest (the unit tests, pyproject.toml's addopts) with what is installed, before
+# and instead of any install step: the quick check while working, on any machine
+if [ "${1:-}" = "--unit" ]; then
+  shift
+  exec python3 -m pytest -q "$@"
+fi
 
 # how long each phase took, printed at the end (and on failure): where the next person looks first
 T0=$SECONDS; PHASES=(); PHASE_START=$SECONDS; PHASE_NAME=""
@@ -46,6 +54,8 @@ lint-imports
 ruff check --select TID253 src
 # pyflakes' findings (unused imports and variables, shadowed names) everywhere Python lives
 ruff check --select F src tests benchmarks
+# types, where they are declared ([tool.mypy] in pyproject.toml names the paths)
+mypy
 
 # every test: plain `pytest` deselects those marked integration (pyproject.toml's addopts: the
 # quick unit run); this selects both, and a later -m in "$@" still narrows it.

@@ -49,7 +49,8 @@ def test_a_broken_backend_is_skipped_with_one_warning_each(stray, caplog):
 
 def test_the_matrix_loads_beside_a_broken_backend_and_a_site_naming_it_is_refused(
         stray, tmp_path):
-    assert load_matrix(REPO, {"scale": "smoke", "only": "membench/copy/h2d-pinned"}).runs
+    for site in sorted(p.stem for p in (REPO / "configs/sites").glob("*.yaml")):  # every site
+        assert load_matrix(REPO, {"site": site, "only": "membench/copy/h2d-pinned"}).runs, site
     project = copy_project(tmp_path / "proj")
     (project / "configs/sites/broken.yaml").write_text(yaml.safe_dump(
         {"executor": "raising", "resources": {}}))
@@ -66,7 +67,7 @@ def test_a_plugin_that_raises_on_import_does_not_stop_a_verb(tmp_path):
     (site / "badplugin/__init__.py").write_text("import no_such_module_46\n")
     dist = site / "badplugin-0.1.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: badplugin\nVersion: 0.1\n")
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hl-badplugin\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[hopperlab.backends]\nbadplugin = badplugin\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(site), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
@@ -74,5 +75,7 @@ def test_a_plugin_that_raises_on_import_does_not_stop_a_verb(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "membench" in out.stdout and "Traceback" not in out.stderr
     lines = [line for line in out.stderr.splitlines() if "badplugin" in line]
-    assert lines == ["hopperlab: backend 'badplugin' (badplugin) skipped: ModuleNotFoundError: "
-                     "No module named 'no_such_module_46'"], out.stderr
+    # the distribution named: what to reinstall or remove (issue 55)
+    assert lines == ["hopperlab: backend 'badplugin' (badplugin, distribution hl-badplugin 0.1) "
+                     "skipped: ModuleNotFoundError: No module named 'no_such_module_46'"], \
+        out.stderr

@@ -33,13 +33,13 @@ def test_expandable_segments_for_the_block_and_the_default_after_it(applied):
 @pytest.mark.integration  # a whole (tiny) sharded run in this process: seconds
 def test_the_sharded_backend_says_it_could_not_apply_them_without_cuda(applied, tmp_path):
     from hopperlab.core.rundir import Recorder
-    from hopperlab.workloads.finetune import llama, sharded
-    from hopperlab.workloads.finetune import FinetuneParams
+    from hopperlab.workloads.finetune.sharded import llama, engine as sharded
+    from dataclasses import fields
 
-    assert FinetuneParams(backend="sharded", method="full",
-                          expandable_segments=True).expandable_segments
-    with pytest.raises(ValueError, match="backend nemo does not apply it"):
-        FinetuneParams(backend="nemo", method="lora", expandable_segments=True)
+    from hopperlab.workloads.finetune import McoreParams, ShardedParams
+
+    assert ShardedParams(expandable_segments=True).expandable_segments
+    assert "expandable_segments" not in {f.name for f in fields(McoreParams)}
     plan = sharded.Plan(mode="fsdp2", shape=llama.Shape(hidden=32, heads=4, ffn=64, vocab=64,
                                                         layers=2),
                         seq_len=8, micro_batch=2, global_batch=2, steps=1, warmup=1,

@@ -267,6 +267,13 @@ def test_a_pyxis_job_carries_the_image_on_its_srun_line(project, tmp_path, monke
         f"--container-mounts={project}/results:{project}/results,"
         f"{project}/assets:{project}/assets",
         f"--container-workdir={project}/results"]
+    # an srun without the plugin: this machine's own, or none at all (plain pytest runs on a
+    # machine without Slurm): one on PATH that answers as srun does, options without pyxis's
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\necho 'Usage: srun [OPTIONS]'\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setattr(pyxis, "srun_help", lambda: "Usage: srun [OPTIONS]")
     with pytest.raises(SpecError, match=r"cc-pyxis2.yaml: container_runtime: pyxis, but `srun "
                                         r"--help` here lists no --container-image"):

@@ -13,7 +13,7 @@ from hopperlab.core import energy_names as N
 from hopperlab.node.energy.meter import EnergyMeter
 from hopperlab.run.repeats import work_done_totals
 from hopperlab.workloads import family_info
-from hopperlab.workloads.finetune.nemo import MegatronStep, summarize_log
+from hopperlab.workloads.finetune.mcore.engine import MegatronStep, summarize_log
 
 from tests.node.test_energy import Clock, ReplayGpus, _measure
 

@@ -547,7 +547,7 @@ def sharded_run(tmp_path_factory) -> Path:
 
 @pytest.mark.integration
 def test_a_sharded_run_records_its_cpu_optimizer_floor_from_the_host_rate_it_measured(sharded_run):
-    from hopperlab.workloads.finetune.step_floor import ADAMW_TRAFFIC
+    from hopperlab.workloads.finetune.sharded.step_floor import ADAMW_TRAFFIC
 
     m = json.loads((sharded_run / "finetune/full-llama2-13b-sharded/fsdp2-offload-1gpu"
                     / "metrics.json").read_text())["metrics"]
@@ -582,7 +582,7 @@ def test_a_sharded_step_is_predicted_on_gh200_from_its_floors_parts(sharded_run)
 
 def test_the_host_triad_and_the_optimizer_floor_refuse_what_they_cannot_use():
     from hopperlab.node.host_bandwidth import triad_gbps
-    from hopperlab.workloads.finetune.step_floor import optimizer_floor
+    from hopperlab.workloads.finetune.sharded.step_floor import optimizer_floor
 
     assert triad_gbps(mib_per_array=4, repeats=2) > 0
     with pytest.raises(ValueError, match="positive size"):

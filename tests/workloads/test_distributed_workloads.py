@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from hopperlab.config.matrix import load_matrix
 from tests.infra.mlflow_fixture import free_port
-from hopperlab.workloads.finetune import llama, sharded
+from hopperlab.workloads.finetune.sharded import llama, engine as sharded
 from hopperlab.workloads.inference import tensor_parallel as tp
 from tests.helpers import REPO, copy_project, hopperlab
 
@@ -54,7 +54,7 @@ def _ft_step(out: Path, tag: str, world: int) -> None:
         model, bases = sharded.build_sharded(FT_SHAPE, torch.float64, mode, 5, "cpu",
                                              cuda=False, checkpointing=ckpt, host_alloc=alloc)
         if alloc:
-            from hopperlab.workloads.finetune.shard_init import share_in
+            from hopperlab.workloads.finetune.sharded.shard_init import share_in
             # uneven rows (world 3): FSDP2 pads those shards into tensors of its own
             assert share_in(model, bases) == 1.0 or world == 3
     else:
@@ -74,7 +74,7 @@ def _ft_step(out: Path, tag: str, world: int) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     opt.step()
     if world == 2 and "offload" in mode:  # after FSDP2's lazy init and a step: still there
-        from hopperlab.workloads.finetune.shard_init import share_in
+        from hopperlab.workloads.finetune.sharded.shard_init import share_in
         assert share_in(model, bases) == 1.0
     weights = {n: full(p.detach()).clone() for n, p in model.named_parameters()}
     total = loss.detach().clone()
@@ -158,7 +158,7 @@ def test_three_ranks_of_uneven_rows_hold_the_same_model(tmp_path):
 def test_a_shard_is_drawn_without_the_whole_tensor():
     """A rank's rows of a parameter are the same values as those rows of the whole parameter,
     drawn from the blocks they touch only (block edges inside the shard and across it)."""
-    from hopperlab.workloads.finetune import shard_init
+    from hopperlab.workloads.finetune.sharded import shard_init
 
     numel, cols = 3 * shard_init.BLOCK // 2 + 40, 8
     whole = torch.empty(numel)

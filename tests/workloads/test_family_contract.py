@@ -4,6 +4,7 @@ entry is typed with it."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
 import pytest
@@ -48,9 +49,18 @@ def test_fake_run_is_a_complete_run_view(tmp_path):
 
 @pytest.mark.parametrize("family", sorted(FAMILY_MODULES))
 def test_every_family_entry_is_typed_with_the_contract(family):
+    """Each engine's entry (a family without engines is one): the run it sees is a RunView,
+    typed by the engine's own params class where it says one (``RunView[TorchParams]``)."""
     pytest.importorskip("torch")
-    params = list(inspect.signature(family_info(family).load_entry()).parameters.values())
-    assert [str(p.annotation) for p in params[:2]] == ["RunView", "Recording"]
+    info = family_info(family)
+    for engine in info.engines or (info.engine_named(None),):
+        params = list(inspect.signature(engine.load_entry()).parameters.values())
+        names = {engine.params.__name__, *(k for k, v in vars(
+            importlib.import_module(engine.entry.partition(":")[0])).items()
+            if v is engine.params)}
+        assert str(params[0].annotation) in {"RunView", *(f"RunView[{n}]" for n in names)}, \
+            engine.name
+        assert str(params[1].annotation) == "Recording"
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_MODULES))

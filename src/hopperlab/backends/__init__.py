@@ -4,13 +4,13 @@ Backends are found by looking at the sub-packages of this package, as the famili
 backend is a new folder ``hopperlab/backends/<name>/`` (``__init__`` with ``BACKEND``, cheap;
 ``jobenv``; ``executor`` with ``LAUNCHER``, loaded only to submit). A backend can also come from
 outside the package, as submitit's executor plugins do: a distribution that declares an entry
-point ``<name> = <its package>`` in the group ``hopperlab.backends`` (``pyproject.toml``:
-``[project.entry-points."hopperlab.backends"]``); a folder of this package keeps its name.
-A site names one in its ``executor:`` key; config validates the name and the backend's
-settings block from here.
+point ``<name> = <its package>`` in the group ``hopperlab.backends``; a folder of this package
+keeps its name. A site names one in its ``executor:`` key; config validates the name and the
+backend's settings block from here.
 
 A backend that cannot be loaded (its package raises on import, or a stray folder declares no
-``BACKEND``) is skipped with one warning naming it, as submitit skips a broken executor plugin:
+``BACKEND``) is skipped with one warning naming it (and, for a plugin, the distribution that
+installed it: what to reinstall or remove), as submitit skips a broken executor plugin:
 every verb goes on with the others; only a site that names it is refused, with the reason.
 """
 
@@ -33,22 +33,26 @@ log = logging.getLogger(__name__)
 
 
 @functools.cache
-def _modules() -> dict[str, str]:
-    """Backend name -> its package: every sub-package of this one (on every path of it), then
-    every entry point of ``ENTRY_POINT_GROUP`` whose name no folder has."""
+def _found() -> dict[str, tuple[str, str]]:
+    """Backend name -> (its package, where it comes from): every sub-package of this one (on
+    every path of it), then every entry point of ``ENTRY_POINT_GROUP`` whose name no folder
+    has, with the distribution that declares it."""
     found = {}
     for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if module.ispkg and not module.name.startswith("_"):
-            found[module.name] = f"{__name__}.{module.name}"
+            found[module.name] = (f"{__name__}.{module.name}", "")
     for entry in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
                         key=lambda e: e.name):
-        found.setdefault(entry.name, entry.value)
+        dist = entry.dist
+        origin = (f", distribution {dist.name} {dist.version}" if dist is not None else
+                  ", an entry point of no distribution")
+        found.setdefault(entry.name, (entry.value, origin))
     return found
 
 
 def forget() -> None:
     """Look at the folders again (a test that adds one)."""
-    _modules.cache_clear()
+    _found.cache_clear()
     _loaded.cache_clear()
 
 
@@ -69,13 +73,13 @@ def _loaded() -> tuple[dict[str, BackendInfo], dict[str, str]]:
     not); each broken one is said once, as a warning."""
     good: dict[str, BackendInfo] = {}
     bad: dict[str, str] = {}
-    for name, module in _modules().items():
+    for name, (module, origin) in _found().items():
         try:
             good[name] = _declaration(name, module)
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the others
             why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
             bad[name] = why
-            log.warning("hopperlab: backend %r (%s) skipped: %s", name, module, why)
+            log.warning("hopperlab: backend %r (%s%s) skipped: %s", name, module, origin, why)
     return good, bad
 
 

@@ -28,7 +28,8 @@ from hopperlab.results.report import build_report
 from hopperlab.run.isolation import ALONE_ENV
 from hopperlab.run.submit import FORCED_ENV, disk_full_reason, is_disk_full
 from hopperlab.run.warm import Starter
-from hopperlab.run.warm_client import SOCKET_ENV, serves
+from hopperlab.run.warm_client import SOCKET_ENV
+from hopperlab.run.warm_plan import could_be_warm
 
 def config_args(config: Mapping[str, Any], root: str | Path) -> str:
     """``KEY=VALUE`` words that rebuild the same matrix in the `hopperlab` subprocess.
@@ -229,8 +230,7 @@ def start_warm_starter(matrix: Matrix, runs: list[str]) -> bool:
     site's jobs are processes here; its socket goes to the jobs through the environment."""
     if os.environ.get(WARM_START_ENV) == "0" or _STARTERS:
         return False
-    if not any(key in matrix.runs and serves(matrix.site.backend, matrix.runs[key].resources.gpus)
-               for key in runs):
+    if not any(key in matrix.runs and could_be_warm(matrix.runs[key]) for key in runs):
         return False
     matrix.results_dir.mkdir(parents=True, exist_ok=True)
     starter = Starter(matrix.results_dir / WARM_LOG, dict(matrix.site.env))

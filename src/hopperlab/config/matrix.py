@@ -170,7 +170,7 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
                       var.get("resources", {}), var_scale.get("resources", {})]
             resources = resolve_resources(layers)
             check_time(resources, site, where, scale)
-            checked = check_knobs(info, knobs, source, var_path)
+            checked = check_knobs(info, knobs, source, var_path, params)
             check_variant(info, checked, params, source, var_path)
             if info.check_assets is not None and asset_specs is not None:
                 info.check_assets(params, checked, {role: asset_specs[name] for role, name in

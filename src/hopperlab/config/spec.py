@@ -4,7 +4,7 @@ resources, site) and the whole matrix of them (``Matrix``). The job rebuilds its
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -151,11 +151,11 @@ def backend_settings(values: Mapping[str, Any], where: str, own: BackendInfo,
     in a spec.json written before issue 38 (every backend's block) they are dropped."""
     found = {}
     for info in backends.all_backends():
-        key = info.site_key
-        if key is None or (info.name != own.name and not check_others):
-            continue
+        key, settings = info.site_key, info.settings
+        if key is None or settings is None or (info.name != own.name and not check_others):
+            continue  # a backend with no settings has no site key
         block = values.get(key)
-        typed = typed_from_mapping(info.settings, block or {}, f"{where}: {key}",
+        typed = typed_from_mapping(settings, block or {}, f"{where}: {key}",
                                    f"key of a site's {key} block") \
             if block else info.default_settings()
         if info.name == own.name:
@@ -263,8 +263,9 @@ class RunSpec:
         site["cost"] = cost_from_mapping(site.get("cost"))
         site["profiling"] = ProfilingSettings.from_mapping(site.get("profiling"),
                                                            "spec.json: site")
-        knobs = Knobs(**data["knobs"])
         params = build_params(info, data["params"], "spec.json", "params")
+        set_knobs = {k: v for k, v in data["knobs"].items() if v != KNOB_DEFAULTS.get(k)}
+        knobs = check_knobs(info, set_knobs, "spec.json", "knobs", params)
         check_variant(info, knobs, params, "spec.json", "knobs")  # a hand-edited spec too
         return cls(
             family=data["family"], experiment=data["experiment"], variant=data["variant"],
@@ -337,9 +338,10 @@ def result_data(data: Mapping[str, Any]) -> dict[str, Any]:
     the run produces (``RESULT_KEYS``; of the site: executor, its own backend's ``result_keys``
     such as Slurm's partition and options, environment, the container image by name). Another
     backend's block (an old spec.json has every backend's) changes nothing."""
-    site = data.get("site") if isinstance(data.get("site"), Mapping) else {}
-    container = site.get("container") if isinstance(site.get("container"), Mapping) else {}
-    kept = {k: data.get(k) for k in RESULT_KEYS}
+    site: Mapping[str, Any] = data["site"] if isinstance(data.get("site"), Mapping) else {}
+    container: Mapping[str, Any] = (site["container"] if isinstance(site.get("container"),
+                                                                     Mapping) else {})
+    kept: dict[str, Any] = {k: data.get(k) for k in RESULT_KEYS}
     kept["params"] = _params_with_defaults(data.get("family"), data.get("params"))
     kept["site"] = {k: site.get(k) for k in RESULT_SITE_KEYS}
     info = _site_backend(site.get("executor"))
@@ -354,24 +356,17 @@ def result_data(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _params_with_defaults(family: Any, params: Any) -> Any:
-    """A spec's params with the family's default for each parameter it lacks: a spec.json
-    written before the family gained a parameter (its default keeps the old behaviour) is the
-    same run as one written now."""
+    """A spec's params as far as they change the run (``FamilyInfo.result_params``): a
+    spec.json written before the family gained a parameter (its default keeps the old
+    behaviour), or before its engines had params of their own, is the same run as one written
+    now."""
     if not isinstance(params, Mapping) or not isinstance(family, str):
         return params
     try:
         info = family_info(family)
+        return info.result_params(params)
     except (KeyError, SpecError):
         return params
-    missing = {}
-    for f in fields(info.params):
-        if f.name in params:
-            continue
-        if f.default is not MISSING:
-            missing[f.name] = f.default
-        elif f.default_factory is not MISSING:
-            missing[f.name] = f.default_factory()
-    return {**params, **missing}
 
 
 def _site_backend(name: Any) -> BackendInfo | None:
@@ -393,34 +388,46 @@ def spec_data_fingerprint(data: Mapping[str, Any]) -> str:
 
 
 def build_params(info: FamilyInfo, values: Mapping[str, Any], source: str, path: str) -> Any:
-    """The family's params dataclass from a mapping, refusing unknown names and wrong types."""
-    return typed_from_mapping(info.params, values, f"{source}: {path}",
-                              f"parameter of the {info.name} family")
+    """The params dataclass of the engine ``values`` name (the family's own where it has no
+    engines), refusing unknown names, an engine's foreign keys and wrong types."""
+    engine, own = info.own_params(values, f"{source}: {path}")
+    what = (f"parameter of the {info.name} family's {engine.name} engine" if info.engines else
+            f"parameter of the {info.name} family")
+    return typed_from_mapping(engine.params, own, f"{source}: {path}", what)
 
 
-def check_knobs(info: FamilyInfo, knobs: Mapping[str, Any], source: str, path: str) -> Knobs:
-    """Refuse a knob the family does not implement, or a value it does not support."""
+def check_knobs(info: FamilyInfo, knobs: Mapping[str, Any], source: str, path: str,
+                params: Any = None) -> Knobs:
+    """Refuse a knob the family (the engine of ``params``) does not implement, or a value it
+    does not support."""
+    engine = info.engine_of(params)
+    who = f"the {info.name} family's {engine.name} engine" if info.engines else \
+        f"the {info.name} family"
     for name, value in knobs.items():
-        supported = info.supported_knobs.get(name)
+        supported = engine.supported_knobs.get(name)
         if supported is None:
-            ok = ", ".join(sorted(info.supported_knobs)) or "none"
+            ok = ", ".join(sorted(engine.supported_knobs)) or "none"
             raise SpecError(
-                f"{source}: {path}.{clip(name)}: the {info.name} family does not support the knob "
+                f"{source}: {path}.{clip(name)}: {who} does not support the knob "
                 f"{shown(name)} (its knobs: {ok})")
-        if name != "num_workers" and value not in supported:
+        # a data loader's worker count is any count (its values are samples); an engine with
+        # no data loader (one value, 0) refuses any other
+        any_count = name == "num_workers" and len(supported) > 1
+        if value not in supported and not any_count:
             raise SpecError(
-                f"{source}: {path}.{name}: the {info.name} family does not implement "
+                f"{source}: {path}.{name}: {who} does not implement "
                 f"{clip(str(name))}={shown(value)}; "
                 f"expected one of: {', '.join(map(str, sorted(supported)))}")
     return Knobs(**{**KNOB_DEFAULTS, **knobs})
 
 
 def check_variant(info: FamilyInfo, knobs: Knobs, params: Any, source: str, path: str) -> None:
-    """Refuse a knob that contradicts the params (the family's ``check``) before submission,
+    """Refuse a knob that contradicts the params (the engine's ``check``) before submission,
     naming the knob's key: the queue is no place to learn of a contradiction."""
-    if info.check is None:
+    check = info.engine_of(params).check
+    if check is None:
         return
     try:
-        info.check(knobs, params)
+        check(knobs, params)
     except Contradiction as exc:
         raise SpecError(f"{source}: {path}.{exc.knob}: {exc.why}") from None

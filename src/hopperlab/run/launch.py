@@ -38,7 +38,7 @@ from hopperlab.profiling import profiler_prefix
 from hopperlab.profiling.command import site_settings
 from hopperlab.profiling.finish import finish_profile
 from hopperlab.run import distributed, jobenv, ranks, scheduler
-from hopperlab.run.warm_client import SOCKET_ENV, serves
+from hopperlab.run.warm_plan import cold_env, warm_plan
 
 #: what hopperlab says of a job it stopped at its time limit itself
 TIMEOUT = "TIMEOUT"
@@ -154,18 +154,10 @@ def job_python(spec: RunSpec, run_dir: Path) -> str:
     profiled = (run_dir / ranks.RANKS_DIR / distributed.RANK_PLACEHOLDER
                 if spec.resources.distributed else run_dir)
     parts = container_prefix(spec, run_dir) + profiler_prefix(spec, profiled, python) + [python]
-    starter = warm_socket(spec)
-    if parts == [sys.executable] and starter:  # forked by the workflow's warm starter
+    starter, _ = warm_plan(spec)  # the one decision; the reason of a cold one: job_request
+    if starter:
         parts += ["-m", "hopperlab.run.warm_client", starter]
     return shlex.join(parts)
-
-
-def warm_socket(spec: RunSpec) -> str | None:
-    """The workflow's warm starter (run/warm.py) for a job of this host without GPUs, if one
-    runs; None: the job starts as a fresh python."""
-    if not serves(spec.site.backend, spec.resources.gpus):
-        return None
-    return os.environ.get(SOCKET_ENV) or None
 
 
 def job_request(spec: RunSpec, run_dir: Path) -> JobRequest:
@@ -178,7 +170,8 @@ def job_request(spec: RunSpec, run_dir: Path) -> JobRequest:
                                time_min=res.time_min, nodes=res.nodes,
                                tasks_on_node=res.tasks_on_node),
         settings=spec.site.own_settings, poll_interval_s=spec.site.poll_interval_s,
-        env=dict(spec.site.env), task_launcher_args=tuple(container_srun_args(spec, run_dir)),
+        env={**spec.site.env, **cold_env(spec)},
+        task_launcher_args=tuple(container_srun_args(spec, run_dir)),
         source=spec.site.source, exclusive=spec.host_bound is not None)
 
 

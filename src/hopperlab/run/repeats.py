@@ -5,7 +5,8 @@ Why here and not in each family: every family, selftest included, honours ``repe
 way by default (``reruns``: the entry is called again in the job's process, each call with its
 own set-up and warm-up, so a sample is what one run measures). A family whose set-up dwarfs its
 measurement (a model trained before its latency is measured) declares ``repeat_unit =
-"windows"`` and measures ``spec.repeats`` windows after one warm-up itself.
+"windows"`` and measures ``spec.repeats`` windows after one warm-up itself; a family of several
+engines declares it per engine (``EngineInfo.repeat_unit``).
 """
 
 from __future__ import annotations
@@ -42,31 +43,33 @@ def _release_memory() -> None:
         cuda.empty_cache()
 
 
+def repeat_unit(spec: Any, info: FamilyInfo) -> str:
+    """What one repeat of this run is: its engine's declaration (``EngineInfo.repeat_unit``;
+    a family without engines declares it on itself)."""
+    unit = info.engine_of(getattr(spec, "params", None)).repeat_unit
+    if unit not in REPEAT_UNITS:
+        raise ValueError(f"{info.name}: repeat_unit {unit!r} is not one of "
+                         f"{', '.join(REPEAT_UNITS)}")
+    return unit
+
+
 def measure(workload: Callable[[Any, Recorder], None], spec: Any, rec: Recorder,
             info: FamilyInfo) -> None:
     """Call the family's entry as ``spec.repeats`` asks; leave the final metrics in ``rec``."""
     repeats = int(getattr(spec, "repeats", 1) or 1)
-    if info.repeat_unit not in REPEAT_UNITS:
-        raise ValueError(f"{info.name}: repeat_unit {info.repeat_unit!r} is not one of "
-                         f"{', '.join(REPEAT_UNITS)}")
+    unit = repeat_unit(spec, info)
     if repeats == 1:
         workload(spec, rec)
         return
     rec.set_tag("repeats", repeats)
-    rec.set_tag("repeat_unit", info.repeat_unit)
-    first = 0
-    if info.repeat_unit == "windows":
+    rec.set_tag("repeat_unit", unit)
+    if unit == "windows":
         workload(spec, rec)
-        if rec.samples and len(rec.samples) != repeats:
+        if len(rec.samples) != repeats:
             raise RuntimeError(f"{info.name} measures repeats as windows but recorded "
                                f"{len(rec.samples)} samples for repeats={repeats}")
-        if not rec.samples:  # a path of the family without windows (e.g. another backend)
-            rec.set_tag("repeat_unit", "reruns")
-            rec.add_sample(rec.metrics)
-            _release_memory()
-            first = 1
-    if not rec.samples or first:
-        for i in range(first, repeats):
+    else:
+        for i in range(repeats):
             rec.repeat = i
             rec.metrics.clear()
             workload(spec, rec)

@@ -147,12 +147,12 @@ def _execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
     if run_dir is None and (task := distributed.task_from_env()).world_size > 1:
         return distributed.execute_rank(spec_path, task, execute)
     spec_data = read_json(Path(spec_path))
-    run_dir = Path(run_dir) if run_dir else Path(spec_path).parent
+    folder = Path(run_dir) if run_dir else Path(spec_path).parent
     identity = {k: spec_data[k] for k in ("key", "family", "experiment", "variant")}
     if record.RUN_UID in spec_data:  # the attempt's identity in MLflow, made by submit
         identity[record.RUN_UID] = spec_data[record.RUN_UID]
     uid = spec_data.get(record.RUN_UID)
-    rec = Recorder(run_dir, identity=identity, attempt=int(spec_data.get("attempt", 1)),
+    rec = Recorder(folder, identity=identity, attempt=int(spec_data.get("attempt", 1)),
                    job_started=record.process_started_at(),
                    may_write=lambda: _still_current(Path(spec_path), uid))
     rec.slurm = distributed.task_from_env().record  # the scheduler's job (the record's slurm)
@@ -164,23 +164,23 @@ def _execute(spec_path: str, run_dir: str | None = None) -> dict[str, Any]:
             rec.hardware["warm_start"] = f"forked from the warm starter, pid {os.environ[FORKED_ENV]}"
         elif os.environ.get(COLD_ENV):  # a starter was asked, and why it did not fork this job
             rec.hardware["warm_start"] = f"started cold: {os.environ[COLD_ENV]}"
-        write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
+        write_json_atomic(folder / record.HARDWARE_FILE, rec.hardware)
         spec = RunSpec.from_dict(spec_data)
         os.environ.update(spec.site.env)  # as submitted; again for an in-process (debug) run
         _size_threads(spec, rec)
-        write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
+        write_json_atomic(folder / record.HARDWARE_FILE, rec.hardware)
         info = family_info(spec.family)
-        entry = info.load_entry()
+        entry = info.engine_of(spec.params).load_entry()  # the run's engine's entry
         # the meter spans every repeat: energy is the whole run's
         _run_metered(lambda s, r: repeats.measure(entry, s, r, info), spec, rec)
-        write_json_atomic(run_dir / record.HARDWARE_FILE, rec.hardware)
+        write_json_atomic(folder / record.HARDWARE_FILE, rec.hardware)
     except SkipRun as exc:
         return rec.finish("skipped", str(exc))
     except BaseException as exc:  # noqa: BLE001 - every way out must leave a record
         if _is_oom(exc):
             return rec.finish("oom", f"{type(exc).__name__}: {exc}"[:2000])
         if rec.may_write():
-            write_text_atomic(run_dir / record.TRACEBACK_FILE, traceback.format_exc())
+            write_text_atomic(folder / record.TRACEBACK_FILE, traceback.format_exc())
         rec.finish("failed", f"{type(exc).__name__}: {exc}"[:2000])
         raise
     return rec.finish("ok")

@@ -130,7 +130,7 @@ def adoptable_record(matrix: Matrix, spec: RunSpec, run_dir: Path) -> dict[str, 
 def _uploaded(run_dir: Path, rec: dict[str, Any]) -> bool:
     """Whether ``mlflow.json`` says this attempt was uploaded (else the upload is due)."""
     data = attempts.read_object(run_dir / record.MLFLOW_FILE)
-    return bool(data) and data.get("attempt") == rec.get("attempt")
+    return data is not None and bool(data) and data.get("attempt") == rec.get("attempt")
 
 
 def _adopt(run_dir: Path, spec: RunSpec, found: attempts.Attempt, upload: Uploader | None,
@@ -211,7 +211,7 @@ def disk_full_reason(path: Path, exc: BaseException | None = None) -> str:
     return f"{what} on {device or 'the filesystem'} mounted at {mount} (writing {path})"
 
 
-def _when_space(write: Callable[[], None], path: Path, log=print) -> bool:
+def _when_space(write: Callable[[], object], path: Path, log=print) -> bool:
     """Run ``write()``; on a full disk retry until there is space (or ``DISK_FULL_WAIT_S``).
 
     A full disk after the job must still end in a record: it is written when space is back.
@@ -583,10 +583,12 @@ def _await_earlier_local_job(spec: RunSpec, run_dir: Path, last: attempts.Attemp
 
 def last_time_limit_s(spec_data: dict[str, Any]) -> float:
     """An attempt's time limit in seconds, from its spec.json (an hour when it does not say)."""
-    res = spec_data.get("resources") if isinstance(spec_data.get("resources"), dict) else {}
+    res: dict[str, Any] = (spec_data["resources"] if isinstance(spec_data.get("resources"), dict)
+                           else {})
     minutes = res.get("time_min")
-    ok = isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and minutes > 0
-    return float(minutes) * 60 if ok else 3600.0
+    if isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and minutes > 0:
+        return float(minutes) * 60
+    return 3600.0
 
 
 def _end_line(run_dir: Path, attempt: int, status: str, job_id: str | None, state: str,

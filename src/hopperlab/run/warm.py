@@ -69,7 +69,7 @@ def preload() -> None:
         import peft  # noqa: F401
     except ImportError as exc:
         print(f"hopperlab: warm start: not preloaded: {exc}", file=sys.stderr)
-    assert runner.execute  # the job's function, unpickled by name in the child
+    assert callable(runner.execute)  # the job's function, unpickled by name in the child
 
 
 def refusal(msg: dict[str, Any], own_env: dict[str, str]) -> str | None:

@@ -8,7 +8,7 @@ inside the job, so heavy imports stay on the compute node.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
@@ -16,6 +16,8 @@ from hopperlab.core.errors import AssetMissing, SpecError
 from hopperlab.workloads.prediction import PredictModel
 
 P = TypeVar("P")
+#: a run's params type, as its engine declares it (``RunView[TorchParams]``)
+P_co = TypeVar("P_co", covariant=True)
 
 #: every value of the ``profiler`` knob the platform can run (``hopperlab.profiling``): a family
 #: whose runs open ``measured_region()`` supports them all
@@ -96,6 +98,31 @@ class WorkUnit:
 
 
 @dataclass(frozen=True)
+class EngineInfo:
+    """One engine of a family (finetune: transformers + peft, megatron-core, FSDP2): what it
+    takes and honours, declared once, so that the matrix refuses at load what it cannot do
+    (its own params class, knob values, check) and the job calls its entry as its repeat unit
+    says. A family without engines is one engine: ``FamilyInfo.engine_of`` makes it."""
+
+    name: str
+    #: frozen dataclass of this engine's params: only the fields this engine reads
+    params: type
+    #: "package.module:function" called as ``function(spec, recorder)`` inside the job
+    entry: str
+    #: knob name -> the values this engine implements (a knob not listed is unsupported)
+    supported_knobs: dict[str, frozenset[Any]]
+    #: ``check(knobs, params)``: raises Contradiction where a knob contradicts the params
+    check: Callable[[Knobs, Any], None] | None = None
+    #: "reruns" or "windows" (``FamilyInfo.repeat_unit``)
+    repeat_unit: str = "reruns"
+    #: other names the engine param may give this engine (results of earlier commits)
+    aliases: tuple[str, ...] = ()
+
+    def load_entry(self) -> Callable[..., Any]:
+        return _load(self.entry)
+
+
+@dataclass(frozen=True)
 class FamilyInfo:
     name: str
     #: "package.module:function" called as ``function(spec: RunView, recorder: Recording)``
@@ -149,9 +176,72 @@ class FamilyInfo:
     #: metric is a diagnostic: recorded and charted, never judged (issue 36: a diagnostic
     #: fraction of 0.005 or a loss figure judged at 5 % made healthy checks fail)
     judged: tuple[str, ...] = ()
+    #: the family's engines (``EngineInfo``), the first the default; empty: the family is one
+    #: engine, made of ``entry``, ``params``, ``supported_knobs``, ``check`` and ``repeat_unit``
+    engines: tuple[EngineInfo, ...] = ()
+    #: the param that names the engine (finetune: ``backend``)
+    engine_param: str = ""
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)
+
+    def engine_named(self, name: Any, where: str = "params") -> EngineInfo:
+        """The engine ``name`` names (an alias included; None: the default); SpecError at
+        ``where``.<engine param> for a name no engine has."""
+        if not self.engines:
+            return EngineInfo(self.name, self.params, self.entry, self.supported_knobs,
+                              self.check, self.repeat_unit)
+        if name is None:
+            return self.engines[0]
+        for engine in self.engines:
+            if name == engine.name or name in engine.aliases:
+                return engine
+        known = ", ".join(e.name + "".join(f" (alias {a})" for a in e.aliases)
+                          for e in self.engines)
+        raise SpecError(f"{where}.{self.engine_param}: {name!r} is no engine of the {self.name} "
+                        f"family; its engines: {known}")
+
+    def engine_of(self, params: Any) -> EngineInfo:
+        """The engine of a run's params (its dataclass or a mapping; None: the default)."""
+        if not self.engines:
+            return self.engine_named(None)
+        if isinstance(params, Mapping):
+            return self.engine_named(params.get(self.engine_param))
+        return self.engine_named(getattr(params, self.engine_param, None))
+
+    def own_params(self, values: Mapping[str, Any], where: str = "params"
+                   ) -> tuple[EngineInfo, dict[str, Any]]:
+        """The engine ``values`` name and the values it takes: its name for an alias, and a
+        key set to null that the engine has no field for dropped (``null`` says: not this
+        engine's). A key it has no field for with any other value is left for the params
+        class to refuse, naming the key."""
+        engine = self.engine_named(values.get(self.engine_param) if self.engines else None,
+                                   where)
+        if not self.engines:
+            return engine, dict(values)
+        names = {f.name for f in fields(engine.params)}
+        out = {k: v for k, v in values.items() if k in names or v is not None}
+        if self.engine_param in out:
+            out[self.engine_param] = engine.name
+        return engine, out
+
+    def result_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A spec's params as far as they change the run: its engine's fields only (an earlier
+        spec.json carries every engine's, and dead ones), the engine by its own name, each
+        field the spec lacks at its default (it keeps the old behaviour)."""
+        engine = self.engine_of(params)
+        # a family of one engine keeps every key, as spec.json files of before engines had it
+        out: dict[str, Any] = {**params} if not self.engines else {}
+        for f in fields(engine.params):
+            if f.name in params:
+                out[f.name] = params[f.name]
+            elif f.default is not MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not MISSING:
+                out[f.name] = f.default_factory()
+        if self.engines:
+            out[self.engine_param] = engine.name
+        return out
 
     def load_predict(self) -> PredictModel | None:
         """The family's ``PredictModel`` (None: the family declares none)."""
@@ -224,7 +314,7 @@ class SiteView(Protocol):
 
 
 @runtime_checkable
-class RunView(Protocol):
+class RunView(Protocol[P_co]):
     """One run as a family sees it: the first argument of ``FamilyInfo.entry``."""
 
     @property
@@ -238,7 +328,7 @@ class RunView(Protocol):
     @property
     def knobs(self) -> Knobs: ...
     @property
-    def params(self) -> Any: ...  # the family's params dataclass
+    def params(self) -> P_co: ...  # the engine's params dataclass (EngineInfo.params)
     @property
     def resources(self) -> ResourcesView: ...
     @property
@@ -274,7 +364,7 @@ class Recording(Protocol):
     def mark_setup_done(self) -> None: ...
 
 
-def _load(ref: str) -> Callable[..., Any]:
+def _load(ref: str) -> Any:
     module_name, _, func = ref.partition(":")
     return getattr(importlib.import_module(module_name), func)
 

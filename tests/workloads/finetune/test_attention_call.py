@@ -13,9 +13,9 @@ from hopperlab.assets.dolly import IGNORE_INDEX, pad
 from hopperlab.memory.layers import decoder_layers
 from hopperlab.workloads.base import Knobs
 from hopperlab.workloads.finetune import FinetuneParams
-from hopperlab.workloads.finetune import model as model_mod
-from hopperlab.workloads.finetune.loop import causal_mask_suffices, forward_backward, to_device
-from hopperlab.workloads.finetune.techniques import Techniques
+from hopperlab.workloads.finetune.torch import model as model_mod
+from hopperlab.workloads.finetune.torch.loop import causal_mask_suffices, forward_backward, to_device
+from hopperlab.workloads.finetune.torch.techniques import Techniques
 
 from tests.memory_helpers import architecture_dir
 

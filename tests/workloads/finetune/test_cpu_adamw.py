@@ -14,7 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hopperlab.node.host_bandwidth import triad_gbps
-from hopperlab.workloads.finetune import cpu_adamw, llama, sharded
+from hopperlab.memory import cpu_adamw
+from hopperlab.workloads.finetune.sharded import llama, rates, engine as sharded
 from tests.helpers import copy_project, edit_yaml, hopperlab
 from tests.infra.mlflow_fixture import free_port
 
@@ -65,7 +66,7 @@ def _reference_steps(delayed: bool = False) -> dict[str, torch.Tensor]:
 
 def _triad(out: Path) -> None:
     rank = dist.get_rank()
-    got = sharded.node_triad(share_bytes=256 * 2**20, threads=1, ranks_on_host=2)  # 64 MiB arrays
+    got = rates.node_triad(share_bytes=256 * 2**20, threads=1, ranks_on_host=2)  # 64 MiB arrays
     (out / f"triad-{rank}.json").write_text(json.dumps({
         "node": got.node_gbps, "rank": got.rank_gbps, "threads": got.threads,
         "windows": got.windows}))
@@ -177,11 +178,10 @@ def test_the_delayed_update_applies_each_steps_gradients_one_step_later(during_b
 
 
 def test_the_delayed_update_is_fsdp2_offloads_only():
-    from hopperlab.workloads.finetune import FinetuneParams
+    from hopperlab.workloads.finetune import ShardedParams
 
     with pytest.raises(ValueError, match="delayed_update: only with sharding fsdp2-cpu-offload"):
-        FinetuneParams(backend="sharded", method="full", sharding="torchao-cpu-offload",
-                       delayed_update=True)
+        ShardedParams(sharding="torchao-cpu-offload", delayed_update=True)
     model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5)
     with pytest.raises(ValueError, match="delayed update is FSDP2 offload's"):
         sharded.make_optimizer(model, "fsdp2", LR, WD, delayed=True)

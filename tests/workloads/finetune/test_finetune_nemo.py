@@ -19,9 +19,9 @@ import pytest
 
 from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.base import Knobs, fake_run
-from hopperlab.workloads.finetune import FinetuneParams
-from hopperlab.workloads.finetune import nemo
-from hopperlab.workloads.finetune.nemo import (mcore_settings, mcore_targets, model_shape,
+from hopperlab.workloads.finetune import McoreParams
+from hopperlab.workloads.finetune.mcore import engine as nemo
+from hopperlab.workloads.finetune.mcore.engine import (mcore_settings, mcore_targets, model_shape,
                                                parse_log, parse_peak_gib, run_nemo,
                                                runner_config, summarize_log, write_tokens)
 
@@ -33,8 +33,8 @@ H200_RECOMPUTE_LOG = DATA / "mcore_lora_checkpointing_nvidiah200.log"
 #: the pre-fix full-recompute run: backward skipped (see README.md there)
 H200_DEFECT_LOG = DATA / "mcore_lora_checkpointing_defect_nvidiah200.log"
 REAL_LOGS = sorted(DATA.glob("mcore_lora_*.log"))
-PARAMS = FinetuneParams(backend="nemo", weights="random", seq_len=2048, micro_batch=4,
-                        warmup_steps=3, measured_steps=10, lora_rank=32, lora_alpha=64)
+PARAMS = McoreParams(seq_len=2048, micro_batch=4,
+                     warmup_steps=3, measured_steps=10, lora_rank=32, lora_alpha=64)
 LLAMA2_7B = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
              "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000,
              "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
@@ -74,8 +74,8 @@ def test_offload_needs_transformer_engine_and_maps_onto_cpu_offloading():
 @pytest.mark.parametrize("change, knobs, match", [
     ({}, {"precision": "fp8"}, "fp8 needs TransformerEngine"),
     ({}, {"memory": "managed"}, "managed"),
-    ({"method": "full"}, {}, r"only \(?method: lora"),  # FinetuneParams refuses it first
-    ({"weights": "pretrained"}, {}, "weights: random only"),
+    ({"method": "full"}, {}, "method: expected one of lora"),  # McoreParams refuses it first
+    ({"weights": "pretrained"}, {}, "weights: expected one of random"),
 ])
 def test_what_megatron_core_cannot_do_here_is_refused_with_the_reason(change, knobs, match):
     with pytest.raises(ValueError, match=match):
@@ -266,7 +266,7 @@ def test_the_runner_trains_adapters_of_a_tiny_megatron_gpt_with_and_without_reco
 def test_an_adapter_without_a_gradient_stops_the_run():
     import torch
 
-    from hopperlab.workloads.finetune.mcore_lora import adapter_grad_norm
+    from hopperlab.workloads.finetune.mcore.runner import adapter_grad_norm
 
     a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
     with pytest.raises(RuntimeError, match="iteration 4: 2 of 2 adapter tensors got no gradient"):

@@ -11,10 +11,10 @@ import torch
 
 from hopperlab.memory.layers import decoder_layers
 from hopperlab.workloads.finetune import FinetuneParams, check
-from hopperlab.workloads.finetune import model as model_mod
-from hopperlab.workloads.finetune.loop import forward_backward, to_device
+from hopperlab.workloads.finetune.torch import model as model_mod
+from hopperlab.workloads.finetune.torch.loop import forward_backward, to_device
 from hopperlab.workloads.base import Contradiction, Knobs
-from hopperlab.workloads.finetune.techniques import Techniques
+from hopperlab.workloads.finetune.torch.techniques import Techniques
 
 from tests.memory_helpers import architecture_dir
 
@@ -157,11 +157,14 @@ def test_fp8_on_a_cpu_emulates_the_fp8_product(model_dir, batch, method):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_setting_the_backend_would_ignore_is_refused():
-    """expandable_segments is applied by the torch and sharded backends
-    (memory/caching_allocator.py): the nemo backend would run without it, silently."""
-    with pytest.raises(ValueError, match="expandable_segments: an allocator setting"):
-        FinetuneParams(backend="nemo", method="lora", expandable_segments=True)
+def test_a_setting_the_engine_would_ignore_is_not_its_param():
+    """expandable_segments is applied by the torch and sharded engines
+    (memory/caching_allocator.py): the mcore engine would run without it, so it has no such
+    param (the matrix refuses the key: tests/config/test_engines.py)."""
+    from dataclasses import fields
+
+    from hopperlab.workloads.finetune import McoreParams, ShardedParams
+
+    assert "expandable_segments" not in {f.name for f in fields(McoreParams)}
     assert FinetuneParams(expandable_segments=True).expandable_segments
-    assert FinetuneParams(backend="sharded", method="full",
-                          expandable_segments=True).expandable_segments
+    assert ShardedParams(expandable_segments=True).expandable_segments

@@ -17,9 +17,9 @@ from hopperlab.core.stats import percentile
 from hopperlab.workloads.base import Contradiction, FakeSite, Knobs, RunView, fake_run
 from hopperlab.workloads.finetune import FAMILY, FinetuneParams
 from hopperlab.workloads.finetune.metrics import flops_per_token, link_floors
-from hopperlab.workloads.finetune.model import ModelCounts
-from hopperlab.workloads.finetune.techniques import Techniques
-from hopperlab.workloads.finetune.workload import run
+from hopperlab.workloads.finetune.torch.model import ModelCounts
+from hopperlab.workloads.finetune.torch.techniques import Techniques
+from hopperlab.workloads.finetune.torch.workload import run
 
 ROOT = Path(__file__).resolve().parents[3]
 SMOKE = FinetuneParams(weights="pretrained", dtype="float32", seq_len=128, micro_batch=8,
@@ -146,7 +146,7 @@ def test_allocator_cap_without_cuda_is_tagged_and_refused_with_managed(assets, t
     assert rec.tags["finetune.allocator_cap"] == "none: no CUDA device"
     assert rec.tags["finetune.offload_budget_caps_allocator"] == "true"
     with pytest.raises(Contradiction, match="not with memory: managed"):
-        FAMILY.check(Knobs(offload="activations", memory="managed"), capped)
+        FAMILY.engine_of(capped).check(Knobs(offload="activations", memory="managed"), capped)
 
 
 def test_offload_staging_is_checked_and_refused_under_a_budget():
@@ -204,16 +204,19 @@ def test_missing_data_becomes_synthetic_only_when_allowed(assets, tmp_path):
     assert rec.tags["data.source"] == "synthetic (asset nope,nope not built)"
 
 
-def test_nemo_backend_without_megatron_core_is_skipped(assets, tmp_path, monkeypatch):
+def test_mcore_engine_without_megatron_core_is_skipped(assets, tmp_path, monkeypatch):
     import sys
+
+    from hopperlab.workloads.finetune import McoreParams
+    from hopperlab.workloads.finetune.mcore import engine
 
     # a None in sys.modules makes the import fail, as where megatron-core is not installed
     monkeypatch.setitem(sys.modules, "megatron", None)
     monkeypatch.setitem(sys.modules, "megatron.core", None)
-    s = spec(assets, replace(SMOKE, backend="nemo"), tmp_path)
+    s = spec(assets, McoreParams(data="synthetic"), tmp_path)
     s.site = FakeSite(assets_dir=str(assets))
     with pytest.raises(SkipRun, match="megatron-core is not importable"):
-        run(s, Recorder(tmp_path / "n"))
+        engine.run(s, Recorder(tmp_path / "n"))
 
 
 @pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
@@ -224,7 +227,7 @@ def test_a_peer_can_take_the_frozen_weights_and_still_train(assets, tmp_path):
     import torch
     from accelerate import cpu_offload
 
-    from hopperlab.workloads.finetune.workload import prepare, train
+    from hopperlab.workloads.finetune.torch.workload import prepare, train
 
     taken = []
 

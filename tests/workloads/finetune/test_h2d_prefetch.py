@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import HashStore
 
-from hopperlab.workloads.finetune import h2d_prefetch, llama, sharded
+from hopperlab.memory import h2d_prefetch
+from hopperlab.workloads.finetune.sharded import llama, engine as sharded
 
 SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
 
@@ -102,12 +103,12 @@ def test_the_prefetcher_is_used_only_where_fsdp2_copies_on_the_compute_stream(mo
 
 
 def test_reshard_after_forward_is_fsdp2s_option_only():
-    from hopperlab.workloads.finetune import FinetuneParams
+    from dataclasses import fields
+
+    from hopperlab.workloads.finetune import FinetuneParams, ShardedParams
 
     with pytest.raises(ValueError, match="reshard_after_forward"):
-        FinetuneParams(backend="sharded", sharding="torchao-cpu-offload",
-                       reshard_after_forward=False)
-    with pytest.raises(ValueError, match="reshard_after_forward"):
-        FinetuneParams(reshard_after_forward=False)
-    assert not FinetuneParams(backend="sharded", sharding="fsdp2-cpu-offload",
-                              reshard_after_forward=False).reshard_after_forward
+        ShardedParams(sharding="torchao-cpu-offload", reshard_after_forward=False)
+    assert "reshard_after_forward" not in {f.name for f in fields(FinetuneParams)}
+    assert not ShardedParams(sharding="fsdp2-cpu-offload",
+                             reshard_after_forward=False).reshard_after_forward

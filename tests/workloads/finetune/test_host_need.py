@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from hopperlab.workloads.finetune import host_need as hn
-from hopperlab.workloads.finetune import llama, sharded
+from hopperlab.workloads.finetune.sharded import host_need as hn
+from hopperlab.workloads.finetune.sharded import llama, engine as sharded
 
 LLAMA_13B = llama.Shape(5120, 40, 13824, 32000, 40)
 

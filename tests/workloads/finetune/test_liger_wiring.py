@@ -17,9 +17,9 @@ from hopperlab.core.schema import typed_from_mapping
 from hopperlab.memory.layers import decoder_layers
 from hopperlab.workloads.base import Contradiction, Knobs, fake_run
 from hopperlab.workloads.finetune import LIGER_KERNELS, FinetuneParams, check
-from hopperlab.workloads.finetune import model as model_mod
-from hopperlab.workloads.finetune.techniques import Techniques
-from hopperlab.workloads.finetune.workload import prepare
+from hopperlab.workloads.finetune.torch import model as model_mod
+from hopperlab.workloads.finetune.torch.techniques import Techniques
+from hopperlab.workloads.finetune.torch.workload import prepare
 
 from tests.memory_helpers import architecture_dir
 
@@ -99,7 +99,6 @@ def test_a_run_without_cuda_is_skipped_with_the_reason(model_dir, tmp_path):
 @pytest.mark.parametrize("values, message", [
     ({"liger": ["rope", "rope"]}, "liger: rope named twice"),
     ({"liger": ["flash"]}, "liger"),
-    ({"liger": ["rope"], "backend": "nemo"}, "liger: Liger Kernel is applied by backend torch"),
     ({"liger": ["rope"], "compile": True}, "liger: not with compile"),
     ({"liger": ["swiglu"], "recompute_elementwise": True}, "liger: swiglu not with recompute"),
     ({"liger": ["fused_linear_cross_entropy"], "loss_chunk_tokens": 1024},

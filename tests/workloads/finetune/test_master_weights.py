@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hopperlab.workloads.finetune import FinetuneParams
-from hopperlab.workloads.finetune.master_weights import MasterWeightsAdamW
+from hopperlab.workloads.finetune.torch.master_weights import MasterWeightsAdamW
 
 
 def test_steps_equal_float32_adamw_rounded_to_bf16():

@@ -1,4 +1,5 @@
-"""How many layers keep their MLP's up-projection on a GPU (mlp_up_fit.py): the room above a
+"""How many layers keep their MLP's up-projection on a GPU (memory/mlp_up_fit.py, applied to the
+sharded engine's Llama by sharded/memory_fit.py): the room above a
 sizing step's peak, applied to the last layers, recorded; a compiled layer follows the new flag
 at its next call (one more graph) and trains the same."""
 
@@ -6,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from hopperlab.workloads.finetune import llama, mlp_up_fit, sharded
+from hopperlab.memory import mlp_up_fit
+from hopperlab.workloads.finetune.sharded import llama, memory_fit, engine as sharded
 
 GIB = 2**30
 SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
@@ -43,11 +45,12 @@ def test_fitting_keeps_the_last_layers_and_says_why():
     per_layer = mlp_up_fit.layer_bytes(SHAPE, 18, 4)
     capacity = 100 * GIB
     peak = capacity - mlp_up_fit.margin_for(capacity) - 2 * per_layer + 1  # room for 1 layer
-    fit = mlp_up_fit.fit(model, 3, 18, 4, peak, capacity)
+    fit = mlp_up_fit.fit(lambda n: llama.keep_mlp_up(model, n), 3, SHAPE, 3, 18, 4, peak,
+                         capacity)
     assert fit.kept == 1 and fit.most == 3 and fit.layers == 3
     assert [layer.save_mlp_up for layer in model.layers] == [False, False, True]
     assert fit.describe().startswith("fitted after a sizing step: the last 1 of 3 decoder layers")
-    assert mlp_up_fit.model_shape(model) == SHAPE
+    assert memory_fit.model_shape(model) == SHAPE
 
 
 class _Recorder:
@@ -81,13 +84,16 @@ def test_the_second_sizing_step_adds_the_layers_that_fit_at_the_measured_rate():
     first = mlp_up_fit.Fit(kept=2, most=3, layers=3, peak_bytes=100, capacity_bytes=200,
                            layer_bytes=4, margin_bytes=10, estimate_gib=4 / GIB)
     llama.keep_mlp_up(model, 2)
-    refined = mlp_up_fit.refine(model, first, 106)  # room: 200 - 10 - 106 = 84
+    def keep(n):
+        return llama.keep_mlp_up(model, n)
+
+    refined = mlp_up_fit.refine(keep, first, 106)  # room: 200 - 10 - 106 = 84
     assert refined.kept == 3 and refined.layer_bytes == 3 and refined.first_kept == 2
     assert [layer.save_mlp_up for layer in model.layers] == [True, True, True]
     said = refined.describe()
     assert said.startswith("fitted after two sizing steps: the last 3 of 3 decoder layers")
     assert "with the 2 an estimate" in said
-    none = mlp_up_fit.refine(model, replace_kept(first, 0), 100)
+    none = mlp_up_fit.refine(keep, replace_kept(first, 0), 100)
     assert none.kept == 0 and none.second_peak_bytes == 100
 
 
@@ -164,12 +170,11 @@ def test_a_compiled_layer_follows_the_flag_set_after_its_first_step():
 
 
 def test_fitting_needs_the_most_it_may_keep():
-    from hopperlab.workloads.finetune import FinetuneParams
+    from hopperlab.workloads.finetune import ShardedParams
 
     with pytest.raises(ValueError, match="mlp_up_fit"):
-        FinetuneParams(backend="sharded", method="full", checkpointing=True, mlp_up_fit=True)
-    params = FinetuneParams(backend="sharded", method="full", checkpointing=True,
-                            mlp_up_saved_layers=4, mlp_up_fit=True)
+        ShardedParams(checkpointing=True, mlp_up_fit=True)
+    params = ShardedParams(checkpointing=True, mlp_up_saved_layers=4, mlp_up_fit=True)
     assert params.mlp_up_fit
 
 

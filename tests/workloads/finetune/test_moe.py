@@ -22,9 +22,9 @@ from hopperlab.memory.checkpointing import checkpoint_layers  # noqa: E402
 from hopperlab.memory.layers import decoder_layers  # noqa: E402
 from hopperlab.workloads.base import fake_run  # noqa: E402
 from hopperlab.workloads.finetune import FinetuneParams  # noqa: E402
-from hopperlab.workloads.finetune import moe  # noqa: E402
-from hopperlab.workloads.finetune.moe_config import read_moe_config  # noqa: E402
-from hopperlab.workloads.finetune.workload import run  # noqa: E402
+from hopperlab.workloads.finetune.torch import moe  # noqa: E402
+from hopperlab.workloads.finetune.torch.moe_config import read_moe_config  # noqa: E402
+from hopperlab.workloads.finetune.torch.workload import run  # noqa: E402
 
 from tests.helpers import copy_project, edit_yaml, hopperlab  # noqa: E402
 from tests.memory_helpers import assert_exact, step, twin  # noqa: E402
@@ -160,7 +160,7 @@ def test_the_workload_trains_the_tiny_moe_and_counts_active_flops(tmp_path):
 
 
 def test_pretrained_weights_are_refused_in_the_job(tmp_path):
-    from hopperlab.workloads.finetune.model import load_base_model
+    from hopperlab.workloads.finetune.torch.model import load_base_model
 
     folder = tmp_path / "m"
     folder.mkdir()

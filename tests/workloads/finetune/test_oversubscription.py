@@ -12,7 +12,7 @@ from hopperlab.core.rundir import Recorder, SkipRun
 from hopperlab.cuda.managed_policy import oversubscription_refusal
 from hopperlab.workloads.base import Contradiction, FakeSite, Knobs, fake_run
 from hopperlab.workloads.finetune import FinetuneParams, check
-from hopperlab.workloads.finetune import workload as ft_workload
+from hopperlab.workloads.finetune.torch import workload as ft_workload
 from hopperlab.workloads.finetune.oversubscription import check_oversubscription
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -65,7 +65,6 @@ def test_refused_before_the_model_or_allocator(tmp_path, monkeypatch):
         raise AssertionError("the run went past the gate")
 
     monkeypatch.setattr(ft_workload, "run_torch", boom)
-    monkeypatch.setattr(ft_workload, "run_nemo", boom)
     with pytest.raises(SkipRun):
         ft_workload.run(_spec(), _rec(tmp_path, H200))
 

@@ -28,10 +28,10 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 from hopperlab.memory.layers import decoder_layers  # noqa: E402
 from hopperlab.memory.parameter_offload import ParameterOffload  # noqa: E402
 from hopperlab.workloads.finetune import FinetuneParams  # noqa: E402
-from hopperlab.workloads.finetune import model as model_mod  # noqa: E402
-from hopperlab.workloads.finetune.loop import forward_backward, to_device  # noqa: E402
+from hopperlab.workloads.finetune.torch import model as model_mod  # noqa: E402
+from hopperlab.workloads.finetune.torch.loop import forward_backward, to_device  # noqa: E402
 from hopperlab.workloads.base import Knobs  # noqa: E402
-from hopperlab.workloads.finetune.techniques import Techniques  # noqa: E402
+from hopperlab.workloads.finetune.torch.techniques import Techniques  # noqa: E402
 
 from tests.memory_helpers import architecture_dir  # noqa: E402
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hopperlab.workloads.finetune import llama, sharded
+from hopperlab.workloads.finetune.sharded import llama, rates, engine as sharded
 
 SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
 
@@ -188,10 +188,10 @@ def test_the_floor_counts_no_recomputation_of_a_kept_up_projection():
                         steps=1, warmup=0, dtype=torch.float32, lr=1e-3, weight_decay=0.0,
                         seed=5, checkpointing=True)
     model = llama.build_model(SHAPE, torch.float32, "cpu", seed=5, checkpointing=True)
-    all_recomputed = sharded.step_flops_of(model, plan, 1)
+    all_recomputed = rates.step_flops_of(model, plan, 1)
     llama.keep_mlp_up(model, 2)
     up = model.layers[0].gate_up.weight.numel()
-    assert all_recomputed - sharded.step_flops_of(model, plan, 1) == pytest.approx(
+    assert all_recomputed - rates.step_flops_of(model, plan, 1) == pytest.approx(
         2 * 2 * up * plan.global_batch * plan.seq_len)  # 2 FLOPs per parameter per token
 
 

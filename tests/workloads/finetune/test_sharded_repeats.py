@@ -19,7 +19,8 @@ import yaml
 from hopperlab.core.rundir import Recorder, read_samples, read_steps
 from hopperlab.results.machines.reference_update import update
 from hopperlab.run import repeats
-from hopperlab.workloads.finetune import FAMILY, HEADLINE_METRICS, llama, sharded
+from hopperlab.workloads.finetune import FAMILY, HEADLINE_METRICS
+from hopperlab.workloads.finetune.sharded import llama, engine as sharded
 from tests.infra.mlflow_fixture import free_port
 
 SHAPE = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=2)
@@ -119,14 +120,14 @@ def test_every_rank_records_the_slowest_ranks_windows(tmp_path):
 def test_the_runs_repeats_become_the_plans_windows(tmp_path, monkeypatch):
     """``run_sharded`` hands ``spec.repeats`` to the plan (and nothing else measures them)."""
     from hopperlab.workloads.base import fake_run
-    from hopperlab.workloads.finetune import FinetuneParams, workload
+    from hopperlab.workloads.finetune import ShardedParams
+    from hopperlab.workloads.finetune.sharded import entry
 
     plans = []
     monkeypatch.setattr(sharded, "run", lambda plan, *a: plans.append(plan))
-    params = FinetuneParams(backend="sharded", sharding="fsdp2", model_shape="tiny",
-                            num_layers=2)
+    params = ShardedParams(sharding="fsdp2", model_shape="tiny", num_layers=2)
     rec = Recorder(tmp_path / "run")
-    workload.run_sharded(fake_run(params, run_dir=tmp_path, repeats=4), params, rec)
+    entry.run_sharded(fake_run(params, run_dir=tmp_path, repeats=4), params, rec)
     assert [p.windows for p in plans] == [4]
 
 

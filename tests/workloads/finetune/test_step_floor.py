@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hopperlab.workloads.finetune import step_floor as sf
+from hopperlab.workloads.finetune.sharded import step_floor as sf
 
 # the 13B shape's parameters (embedding + 40 layers + norm + head), bf16
 PARAMS_13B = 13_015_864_320
@@ -104,7 +104,7 @@ def test_the_model_flops_per_token_are_the_torch_backends_formula():
     its attention term 12 x layers x hidden x seq over 2 (causal) is this one's 3 x 2 x ..."""
     import torch
 
-    from hopperlab.workloads.finetune import llama, sharded
+    from hopperlab.workloads.finetune.sharded import llama, engine as sharded
 
     shape = llama.Shape(hidden=32, heads=4, ffn=64, vocab=64, layers=3)
     model = llama.build_model(shape, torch.float32, "cpu", seed=5, checkpointing=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hopperlab.workloads.finetune import step_profile
+from hopperlab.workloads.finetune.sharded import step_profile
 
 
 def _ev(cat: str, name: str, ts: float, dur: float, **args) -> dict:

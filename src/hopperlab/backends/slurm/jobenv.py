@@ -65,7 +65,7 @@ def read(environ: Mapping[str, str]) -> JobEnvironment | None:
     count, source = cpus(environ)
     if record is None and count is None:
         return None
-    given = {"job_id": record["job_id"] if record else None, "cpus": count,
+    given: dict[str, Any] = {"job_id": record["job_id"] if record else None, "cpus": count,
              "cpus_source": source, "record": record}
     if record is None or "SLURM_PROCID" not in environ or "SLURM_NTASKS" not in environ:
         return JobEnvironment(**given, launcher="none")

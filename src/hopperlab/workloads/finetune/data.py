@@ -1,6 +1,6 @@
 """The training batches: a DataLoader over Dolly, and a timed iterator that measures data waits.
 
-Three sources (``FinetuneParams.data``):
+Three sources (``LoraParams.data``: the torch and mcore engines'):
 
 * ``prepared``: the pre-tokenized arrays of the asset of role ``data`` (``PreparedDolly``);
   the loader's workers only slice memory-mapped rows.
@@ -25,7 +25,7 @@ from hopperlab.assets.dolly import DollyDataset, PreparedDolly
 from hopperlab.core.errors import AssetMissing
 from hopperlab.cuda.nvtx import DATA_WAIT, nvtx_range
 from hopperlab.workloads.base import RunView
-from hopperlab.workloads.finetune import FinetuneParams
+from hopperlab.workloads.finetune.common import LoraParams
 
 
 class SyntheticTokens:
@@ -63,7 +63,7 @@ def _asset(spec: RunView, role: str) -> Any:
         return None
 
 
-def open_source(spec: RunView, params: FinetuneParams, vocab_size: int) -> DataSource:
+def open_source(spec: RunView, params: LoraParams, vocab_size: int) -> DataSource:
     """The dataset the run's params name, or synthetic tokens when allowed and needed."""
     missing = None
     if params.data == "prepared":
@@ -89,7 +89,7 @@ def open_source(spec: RunView, params: FinetuneParams, vocab_size: int) -> DataS
                       params.seq_len)
 
 
-def make_loader(source: DataSource, params: FinetuneParams, num_workers: int,
+def make_loader(source: DataSource, params: LoraParams, num_workers: int,
                 pin_memory: bool) -> Any:
     """A shuffling DataLoader (seeded), full batches only, workers kept across epochs."""
     import torch

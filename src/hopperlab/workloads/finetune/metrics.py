@@ -28,7 +28,7 @@ from typing import Sequence
 
 from hopperlab.core.energy_names import SLOW_STEP_X, SLOW_STEPS
 from hopperlab.core.stats import percentile
-from hopperlab.workloads.finetune.model import ModelCounts
+from hopperlab.workloads.finetune.torch.model import ModelCounts
 
 GB = 1e9
 
