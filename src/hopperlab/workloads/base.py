@@ -149,6 +149,10 @@ class FamilyInfo:
     #: metric is a diagnostic: recorded and charted, never judged (issue 36: a diagnostic
     #: fraction of 0.005 or a loss figure judged at 5 % made healthy checks fail)
     judged: tuple[str, ...] = ()
+    #: "package.module:function": ``function(variant_spec, reference_spec) -> Sameness``
+    #: (``workloads.sameness``): what "the same result" means for a variant against the run it
+    #: is compared with; None: the family's runs are not compared for sameness
+    sameness: str | None = None
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)
@@ -156,6 +160,10 @@ class FamilyInfo:
     def load_predict(self) -> PredictModel | None:
         """The family's ``PredictModel`` (None: the family declares none)."""
         return _load(self.predict) if self.predict else None
+
+    def load_sameness(self) -> Callable[..., Any] | None:
+        """The family's sameness rule (None: it declares none)."""
+        return _load(self.sameness) if self.sameness else None
 
     def load_charts(self) -> Callable[..., list["FamilyChart"]] | None:
         return _load(self.charts) if self.charts else None

@@ -329,6 +329,7 @@ FLOORS = {"step_time_p50_s": "link_floor_s"}
 FAMILY = FamilyInfo(
     name="finetune",
     entry="hopperlab.workloads.finetune.workload:run",
+    sameness="hopperlab.workloads.finetune.sameness:rule",
     predict="hopperlab.workloads.finetune.predict:MODEL",
     supported_knobs={
         "num_workers": frozenset(range(0, 65)),
