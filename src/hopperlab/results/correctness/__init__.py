@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hopperlab.core.rundir import load_record
 from hopperlab.results.correctness.verdict import (
     DIFFERENT,
     NOT_COMPARED,
@@ -82,6 +84,45 @@ def verdicts(runs: Sequence[Any]) -> dict[str, Verdict | None]:
         name = r.compare_to or baseline
         out[r.variant] = verdict_of(r, by_name.get(name) if name else None, name)
     return out
+
+
+class _Dir:
+    """A run directory read as a row (for the uploader, which sees one run at a time)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        record = load_record(run_dir) or {}
+        spec = _spec(run_dir)
+        self.run_dir, self.family = run_dir, str(spec.get("family") or "")
+        self.variant = run_dir.name
+        self.status = str(record.get("status") or "failed")
+        metrics = record.get("metrics")
+        self.metrics = dict(metrics) if isinstance(metrics, Mapping) else {}
+        self.baseline, self.compare_to = spec.get("baseline"), spec.get("compare_to")
+
+
+def of_run_dir(run_dir: Path) -> Verdict | None:
+    """The verdict of the run in ``run_dir`` against its reference in the same experiment
+    folder, as it stands now (a reference still running reads ``not compared``)."""
+    try:
+        run = _Dir(Path(run_dir))
+        name = run.compare_to or run.baseline
+        ref_dir = Path(run_dir).parent / str(name) if name else None
+        ref = _Dir(ref_dir) if ref_dir is not None and load_record(ref_dir) else None
+    except (OSError, ValueError):
+        return None
+    return verdict_of(run, ref, name)
+
+
+def mlflow_fields(run_dir: Path) -> tuple[dict[str, str], dict[str, float]]:
+    """The tag (``correctness``: the verdict, and its detail) and the metric (its deviation)
+    a run is uploaded with; empty where there is no verdict (the reference itself)."""
+    v = of_run_dir(run_dir)
+    if v is None:
+        return {}, {}
+    tags = {MLFLOW_TAG: v.state, f"{MLFLOW_TAG}.detail": v.detail,
+            f"{MLFLOW_TAG}.against": v.against or ""}
+    dev = v.deviation
+    return tags, ({MLFLOW_METRIC: dev} if dev is not None and math.isfinite(dev) else {})
 
 
 def offered(run: Any) -> bool:
