@@ -157,17 +157,17 @@ def _items(value: Any) -> list[tuple[str, Any]]:
     return []
 
 
-def _first_difference(a: Any, b: Any) -> str:
+def _first_difference(a: Any, b: Any, at: str = "") -> str:
+    """Where two nested lists first differ: ``at [1][1]: 9 against 5``."""
     if isinstance(a, list) and isinstance(b, list):
         for i, (x, y) in enumerate(zip(a, b)):
             if x != y:
-                return f"position {i}: {_first_difference(x, y)}" if isinstance(x, list) \
-                    else f"position {i}: {x!r} against {y!r}"
-        return f"length {len(a)} against {len(b)}"
-    return f"{a!r} against {b!r}"
+                return _first_difference(x, y, f"{at}[{i}]")
+        return f"at {at or '[]'}: length {len(a)} against {len(b)}"
+    return f"at {at or '[]'}: {a!r} against {b!r}"
 
 
-def _lists(name: str, unit: str) -> Any:
+def _lists(name: str, unit: str, units: str) -> Any:
     def read(rule: Sameness, run: Side, ref: Side) -> Verdict:
         mine, theirs = _evidence(run, name), _evidence(ref, name)
         if mine is None or theirs is None:
@@ -181,9 +181,9 @@ def _lists(name: str, unit: str) -> Any:
         share = len(differ) / len(b)
         if differ and (rule.kind == EXACT or share > rule.bound):
             k, v = differ[0]
-            return Verdict(DIFFERENT, ref.variant, f"{len(differ)} of {len(b)} {unit}s differ; "
+            return Verdict(DIFFERENT, ref.variant, f"{len(differ)} of {len(b)} {units} differ; "
                            f"first {unit} {k}: {_first_difference(a[k], v)}", share, rule.bound)
-        return _agree(rule, ref.variant, f"{name} of {len(b)} {unit}s", share)
+        return _agree(rule, ref.variant, f"{name} of {len(b)} {units}", share)
     return read
 
 
@@ -208,5 +208,5 @@ def _answers(rule: Sameness, run: Side, ref: Side) -> Verdict:
     return Verdict(SAME, ref.variant, "every answer equals DuckDB's", 0.0, 0.0)
 
 
-_MEASURES = {"losses": _losses, "tokens": _lists("tokens", "reply"),
-             "topn": _lists("topn", "query"), "checksum": _checksum, "answers": _answers}
+_MEASURES = {"losses": _losses, "tokens": _lists("tokens", "reply", "replies"),
+             "topn": _lists("topn", "query", "queries"), "checksum": _checksum, "answers": _answers}
