@@ -125,6 +125,12 @@ def _marks_note(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
                      f"({_e(marks.stand_in(stand[0]))}); their figures measure the CPU code "
                      "path, not the memory or device their names say, and their ratios compare "
                      "CPU runs")
+    wrong = [r.variant for r in runs if not correctness.offered(r)]
+    if wrong:
+        notes.append(f"DIFFERENT: {_e(', '.join(wrong))} computed another result than what "
+                     "they are compared with (the correctness column says where first): their "
+                     "figures are struck through, give no ratio and are no finding, their bars "
+                     "included")
     if any(marks.example_price(r) for r in runs):
         notes.append(f"{marks.EXAMPLE_PRICE}: the site's rate is an example (its cost block "
                      "says example: true), not what the run cost")
