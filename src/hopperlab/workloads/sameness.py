@@ -9,8 +9,12 @@ the report runs on the login node.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
+
+from hopperlab.core.rundir import write_json_atomic
 
 #: the classes of a declaration
 EXACT, BOUNDED, NOT_COMPARABLE = "exact", "bounded", "not comparable"
@@ -74,3 +78,29 @@ def differing(variant: Mapping[str, Any], reference: Mapping[str, Any]) -> set[s
         a, b = variant.get(part) or {}, reference.get(part) or {}
         out |= {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
     return out
+
+
+# -- what a run records to be compared: ``artifacts/evidence.json`` ----------------------------
+# One small JSON object per run, name -> value (greedy token ids, each fixed query's top-n),
+# written by the workload as part of its normal work; per-step figures (finetune's losses and
+# gradient norms) stay in steps.jsonl.
+
+EVIDENCE_FILE = "evidence.json"
+
+
+def add_evidence(recorder: Any, name: str, value: Any) -> None:
+    """Put ``value`` (JSON: numbers, strings, lists) under ``name`` in the run's evidence file,
+    keeping what earlier calls put there."""
+    path = Path(recorder.artifact_path(EVIDENCE_FILE))
+    data = read_evidence_file(path) or {}
+    data[name] = value
+    write_json_atomic(path, data)
+
+
+def read_evidence_file(path: Path) -> dict[str, Any] | None:
+    """The evidence object at ``path``; None where there is none or it is not an object."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -14,9 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hopperlab.core.evidence import EVIDENCE_FILE, read_evidence_file
 from hopperlab.core.rundir import read_steps
-from hopperlab.workloads.sameness import BOUNDED, EXACT, NOT_COMPARABLE, Sameness
+from hopperlab.workloads.sameness import (
+    BOUNDED,
+    EVIDENCE_FILE,
+    EXACT,
+    NOT_COMPARABLE,
+    Sameness,
+    read_evidence_file,
+)
 
 SAME, WITHIN, DIFFERENT, NOT_COMPARED = "same", "within bound", "DIFFERENT", "not compared"
 VERDICTS = (SAME, WITHIN, DIFFERENT, NOT_COMPARED)
@@ -127,7 +133,10 @@ def _losses(rule: Sameness, run: Side, ref: Side) -> Verdict:
                 return Verdict(DIFFERENT, ref.variant, f"step {step}: {name} {x:.9g} against "
                                f"{y:.9g} (relative {dev:.3g})", dev, rule.bound)
             worst = max(worst, dev)
-    what = " and ".join(n for n, _, _ in series)
+    if rule.kind == BOUNDED and len(series) > 1:
+        what = "loss (gradient norms non-zero alike)"
+    else:
+        what = " and ".join(n for n, _, _ in series)
     return _agree(rule, ref.variant, f"{what} of {len(steps)} steps", worst)
 
 
@@ -183,7 +192,8 @@ def _lists(name: str, unit: str, units: str) -> Any:
             k, v = differ[0]
             return Verdict(DIFFERENT, ref.variant, f"{len(differ)} of {len(b)} {units} differ; "
                            f"first {unit} {k}: {_first_difference(a[k], v)}", share, rule.bound)
-        return _agree(rule, ref.variant, f"{name} of {len(b)} {units}", share)
+        return _agree(rule, ref.variant, f"{name} of {len(b)} {unit if len(b) == 1 else units}",
+                      share)
     return read
 
 

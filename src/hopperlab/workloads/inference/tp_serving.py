@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hopperlab.core.evidence import add_evidence
 from hopperlab.core.rundir import SkipRun
 from hopperlab.core.stats import GB, percentile
 from hopperlab.cuda.collectives import collective_latency
@@ -24,6 +23,7 @@ from hopperlab.cuda.device_rates import hbm_gbps, matmul_tflops
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.workloads.base import Recording, RunView, no_cuda_reason
 from hopperlab.workloads.inference import TP_SHAPES, InferenceParams
+from hopperlab.workloads.sameness import add_evidence
 from hopperlab.workloads.inference import tensor_parallel as tp
 from hopperlab.workloads.inference.tp_floor import (
     NodeRates,

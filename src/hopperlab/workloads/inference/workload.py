@@ -21,13 +21,13 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from hopperlab.core.evidence import add_evidence
 from hopperlab.core.stats import GB, GIB, MIB, gbps, percentile
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.workloads.base import Recording, RunView, spec_params
 from hopperlab.workloads.inference import InferenceParams, tp_serving
 from hopperlab.workloads.inference.accelerate_peer import dispatch_offloaded
 from hopperlab.workloads.inference.dialogue import Dialogue, make_conversations
+from hopperlab.workloads.sameness import add_evidence
 from hopperlab.workloads.inference.generation import decode, prefill
 from hopperlab.memory.host_arena import HostArena
 from hopperlab.workloads.inference.kv_cache import new_cache
@@ -216,7 +216,9 @@ def run_kv_cache(model: Any, rt: Runtime, p: InferenceParams, recorder: Recordin
     replies = {str(c.session): [r.reply for r in records if r.session == c.session]
                for c in convs}
     recorder.artifact_path("replies.json").write_text(json.dumps(replies) + "\n")
-    add_evidence(recorder, "tokens", replies)  # compared with the baseline's (issue 47)
+    # each reply (session/round) compared with the baseline's (issue 47)
+    add_evidence(recorder, "tokens", {f"{s}/{i}": reply for s, rounds in replies.items()
+                                      for i, reply in enumerate(rounds)})
 
 
 def kv_window_work(records: list[Any]) -> dict[str, float]:

@@ -20,12 +20,12 @@ import numpy as np
 
 from hopperlab.workloads.base import Recording, RunView
 from hopperlab.cuda.nvtx import measured_region
-from hopperlab.core.evidence import add_evidence
 from hopperlab.core.rundir import SkipRun
 from hopperlab.workloads.recommender import COMPONENTS, RecommenderParams
 from hopperlab.workloads.recommender import data as data_mod
 from hopperlab.workloads.recommender.pipeline import Pipeline, PipelineConfig, summarize
 from hopperlab.workloads.recommender.training import train_and_evaluate
+from hopperlab.workloads.sameness import add_evidence
 
 #: queries checked against the CPU-only pipeline when the GPU pipeline runs (same ranked list?)
 CHECK_QUERIES = 5
