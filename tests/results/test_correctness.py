@@ -216,3 +216,12 @@ def test_summary_csv_reads_back(tmp_path):
     rows = list(csv.DictReader(path.open()))
     assert {r["variant"]: r["correctness"] for r in rows} == {
         "baseline": "", "offload": "same", "skipped": "DIFFERENT"}
+
+
+def test_a_broken_step_line_is_not_compared_with_its_reason_never_a_traceback(tmp_path):
+    _finetune(tmp_path, "baseline")
+    run_dir = _finetune(tmp_path, "offload", knobs={"offload": "activations"})
+    with open(run_dir / "steps.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": "two", "metrics": {"loss": 1.0}}) + "\n")
+    v = _verdicts(tmp_path)["offload"]
+    assert v.state == correctness.NOT_COMPARED and "ValueError" in v.detail, v

@@ -70,8 +70,12 @@ def verdict_of(run: Any, ref: Any | None, reference_name: str | None) -> Verdict
         declared = rule(spec, ref_spec)
     except (KeyError, TypeError, ValueError) as exc:
         return not_compared(ref.variant, f"the declaration cannot be read: {exc}")
-    return judge(declared, Side(run.variant, run.status, Path(run.run_dir), run.metrics),
-                 Side(ref.variant, ref.status, Path(ref.run_dir), ref.metrics))
+    try:
+        return judge(declared, Side(run.variant, run.status, Path(run.run_dir), run.metrics),
+                     Side(ref.variant, ref.status, Path(ref.run_dir), ref.metrics))
+    except (OSError, KeyError, TypeError, ValueError) as exc:  # a hand-edited or torn record
+        return not_compared(ref.variant, f"the records cannot be compared: "
+                            f"{type(exc).__name__}: {exc}")
 
 
 def verdicts(runs: Sequence[Any]) -> dict[str, Verdict | None]:
