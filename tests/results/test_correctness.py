@@ -225,3 +225,18 @@ def test_a_broken_step_line_is_not_compared_with_its_reason_never_a_traceback(tm
         fh.write(json.dumps({"step": "two", "metrics": {"loss": 1.0}}) + "\n")
     v = _verdicts(tmp_path)["offload"]
     assert v.state == correctness.NOT_COMPARED and "ValueError" in v.detail, v
+
+
+def test_another_engine_is_not_compared_unless_its_backward_never_ran(tmp_path):
+    """The megatron-core case of issue 47: not comparable with the torch engine's losses, but
+    a gradient norm of 0 at every step where the reference's is not is DIFFERENT anyway."""
+    _finetune(tmp_path, "baseline")
+    _finetune(tmp_path, "nemo-ok", [11.2, 11.1, 11.0, 10.9], [3.0] * 4,
+              params={"backend": "nemo"}, compare_to="baseline")
+    _finetune(tmp_path, "nemo-dead", [11.24, 11.3, 11.4, 11.46], [0.0] * 4,
+              params={"backend": "nemo"}, compare_to="baseline")
+    found = _verdicts(tmp_path)
+    assert found["nemo-ok"].state == correctness.NOT_COMPARED
+    assert "another engine" in found["nemo-ok"].detail
+    dead = found["nemo-dead"]
+    assert dead.state == correctness.DIFFERENT and "backward did not run" in dead.detail

@@ -45,7 +45,7 @@ class Sameness:
         if self.kind not in (EXACT, BOUNDED, NOT_COMPARABLE):
             raise ValueError(f"Sameness.kind: {self.kind!r} is not exact, bounded or not "
                              "comparable")
-        if self.kind != NOT_COMPARABLE and self.measure not in MEASURES:
+        if (self.kind != NOT_COMPARABLE or self.measure) and self.measure not in MEASURES:
             raise ValueError(f"Sameness.measure: {self.measure!r} is not one of "
                              f"{', '.join(sorted(MEASURES))}")
         if self.kind == BOUNDED and not (self.bound > 0 and self.reason):
@@ -63,8 +63,10 @@ def bounded(measure: str, bound: float, reason: str) -> Sameness:
     return Sameness(BOUNDED, measure, bound, reason)
 
 
-def not_comparable(reason: str) -> Sameness:
-    return Sameness(NOT_COMPARABLE, reason=reason)
+def not_comparable(reason: str, measure: str = "") -> Sameness:
+    """``measure`` "losses": the numbers differ, but a backward that ran in the reference and
+    not in the variant (a zero gradient norm) still reads DIFFERENT."""
+    return Sameness(NOT_COMPARABLE, measure=measure, reason=reason)
 
 
 #: ``rule(variant_spec, reference_spec) -> Sameness``: both are the runs' ``spec.json``

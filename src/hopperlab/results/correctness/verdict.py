@@ -66,10 +66,11 @@ class Side:
 
 def judge(rule: Sameness, run: Side, ref: Side) -> Verdict:
     """``run`` against ``ref`` under ``rule``."""
-    if rule.kind == NOT_COMPARABLE:
-        return not_compared(ref.variant, f"not comparable: {rule.reason}")
-    if ref.status != "ok":
+    if ref.status != "ok" and rule.kind != NOT_COMPARABLE:
         return not_compared(ref.variant, f"{ref.variant} ended {ref.status}")
+    if rule.kind == NOT_COMPARABLE:
+        dead = _backward_missing(run, ref) if rule.measure == "losses" else None
+        return dead or not_compared(ref.variant, f"not comparable: {rule.reason}")
     reader = _MEASURES[rule.measure]
     return reader(rule, run, ref)
 
@@ -96,6 +97,19 @@ def _series(run_dir: Path, name: str) -> dict[int, float]:
                 and line.get("repeat") in (None, 0):
             out[int(line.get("step", 0))] = float(value)
     return out
+
+
+def _backward_missing(run: Side, ref: Side) -> Verdict | None:
+    """DIFFERENT where the reference's gradients were non-zero at a step and the variant's were
+    zero at every step it recorded (its backward never ran: megatron-core's full recompute with
+    a frozen base, issue 47), whatever else the two runs compute differently."""
+    if ref.status != "ok":
+        return None
+    mine, theirs = _series(run.run_dir, "grad_norm"), _series(ref.run_dir, "grad_norm")
+    if not mine or not any(v > 0 for v in theirs.values()) or any(v != 0 for v in mine.values()):
+        return None
+    return Verdict(DIFFERENT, ref.variant, f"gradient norm 0 at every one of {len(mine)} steps "
+                   f"where {ref.variant}'s is not: backward did not run", math.inf, None)
 
 
 def _losses(rule: Sameness, run: Side, ref: Side) -> Verdict:

@@ -49,13 +49,14 @@ def rule(variant: Mapping[str, Any], reference: Mapping[str, Any]) -> Sameness:
     """The declaration of ``variant`` against ``reference`` (both spec.json)."""
     keys = differing(variant, reference) | _world(variant, reference)
     if variant.get("assets") != reference.get("assets"):
-        return not_comparable("another model or data set (assets differ)")
+        return not_comparable("another model or data set (assets differ)", "losses")
     others = keys - MOVES_ONLY - REORDERS - {"precision"}
     if "backend" in others:
         return not_comparable("another engine: its own model code and initialisation, so its "
-                              "losses start from other values")
+                              "losses start from other values", "losses")
     if others:
-        return not_comparable(f"trains something else ({', '.join(sorted(others))} differ)")
+        return not_comparable(f"trains something else ({', '.join(sorted(others))} differ)",
+                              "losses")
     dtype = (variant.get("params") or {}).get("dtype")
     if "precision" in keys:
         return bounded("losses", FP8, "FP8 e4m3 with tensorwise scaling: 3.4 % measured at "
