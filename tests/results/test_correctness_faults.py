@@ -16,33 +16,25 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hopperlab.assets import materialize  # noqa: E402
 from hopperlab.cli.main import main  # noqa: E402
 from hopperlab.core.rundir import Recorder  # noqa: E402
 from hopperlab.results import correctness  # noqa: E402
 from hopperlab.results.report.summary import summary_rows  # noqa: E402
 from hopperlab.results.rows import read_runs  # noqa: E402
 from hopperlab.workloads.base import fake_run  # noqa: E402
+# the tiny Llama and the prepared Dolly rows, built once a module
+from tests.workloads.finetune.test_finetune_workload import assets  # noqa: E402,F401
 
-ROOT = Path(__file__).resolve().parents[2]
 FT = "finetune/lora-llama2-7b"
 KV = "inference/kv-cache"
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory) -> Path:
-    adir = tmp_path_factory.mktemp("assets")
-    for name in ("tiny-llama", "dolly-smoke-prepared"):
-        materialize(name, ROOT, adir, scale="smoke")
-    return adir
-
-
 def _record(results: Path, key: str, baseline: str, params: Any, knobs: dict[str, Any],
-            assets: dict[str, Path], entry: Any) -> None:
+            roles: dict[str, Path], entry: Any) -> None:
     """Run ``entry`` as ``key`` into ``results/<key>/`` with the spec.json a run has."""
     family, experiment, variant = key.split("/")
     run_dir = results / key
-    spec = fake_run(params, run_dir=run_dir, assets=assets, family=family,
+    spec = fake_run(params, run_dir=run_dir, assets=roles, family=family,
                     experiment=experiment, variant=variant, **knobs)
     rec = Recorder(run_dir, identity={"key": key, "family": family, "experiment": experiment,
                                       "variant": variant})
@@ -51,11 +43,11 @@ def _record(results: Path, key: str, baseline: str, params: Any, knobs: dict[str
     (run_dir / "spec.json").write_text(json.dumps({
         "key": key, "family": family, "experiment": experiment, "variant": variant,
         "scale": "smoke", "baseline": baseline, "params": dataclasses.asdict(params),
-        "knobs": dataclasses.asdict(spec.knobs), "assets": {k: str(v) for k, v in assets.items()},
+        "knobs": dataclasses.asdict(spec.knobs), "assets": {k: str(v) for k, v in roles.items()},
         "headline_metrics": ["tokens_per_s", "ttft_ms_p50"]}))
 
 
-def _finetune(results: Path, assets: Path, variant: str, **knobs: Any) -> None:
+def _finetune(results: Path, built: Path, variant: str, **knobs: Any) -> None:
     from hopperlab.workloads.finetune import FinetuneParams
     from hopperlab.workloads.finetune.workload import run
 
@@ -64,10 +56,10 @@ def _finetune(results: Path, assets: Path, variant: str, **knobs: Any) -> None:
                             measured_steps=2, data="prepared", offload_min_bytes=0,
                             offload_budget_gib=None)
     _record(results, f"{FT}/{variant}", "baseline", params, knobs,
-            {"model": assets / "tiny-llama", "data": assets / "dolly-smoke-prepared"}, run)
+            {"model": built / "tiny-llama", "data": built / "dolly-smoke-prepared"}, run)
 
 
-def _kv(results: Path, assets: Path, variant: str, policy: str) -> None:
+def _kv(results: Path, built: Path, variant: str, policy: str) -> None:
     from hopperlab.workloads.inference import InferenceParams
     from hopperlab.workloads.inference.workload import run
 
@@ -75,7 +67,7 @@ def _kv(results: Path, assets: Path, variant: str, policy: str) -> None:
                              context_tokens=40, turn_tokens=9, reply_tokens=6, gpu_sessions=1,
                              warmup=0, dtype="float32", seed=3)
     _record(results, f"{KV}/{variant}", "resident", params, {},
-            {"model": assets / "tiny-llama"}, run)
+            {"model": built / "tiny-llama"}, run)
 
 
 def _skip_backward(model: Any, inputs: Any, forward_context: Any, clock: Any = None) -> Any:
@@ -85,8 +77,8 @@ def _skip_backward(model: Any, inputs: Any, forward_context: Any, clock: Any = N
 
 
 @pytest.mark.integration  # runs for seconds: five small trainings and four dialogues
-def test_three_injected_faults_read_different_and_fail_check(assets, tmp_path, monkeypatch,
-                                                              capsys):
+def test_three_injected_faults_read_different_and_fail_check(assets, tmp_path,  # noqa: F811
+                                                              monkeypatch, capsys):
     from hopperlab.memory import activation_offload
     from hopperlab.workloads.finetune import loop
     from hopperlab.workloads.inference import layered_reload
