@@ -240,3 +240,19 @@ def test_another_engine_is_not_compared_unless_its_backward_never_ran(tmp_path):
     assert "another engine" in found["nemo-ok"].detail
     dead = found["nemo-dead"]
     assert dead.state == correctness.DIFFERENT and "backward did not run" in dead.detail
+
+
+def test_an_uploaded_run_carries_its_verdict_in_mlflow(tmp_path):
+    import mlflow
+
+    from hopperlab.results import tracking
+
+    results = _three(tmp_path / "results")
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    for variant, state in (("skipped", correctness.DIFFERENT), ("offload", correctness.SAME)):
+        run = client.get_run(tracking.upload_run(results / "finetune/lora-llama2-7b" / variant,
+                                                 uri))
+        assert run.data.tags[correctness.MLFLOW_TAG] == state
+        assert run.data.tags[f"{correctness.MLFLOW_TAG}.against"] == "baseline"
+    assert run.data.metrics[correctness.MLFLOW_METRIC] == 0.0  # offload: identical
