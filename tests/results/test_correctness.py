@@ -19,6 +19,10 @@ from hopperlab.results.report.verdicts import experiment_line
 from hopperlab.results.rows import read_runs
 from hopperlab.workloads.finetune.sameness import FP8, REORDER_FLOAT32
 from hopperlab.workloads.finetune.sameness import rule as finetune_rule
+from hopperlab.workloads.inference.sameness import (
+    REORDER_SHARE_BF16,
+    REORDER_SHARE_FLOAT32,
+)
 from hopperlab.workloads.inference.sameness import rule as inference_rule
 from hopperlab.workloads.recommender.sameness import rule as recommender_rule
 from hopperlab.workloads.sameness import BOUNDED, EXACT, NOT_COMPARABLE
@@ -60,6 +64,9 @@ def test_finetune_declares_exact_bounded_and_not_comparable():
     base = _spec()
     assert finetune_rule(_spec(knobs={"offload": "activations"}), base).kind == EXACT
     assert finetune_rule(_spec({"checkpointing": True}), base).kind == EXACT  # float32
+    # save_on_cpu's contiguous copies: another backward kernel on a GPU in float32
+    assert finetune_rule(_spec({"activation_offload": "save_on_cpu"},
+                               {"offload": "activations"}), base).kind == BOUNDED
     recompute = finetune_rule(_spec({"recompute_elementwise": True}), base)
     assert (recompute.kind, recompute.bound) == (BOUNDED, REORDER_FLOAT32)
     assert finetune_rule(_spec({"checkpointing": True, "dtype": "bfloat16"}),
@@ -75,7 +82,10 @@ def test_finetune_declares_exact_bounded_and_not_comparable():
 def test_inference_and_recommender_declarations():
     kv = _spec({"policy": "resident"})
     assert inference_rule(_spec({"policy": "offload"}), kv).kind == EXACT
-    assert inference_rule(_spec({"policy": "recompute"}), kv).kind == BOUNDED
+    assert inference_rule(_spec({"policy": "recompute"}), kv).bound == REORDER_SHARE_FLOAT32
+    bf16 = {"policy": "recompute", "dtype": "bfloat16"}
+    assert inference_rule(_spec(bf16), _spec({"policy": "resident", "dtype": "bfloat16"})) \
+        .bound == REORDER_SHARE_BF16 > REORDER_SHARE_FLOAT32
     assert inference_rule(_spec({"prompt_tokens": 16}), _spec({"prompt_tokens": 48})).kind \
         == NOT_COMPARABLE
     tp = inference_rule({**_spec(), "resources": {"tasks_per_node": 1}},
@@ -155,6 +165,27 @@ def test_tokens_and_topn_name_the_first_reply_that_differs(tmp_path):
     v = found["managed"]
     assert v.state == correctness.DIFFERENT
     assert v.detail == "1 of 2 replies differ; first reply 0: at [1][1]: 9 against 5"
+
+
+def test_first_token_logits_decide_an_exact_reply_whose_later_tokens_differ(tmp_path):
+    """On a GPU two runs of one cache can decode other later tokens (a kernel that is not
+    repeatable); the first token's logits, bit for bit, say whether the cache came back."""
+    def write(variant: str, policy: str, tokens, firsts) -> None:
+        run_dir = write_run(tmp_path, f"inference/kv-cache/{variant}",
+                            spec={"baseline": "resident", **_spec({"policy": policy})})
+        (run_dir / "artifacts").mkdir()
+        (run_dir / "artifacts" / "evidence.json").write_text(json.dumps(
+            {"tokens": tokens, "first_logits": firsts}))
+
+    write("resident", "resident", {"0/0": [1, 2, 3], "0/1": [4, 5, 6]}, {"0/0": "a", "0/1": "b"})
+    write("offload", "offload", {"0/0": [1, 2, 3], "0/1": [4, 5, 7]}, {"0/0": "a", "0/1": "b"})
+    write("managed", "offload", {"0/0": [1, 2, 3], "0/1": [4, 5, 6]}, {"0/0": "a", "0/1": "c"})
+    found = _verdicts(tmp_path)
+    assert found["offload"].state == correctness.SAME
+    assert "the later tokens of 1 differ" in found["offload"].detail
+    assert found["managed"].state == correctness.DIFFERENT
+    assert found["managed"].detail == ("the first token's logits of reply 0/1 differ (digest c "
+                                       "against b)")
 
 
 # -- where the verdict is shown ----------------------------------------------------------------

@@ -121,7 +121,7 @@ def test_three_injected_faults_read_different_and_fail_check(assets, tmp_path,  
         v = found[key]
         assert v.state == correctness.DIFFERENT, (key, v)
         assert v.detail.startswith(first), v.detail
-    assert "replies differ; first reply" in found[f"{KV}/wrong-kv-layer"].detail
+    assert "the first token's logits of reply 0/1 differ" in found[f"{KV}/wrong-kv-layer"].detail
 
     header, rows = summary_rows(runs)
     by = {"/".join(row[:3]): dict(zip(header, row)) for row in rows}

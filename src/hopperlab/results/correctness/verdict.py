@@ -202,13 +202,38 @@ def _lists(name: str, unit: str, units: str) -> Any:
             return not_compared(ref.variant, f"no {unit} of {name} in common")
         differ = [(k, v) for k, v in b if a[k] != v]
         share = len(differ) / len(b)
+        what = f"{name} of {len(b)} {unit if len(b) == 1 else units}"
+        firsts = _first_logits(run, ref, [k for k, _ in b]) if rule.kind == EXACT else None
+        if firsts is not None and firsts[0]:
+            k, x, y = firsts[0][0]
+            return Verdict(DIFFERENT, ref.variant, f"the first token's logits of {unit} {k} "
+                           f"differ (digest {x} against {y})", 1.0, 0.0)
+        if differ and firsts is not None and rule.kind == EXACT:
+            # the first tokens' logits are the reference's bit for bit: the cache or weights
+            # came back as they were; later greedy tokens can differ between two runs of the
+            # same cache on a GPU (a decode kernel that is not repeatable; docs/correctness.md)
+            return Verdict(SAME, ref.variant, f"first-token logits of {firsts[1]} {units} "
+                           f"identical; the later tokens of {len(differ)} differ, as two runs "
+                           "of one cache can on a GPU", 0.0, 0.0)
         if differ and (rule.kind == EXACT or share > rule.bound):
             k, v = differ[0]
             return Verdict(DIFFERENT, ref.variant, f"{len(differ)} of {len(b)} {units} differ; "
                            f"first {unit} {k}: {_first_difference(a[k], v)}", share, rule.bound)
-        return _agree(rule, ref.variant, f"{name} of {len(b)} {unit if len(b) == 1 else units}",
-                      share)
+        return _agree(rule, ref.variant, what, share)
     return read
+
+
+def _first_logits(run: Side, ref: Side, keys: list[str]
+                  ) -> tuple[list[tuple[str, Any, Any]], int] | None:
+    """The replies whose first-token logit digests differ, and how many were compared; None
+    where either run recorded none (older records: the tokens alone decide)."""
+    mine, theirs = _evidence(run, "first_logits"), _evidence(ref, "first_logits")
+    if not isinstance(mine, Mapping) or not isinstance(theirs, Mapping):
+        return None
+    both = [k for k in keys if k in mine and k in theirs]
+    if not both:
+        return None
+    return [(k, mine[k], theirs[k]) for k in both if mine[k] != theirs[k]], len(both)
 
 
 def _checksum(rule: Sameness, run: Side, ref: Side) -> Verdict:
