@@ -215,6 +215,8 @@ def _lists(name: str, unit: str, units: str) -> Any:
             return Verdict(SAME, ref.variant, f"first-token logits of {firsts[1]} {units} "
                            f"identical; the later tokens of {len(differ)} differ, as two runs "
                            "of one cache can on a GPU", 0.0, 0.0)
+        if firsts is not None:
+            what = f"first-token logits and {what}"
         if differ and (rule.kind == EXACT or share > rule.bound):
             k, v = differ[0]
             return Verdict(DIFFERENT, ref.variant, f"{len(differ)} of {len(b)} {units} differ; "
