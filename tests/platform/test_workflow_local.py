@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from hopperlab.config.matrix import load_matrix
+from hopperlab.results import correctness
 from tests.helpers import copy_project, hopperlab, snakemake
+from tests.results.smoke_verdicts import check_smoke_verdicts
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -98,6 +100,9 @@ def test_every_other_run_of_the_matrix_ends_ok_or_skipped(tmp_path):
         assert rec["status"] in ("ok", "skipped"), (key, rec["reason"])
         assert rec["metrics"] if rec["status"] == "ok" else rec["reason"], key
     assert "ok" in statuses.values()
+    # issue 47: every comparable variant has its verdict, exact ones same, bounded within
+    found = check_smoke_verdicts(project / "results", rest)
+    assert {correctness.SAME, correctness.WITHIN} <= set(found.values()), found
 
 
 @pytest.mark.integration
@@ -130,6 +135,9 @@ def test_summary_and_report_cover_every_run(smoke):
     assert keys == set(_workflow_runs(project))
     html = (project / "results" / "report.html").read_text()
     assert "h2d-pinned" in html and "data:image/png;base64," in html
+    assert "<th>correctness</th>" in html and {r["correctness"] for r in rows} > {""}
+    found = check_smoke_verdicts(project / "results", keys)
+    assert correctness.WITHIN in found.values(), found  # fp8, the sharded runs
 
 
 @pytest.mark.integration

@@ -152,7 +152,8 @@ def test_summary_csv(results: Path) -> None:
     assert header == [
         "family", "experiment", "variant", "attempt", "status", "reason", "scale", "hostname",
         "gpu_model", "cpu_arch", "host_link", "duration_s", "setup_s", "compared_to", "machine",
-        "reference_check", *metrics, *(m + "_vs_baseline" for m in metrics),
+        "reference_check", "correctness", "correctness_deviation", "correctness_detail",
+        *metrics, *(m + "_vs_baseline" for m in metrics),
     ]  # setup_s (every record with a step has it) is a column, never a compared metric
     assert [(r["experiment"], r["variant"], r["status"]) for r in rows] == [
         ("alloc", "caching", "skipped"), ("alloc", "expandable", "ok"),

@@ -32,7 +32,7 @@ from hopperlab.results.machines import (
     references,
     runs,
 )
-from hopperlab.results import scope
+from hopperlab.results import correctness, scope
 from hopperlab.results.rows import read_runs
 
 EXIT_REGRESSION = 1
@@ -107,15 +107,20 @@ def cmd_check(args: argparse.Namespace) -> int:
               f"in {results}" if args.strict else
               f"[hopperlab] note: {m.machine} {m.pattern} is referenced in {m.source_file}, "
               f"{results} has no run of it (--strict fails on it)")
+    wrong = correctness.different_lines(rows)  # issue 47: another result is no pass
+    for line in wrong:
+        print(line)
     machines = sorted({r.machine or "unknown" for r in rows})
     print(f"[hopperlab] check {results} ({', '.join(machines)}): "
           + ", ".join(f"{v} {n}" for v, n in sorted(counts.items()))
-          + (f", missing {len(missing)}" if missing else ""))
+          + (f", missing {len(missing)}" if missing else "")
+          + (f", DIFFERENT {len(wrong)}" if wrong else ""))
     if args.junit:
         path = junit.write(Path(args.junit), f"hopperlab check {results}", rows, judgements)
         print(f"[hopperlab] wrote {path}")
     failing = {references.REGRESSION} | ({references.INCONCLUSIVE} if args.strict else set())
-    if any(j.verdict in failing for j in judgements.values()) or (args.strict and missing):
+    if any(j.verdict in failing for j in judgements.values()) or (args.strict and missing) \
+            or wrong:
         return EXIT_REGRESSION
     if set(counts) <= {references.NO_REFERENCE}:
         print(nothing_checked(refs_dir, machines, root))
@@ -196,13 +201,16 @@ def cmd_ab(args: argparse.Namespace) -> int:
     changes = ab.compare_runs(a_rows, b_rows, min_effect)
     for line in ab.text_lines(changes, a_name, b_name):
         print(line)
+    wrong = correctness.different_lines(list(b_rows.values()))  # issue 47: B computes otherwise
+    for line in wrong:
+        print(f"B {line}")
     out = Path(args.out) if args.out else _root(args) / "results" / "compare"
     facts = [f"{side} ({name}): " + ", ".join(scope.run_facts(list(rows.values())))
              for side, name, rows in (("A", a_name, a_rows), ("B", b_name, b_rows))]
     csv_path, html_path = ab_page.write(changes, out, a_name, b_name, min_effect, facts)
     print(f"[hopperlab] {ab_page.headline(changes)[0]} Wrote {csv_path} and {html_path}")
-    failing = ab.failing(changes) or (args.strict and [c for c in changes if c.verdict in (
-        ab.INCONCLUSIVE, ab.CHANGED)])
+    failing = ab.failing(changes) or wrong or (args.strict and [
+        c for c in changes if c.verdict in (ab.INCONCLUSIVE, ab.CHANGED)])
     return EXIT_REGRESSION if failing else 0
 
 

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from hopperlab.core import rundir as rec
 from hopperlab.core.errors import SpecError
 from hopperlab.core.run_key import PARTS, part_problem
+from hopperlab.results import correctness
 from hopperlab.node.naming import machine_name
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,9 @@ class RunRow:
     run_uid: str | None = None
     #: when the attempt started (the record's ``started_at``)
     started_at: str | None = None
+    #: same | within bound | DIFFERENT | not compared against the run it is compared with
+    #: (``results.correctness``); None: the reference itself, or a run that did not end ok
+    correctness: Any = None
 
     @property
     def key(self) -> str:
@@ -227,6 +231,10 @@ def read_runs(results_dir: Path) -> tuple[list[RunRow], list[str]]:
         if row is not None:
             runs.append(row)
     runs.sort(key=sort_key)
+    for group in group_by_experiment(runs).values():
+        found = correctness.verdicts(group)
+        for r in group:
+            r.correctness = found.get(r.variant)
     return runs, sorted(refused)
 
 

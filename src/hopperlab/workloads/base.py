@@ -181,6 +181,10 @@ class FamilyInfo:
     engines: tuple[EngineInfo, ...] = ()
     #: the param that names the engine (finetune: ``backend``)
     engine_param: str = ""
+    #: "package.module:function": ``function(variant_spec, reference_spec) -> Sameness``
+    #: (``workloads.sameness``): what "the same result" means for a variant against the run it
+    #: is compared with; None: the family's runs are not compared for sameness
+    sameness: str | None = None
 
     def load_entry(self) -> Callable[..., Any]:
         return _load(self.entry)
@@ -246,6 +250,10 @@ class FamilyInfo:
     def load_predict(self) -> PredictModel | None:
         """The family's ``PredictModel`` (None: the family declares none)."""
         return _load(self.predict) if self.predict else None
+
+    def load_sameness(self) -> Callable[..., Any] | None:
+        """The family's sameness rule (None: it declares none)."""
+        return _load(self.sameness) if self.sameness else None
 
     def load_charts(self) -> Callable[..., list["FamilyChart"]] | None:
         return _load(self.charts) if self.charts else None

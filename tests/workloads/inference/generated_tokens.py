@@ -11,14 +11,15 @@ from hopperlab.core.window import MEASURED, listening
 
 
 class TokensByWindow:
-    """Wraps ``module``'s ``prefill`` and ``decode`` (monkeypatched) and counts their tokens by
-    the window's state; ``listen()`` follows the measured window's start and end events."""
+    """Wraps ``module``'s ``prefill`` (``prefill_logits`` too) and ``decode`` (monkeypatched)
+    and counts their tokens by the window's state; ``listen()`` follows the measured window's
+    start and end events."""
 
     def __init__(self, monkeypatch: Any, module: Any) -> None:
         self.events: list[str] = []
         self.tokens = {True: 0, False: 0}   # by whether the window was open
         self.firsts = {True: 0, False: 0}
-        real_prefill, real_decode = module.prefill, module.decode
+        real_prefill, real_decode = getattr(module, "prefill", None), module.decode
 
         def prefill(model, ids, cache):
             first = real_prefill(model, ids, cache)
@@ -31,8 +32,18 @@ class TokensByWindow:
             self.tokens[self.is_open()] += out.numel() - first.numel()  # the first: prefill's
             return out
 
-        monkeypatch.setattr(module, "prefill", prefill)
+        if real_prefill is not None:
+            monkeypatch.setattr(module, "prefill", prefill)
         monkeypatch.setattr(module, "decode", decode)
+        real_logits = getattr(module, "prefill_logits", None)
+        if real_logits is not None:  # a prefill whose logits the caller keeps (issue 47)
+            def prefill_logits(model, ids, cache):
+                logits = real_logits(model, ids, cache)
+                self.tokens[self.is_open()] += logits.shape[0]
+                self.firsts[self.is_open()] += logits.shape[0]
+                return logits
+
+            monkeypatch.setattr(module, "prefill_logits", prefill_logits)
 
     def is_open(self) -> bool:
         return bool(self.events) and self.events[-1] == "start"

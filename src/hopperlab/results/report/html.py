@@ -25,7 +25,7 @@ from hopperlab.results.report.charts import (
 )
 from hopperlab.results.report.verdicts import family_verdicts
 from hopperlab.results.report.energy import energy_section
-from hopperlab.results import marks, scope
+from hopperlab.results import correctness, marks, scope
 from hopperlab.results.rows import (
     RunRow,
     baseline_name,
@@ -125,6 +125,12 @@ def _marks_note(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
                      f"({_e(marks.stand_in(stand[0]))}); their figures measure the CPU code "
                      "path, not the memory or device their names say, and their ratios compare "
                      "CPU runs")
+    wrong = [r.variant for r in runs if not correctness.offered(r)]
+    if wrong:
+        notes.append(f"DIFFERENT: {_e(', '.join(wrong))} computed another result than what "
+                     "they are compared with (the correctness column says where first): their "
+                     "figures are struck through, give no ratio and are no finding, their bars "
+                     "included")
     if any(marks.example_price(r) for r in runs):
         notes.append(f"{marks.EXAMPLE_PRICE}: the site's rate is an example (its cost block "
                      "says example: true), not what the run cost")
@@ -145,6 +151,17 @@ def _compared_note(run: RunRow, runs: Sequence[RunRow]) -> str:
     return ""
 
 
+def _correctness_cell(run: RunRow) -> str:
+    """The run's correctness verdict (issue 47), its detail on hover; DIFFERENT stands out, and
+    its figures are struck through and give no ratio."""
+    v = run.correctness
+    if v is None:
+        return f'<td>{"baseline" if run.is_baseline else DASH}</td>'
+    cls = {correctness.DIFFERENT: "corr-bad", correctness.SAME: "corr-ok",
+           correctness.WITHIN: "corr-ok"}.get(v.state, "corr-none")
+    return f'<td class="{cls}" title="{_e(v.detail)}">{_e(v.cell())}</td>'
+
+
 def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
     show_knobs = any(r.knobs for r in runs)
     head = ["variant", "status", "attempt", "scale", "host", "duration s", "set-up s"]
@@ -156,6 +173,8 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
     head += ["reference check"] if show_check else []
     head += [f"cost of the run ({marks.EXAMPLE_PRICE})" if example else "cost of the run"] \
         if show_cost else []
+    show_same = any(r.correctness is not None for r in runs)
+    head += ["correctness"] if show_same else []
     for m in metrics:
         head += [m, "\u00d7 reference" if others else "\u00d7 baseline"]
     out = ['<div class="scroll"><table><thead><tr>', *(f"<th>{_e(h)}</th>" for h in head),
@@ -184,11 +203,14 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
             cells.append(f'<td class="num">{_e(money(cost, r.tags.get("cost.currency")))}'
                          + (_mark("example", marks.EXAMPLE_PRICE) if marks.example_price(r)
                             else "") + "</td>" if cost is not None else f"<td>{DASH}</td>")
+        if show_same:
+            cells.append(_correctness_cell(r))
         for m in metrics:
             value = r.metrics.get(m)
-            ratio = ratio_to(value, base, m)
+            ratio = ratio_to(value, base, m) if correctness.offered(r) else None
             half = half_width(r.metrics, m) if value is not None else None
-            cells.append(f'<td class="num">{_e(value)}'
+            shown_value = _e(value) if correctness.offered(r) else f"<s>{_e(value)}</s>"
+            cells.append(f'<td class="num">{shown_value}'
                          + (f' <span class="pm">± {half:.2g}</span>' if half is not None else "")
                          + "</td>")
             shown = _e(None if ratio is None else round(ratio, 3))

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from hopperlab.core import energy_names as N
 from hopperlab.core import rundir as rec
 from hopperlab.core.stats import half_width
+from hopperlab.results import correctness
 from hopperlab.results.rows import (
     RunRow,
     group_by_experiment,
@@ -25,6 +26,9 @@ SUMMARY_FILE = "summary.csv"
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "family", "experiment", "variant", "attempt", "status", "reason", "scale",
     "hostname", "gpu_model", "cpu_arch", "host_link", "duration_s", "setup_s", "compared_to", "machine", "reference_check",
+    # issue 47: same | within bound | DIFFERENT | not compared, against compared_to; a
+    # DIFFERENT run's ratios are left empty (its figures are not the same computation's)
+    "correctness", "correctness_deviation", "correctness_detail",
 )
 
 
@@ -46,6 +50,11 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _correctness(run: RunRow) -> tuple[Any, Any, Any]:
+    v = run.correctness
+    return (None, None, None) if v is None else (v.state, v.deviation, v.detail)
+
+
 def summary_rows(runs: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
     """The header and rows of ``summary.csv`` (cells as strings, empty for missing)."""
     metrics = metric_names(runs)
@@ -60,9 +69,11 @@ def summary_rows(runs: Sequence[RunRow]) -> tuple[list[str], list[list[str]]]:
             fixed = [r.family, r.experiment, r.variant, r.attempt, r.status, r.reason, r.scale,
                      r.hostname, r.gpu_model, r.cpu_arch, r.host_link, r.duration_s, r.setup_s,
                      reference_name(r, group), r.machine, r.reference_check,
+                     *_correctness(r),
                      *(r.tags.get(tag, "not measured") for _, tag in energy)]
             values = [r.metrics.get(m) for m in metrics]
-            ratios = [ratio_to(r.metrics.get(m), base, m) for m in metrics]
+            ratios = [ratio_to(r.metrics.get(m), base, m) if correctness.offered(r) else None
+                      for m in metrics]
             halves = [half_width(r.metrics, m) for m in pm]
             rows.append([_cell(v) for v in (*fixed, *values, *ratios, *halves)])
     return header, rows

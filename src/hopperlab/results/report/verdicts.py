@@ -11,7 +11,7 @@ from typing import Sequence
 from hopperlab.core import effects
 from hopperlab.core.rundir import read_samples
 from hopperlab.results.machines.references import direction
-from hopperlab.results import marks
+from hopperlab.results import correctness, marks
 from hopperlab.results.rows import RunRow, group_by_experiment, reference_run
 
 
@@ -51,7 +51,8 @@ def variant_effects(runs: Sequence[RunRow]) -> tuple[str | None, list[VariantEff
     out = []
     for r in runs:
         base = reference_run(r, runs)
-        if base is None or r is base or r.status != "ok" or base.status != "ok":
+        if base is None or r is base or r.status != "ok" or base.status != "ok" \
+                or not correctness.offered(r):  # DIFFERENT: another computation, no finding
             continue
         way = direction(base.family, metric)
         old = effects.measure_from(base.metrics, _samples(base), metric)
@@ -93,8 +94,10 @@ def experiment_line(runs: Sequence[RunRow]) -> str | None:
         return (f"{runs[0].experiment}: {len(stand)} run(s) are {marks.STAND_IN}s (no GPU was "
                 "measured): not ranked, a check that the code path runs")
     metric, found = variant_effects(runs)
+    wrong = [r.variant for r in runs if not correctness.offered(r)]
     if not found:
-        return None
+        return (f"{runs[0].experiment}: {', '.join(wrong)} DIFFERENT from what they are "
+                "compared with: not ranked") if wrong else None
     tested = [v for v in found if v.verdict]
     same = [v for v in tested if v.verdict in (effects.SAME, effects.UNCLEAR)]
     ranked = sorted((v for v in found if v not in same), key=lambda v: v.times, reverse=True)
@@ -107,6 +110,8 @@ def experiment_line(runs: Sequence[RunRow]) -> str | None:
         parts.append(f"{len(same)} within noise of what they are compared with")
     if not parts:
         parts.append("no variant differs from what it is compared with")
+    if wrong:
+        parts.append(f"{', '.join(wrong)} DIFFERENT (another result): not ranked")
     return f"{runs[0].experiment}, on {metric}: " + "; ".join(parts)
 
 

@@ -31,6 +31,7 @@ from hopperlab.core.rundir import (
 )
 from hopperlab.core.secrets import redact_uri
 from hopperlab.core.stats import half_width, plus_minus
+from hopperlab.results import correctness
 from hopperlab.results.tracking.client import (
     TrackingError,
     TrackingUnavailable,
@@ -167,6 +168,7 @@ def _tags(run: RunFiles, parent_id: str) -> dict[str, str]:
         half = half_width(metrics, name)
         if half is not None:
             tags[f"pm.{name}"] = plus_minus(value, half)
+    tags.update(correctness.mlflow_fields(run.run_dir)[0])  # issue 47: beside the speed
     out = {safe_key(k): scrub(str(v))[:MAX_TAG_VALUE] for k, v in tags.items() if v is not None}
     out[TAG_PARENT] = parent_id
     return out
@@ -202,6 +204,8 @@ def _metrics(run: RunFiles) -> list:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         out.append(Metric(safe_key(name), float(value), finished, last_step.get(name, 0)))
+    for name, value in correctness.mlflow_fields(run.run_dir)[1].items():
+        out.append(Metric(safe_key(name), float(value), finished, 0))
     return out
 
 

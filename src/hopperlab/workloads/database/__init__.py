@@ -100,6 +100,7 @@ FLOORS = {f"{q}_time_ms": f"{q}_floor_ms" for q in QUERIES}
 FAMILY = FamilyInfo(
     name="database",
     entry="hopperlab.workloads.database.workload:run",
+    sameness="hopperlab.workloads.database.sameness:rule",
     predict="hopperlab.workloads.database.predict:MODEL",
     supported_knobs={
         "memory": frozenset({"device", "managed", "system"}),

@@ -93,6 +93,7 @@ ENGINES = (
 FAMILY = FamilyInfo(
     name="finetune",
     entry=ENGINES[0].entry,
+    sameness="hopperlab.workloads.finetune.sameness:rule",
     predict="hopperlab.workloads.finetune.predict:MODEL",
     # the family's vocabulary: every value one of its engines implements (each engine refuses
     # the values it does not, at load: EngineInfo.supported_knobs)

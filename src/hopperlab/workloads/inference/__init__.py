@@ -122,6 +122,7 @@ WORK_UNITS = (WorkUnit("cost_per_1m_generated_tokens", "per 1M generated tokens"
 FAMILY = FamilyInfo(
     name="inference",
     entry="hopperlab.workloads.inference.workload:run",
+    sameness="hopperlab.workloads.inference.sameness:rule",
     predict="hopperlab.workloads.inference.predict:MODEL",
     supported_knobs={
         "memory": frozenset({"device", "managed"}),

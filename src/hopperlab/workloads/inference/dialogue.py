@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hopperlab.workloads.inference.generation import decode, prefill
+from hopperlab.workloads.inference.generation import decode, logits_digest, prefill_logits
 from hopperlab.workloads.inference.kv_cache import cache_tokens, new_cache
 from hopperlab.workloads.inference.kv_policies import KvCachePolicy
 from hopperlab.workloads.inference.runtime import Runtime
@@ -35,6 +35,8 @@ class RoundRecord:
     reload_bytes: int = 0
     reload_s: float = float("nan")
     reply: list[int] = field(default_factory=list)
+    #: the digest of the first token's logits (``generation.logits_digest``), compared (issue 47)
+    first_logits: str = ""
 
     @property
     def resumed(self) -> bool:
@@ -89,7 +91,8 @@ class Dialogue:
             ids = torch.cat([conv.pending, turn], dim=1)
             how = "reload" if resumed.reload is not None else "resident"
         cached = cache_tokens(cache)
-        first = prefill(self.model, ids.to(rt.device, non_blocking=False), cache)
+        logits = prefill_logits(self.model, ids.to(rt.device, non_blocking=False), cache)
+        first = logits.argmax(dim=-1, keepdim=True)
         first_host = first.cpu()
         ttft = time.perf_counter() - t0
         reload_bytes, reload_s = 0, float("nan")
@@ -108,7 +111,8 @@ class Dialogue:
         return RoundRecord(session=conv.session, round=r, how=how, cached_tokens=cached,
                            prefill_tokens=int(ids.shape[1]), ttft_s=ttft, decode_s=decode_s,
                            decode_tokens=self.reply_tokens - 1, reload_bytes=reload_bytes,
-                           reload_s=reload_s, reply=reply[0].tolist())
+                           reload_s=reload_s, reply=reply[0].tolist(),
+                           first_logits=logits_digest(logits))
 
     def run(self, convs: list[Conversation], rounds: int,
             on_round: Any = None) -> list[RoundRecord]:

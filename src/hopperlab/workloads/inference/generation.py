@@ -24,8 +24,23 @@ def forward_last(model: Any, ids: Any, cache: Any) -> Any:
 
 def prefill(model: Any, ids: Any, cache: Any) -> Any:
     """The new tokens through the model; returns the first generated token [batch, 1]."""
+    return prefill_logits(model, ids, cache).argmax(dim=-1, keepdim=True)
+
+
+def prefill_logits(model: Any, ids: Any, cache: Any) -> Any:
+    """``prefill``'s logits of the last position [batch, vocab], before the greedy choice."""
     with nvtx_range(pipeline("prefill")):
-        return forward_last(model, ids, cache).argmax(dim=-1, keepdim=True)
+        return forward_last(model, ids, cache)
+
+
+def logits_digest(logits: Any) -> str:
+    """A digest of the first token's logits (read after the step's synchronisation): equal bit
+    for bit where a reloaded cache is the saved one (issue 47), whereas the greedy tokens after
+    it can differ between two runs of the same cache on a GPU (a decode kernel that is not
+    repeatable, docs/benchmarks/history/inference-2026-11.md)."""
+    import hashlib  # noqa: PLC0415
+
+    return hashlib.sha256(logits.detach().float().cpu().numpy().tobytes()).hexdigest()[:16]
 
 
 def decode(model: Any, first: Any, cache: Any, steps: int) -> Any:

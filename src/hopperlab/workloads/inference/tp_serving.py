@@ -23,6 +23,7 @@ from hopperlab.cuda.device_rates import hbm_gbps, matmul_tflops
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.workloads.base import Recording, RunView, no_cuda_reason
 from hopperlab.workloads.inference import TP_SHAPES, InferenceParams
+from hopperlab.workloads.sameness import add_evidence
 from hopperlab.workloads.inference import tensor_parallel as tp
 from hopperlab.workloads.inference.tp_floor import (
     NodeRates,
@@ -105,9 +106,13 @@ def run(spec: RunView, recorder: Recording, params: InferenceParams) -> None:
         torch.cuda.reset_peak_memory_stats(device)
     g = torch.Generator().manual_seed(params.seed + 7)
 
+    replies: list[Any] = []  # each request's greedy ids after its first, compared (issue 47)
+
     def request() -> dict[str, float]:
         prompts = torch.randint(0, vocab, (batch, params.prompt_tokens), generator=g).to(device)
-        return tp.serve(server, prompts, params.decode_tokens, sync)
+        served = tp.serve(server, prompts, params.decode_tokens, sync)
+        replies.append(server.generated(params.decode_tokens - 1).tolist())  # after the timing
+        return served
 
     for _ in range(params.warmup):
         request()
@@ -143,6 +148,7 @@ def run(spec: RunView, recorder: Recording, params: InferenceParams) -> None:
     if cuda:
         figures["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / GB
     recorder.log_metrics(figures)
+    add_evidence(recorder, "tokens", replies)  # every rank, in its own ranks/<r>/
 
 
 def _timed_requests(request: Any, recorder: Recording, params: InferenceParams, batch: int,

@@ -27,7 +27,8 @@ from hopperlab.workloads.base import Recording, RunView, spec_params
 from hopperlab.workloads.inference import InferenceParams, tp_serving
 from hopperlab.workloads.inference.accelerate_peer import dispatch_offloaded
 from hopperlab.workloads.inference.dialogue import Dialogue, make_conversations
-from hopperlab.workloads.inference.generation import decode, prefill
+from hopperlab.workloads.sameness import add_evidence
+from hopperlab.workloads.inference.generation import decode, logits_digest, prefill, prefill_logits
 from hopperlab.memory.host_arena import HostArena
 from hopperlab.workloads.inference.kv_cache import new_cache
 from hopperlab.workloads.inference.kv_policies import KvCachePolicy
@@ -215,6 +216,11 @@ def run_kv_cache(model: Any, rt: Runtime, p: InferenceParams, recorder: Recordin
     replies = {str(c.session): [r.reply for r in records if r.session == c.session]
                for c in convs}
     recorder.artifact_path("replies.json").write_text(json.dumps(replies) + "\n")
+    # each reply (session/round) compared with the baseline's (issue 47)
+    add_evidence(recorder, "tokens", {f"{s}/{i}": reply for s, rounds in replies.items()
+                                      for i, reply in enumerate(rounds)})
+    add_evidence(recorder, "first_logits", {f"{r.session}/{r.round}": r.first_logits
+                                            for r in records})
 
 
 def kv_window_work(records: list[Any]) -> dict[str, float]:
@@ -232,9 +238,12 @@ def _point_name(fraction: float, batch: int) -> str:
 
 
 def measure_point(model: Any, rt: Runtime, batch: int, prompt_tokens: int, decode_tokens: int,
-                  warmup: int, vocab: int, seed: int) -> dict[str, float]:
+                  warmup: int, vocab: int, seed: int,
+                  tokens: list[Any] | None = None) -> dict[str, float]:
     """Prefill ``prompt_tokens`` for ``batch`` sequences, then ``decode_tokens`` greedy steps;
-    host clock with the device synchronised at both ends of each part."""
+    host clock with the device synchronised at both ends of each part. The generated ids and
+    the digest of the first token's logits are appended to ``tokens`` when given (compared with
+    the baseline's, issue 47)."""
     torch = rt.torch
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(4, vocab, (batch, prompt_tokens), generator=g).to(rt.device)
@@ -244,12 +253,15 @@ def measure_point(model: Any, rt: Runtime, batch: int, prompt_tokens: int, decod
     rt.synchronize()
     cache = new_cache()
     t0 = time.perf_counter()
-    first = prefill(model, ids, cache)
+    logits = prefill_logits(model, ids, cache)
+    first = logits.argmax(dim=-1, keepdim=True)
     rt.synchronize()
     t1 = time.perf_counter()
-    decode(model, first, cache, decode_tokens + 1)
+    generated = decode(model, first, cache, decode_tokens + 1)
     rt.synchronize()
     t2 = time.perf_counter()
+    if tokens is not None:
+        tokens.append((generated.tolist(), logits_digest(logits)))
     return {"prefill_ms": (t1 - t0) * 1e3, "decode_ms_per_token": (t2 - t1) / decode_tokens * 1e3,
             "tokens_per_s": batch * decode_tokens / (t2 - t1)}
 
@@ -274,6 +286,8 @@ def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: 
     step = 0
     generated = firsts = 0  # inside the measured window, each point's warm-up included
     hardest = None  # the smallest share resident at the smallest batch: the headline point
+    replies: dict[str, Any] = {}  # batch -> its greedy ids at the first share measured
+    firsts_seen: dict[str, str] = {}  # batch -> the digest of its first token's logits
     with profiling(rt, profiler, recorder):
         for fraction in sorted(set(p.resident_fractions), reverse=True):
             resident = resident_layer_count(n_layers, fraction)
@@ -287,8 +301,11 @@ def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: 
             for f, batch in points:
                 if f != fraction:
                     continue
+                ids: list[Any] = []
                 m = measure_point(model, rt, batch, p.prompt_tokens, p.decode_tokens, p.warmup,
-                                  vocab, p.seed)
+                                  vocab, p.seed, ids)
+                replies.setdefault(f"b{batch}", ids[0][0])
+                firsts_seen.setdefault(f"b{batch}", ids[0][1])
                 generated += batch * (p.decode_tokens + 1 + (p.warmup + 1 if p.warmup else 0))
                 firsts += batch * (2 if p.warmup else 1)
                 floor_s = (streamed / (link_gbps * GB) if streamed and math.isfinite(link_gbps)
@@ -317,5 +334,7 @@ def run_weight_streaming(model: Any, rt: Runtime, p: InferenceParams, recorder: 
         _finite(recorder, "bytes_streamed_per_forward", hardest["bytes_streamed_per_forward"])
         _finite(recorder, "prefill_ms", hardest["prefill_ms"])
     recorder.log_metric("host_pinned_bytes_reserved", arena.reserved_bytes)
+    add_evidence(recorder, "tokens", replies)
+    add_evidence(recorder, "first_logits", firsts_seen)
     recorder.log_metrics({"measured_generated_tokens": float(generated),
                           "measured_first_tokens": float(firsts)})

@@ -160,6 +160,7 @@ WORK_UNITS = (WorkUnit("cost_per_tb_copied", "per TB copied (at the largest size
 FAMILY = FamilyInfo(
     name="membench",
     entry="hopperlab.workloads.membench.workload:run",
+    sameness="hopperlab.workloads.membench.sameness:rule",
     predict="hopperlab.workloads.membench.predict:MODEL",
     supported_knobs={
         "memory": frozenset({"device", "managed", "system"}),

@@ -20,6 +20,8 @@ from hopperlab.cuda.managed_policy import managed_bytes_allowed
 from hopperlab.cuda.runtime import CudaArray, CudaError, CudaRuntime
 from hopperlab.workloads.base import Recording
 from hopperlab.workloads.membench import MembenchParams
+from hopperlab.workloads.membench.moved import PROBE_BYTES, MovedBytes
+from hopperlab.workloads.sameness import add_evidence
 from hopperlab.workloads.membench.common import (Env, Plan, SweepRecord, bytes_copied,
                                                  inner_copies, log_finite)
 
@@ -64,6 +66,7 @@ def _host_memcpy(env: Env, params: MembenchParams, plan: Plan, recorder: Recordi
     recorder.set_tag("membench.timer", "perf_counter")
     sweep = SweepRecord(recorder, prefix, main="gbps")
     copied = 0
+    moved = MovedBytes()
     for size_mb in plan.sizes_mb:
         n = size_mb * MIB
         inner = inner_copies(n, plan.sample_bytes)
@@ -92,9 +95,10 @@ def _host_memcpy(env: Env, params: MembenchParams, plan: Plan, recorder: Recordi
             if not host.all_equal(dst, SRC_BYTE):
                 raise RuntimeError(f"host memcpy of {size_mb} MiB: destination does not hold "
                                    f"the source bytes")
+            moved.add(size_mb, dst[:PROBE_BYTES].tobytes(), dst[-PROBE_BYTES:].tobytes())
         sweep.add(size_mb, {"gbps": samples}, inner=inner)
         del pairs
-    _finish(sweep, recorder, copied)
+    _finish(sweep, recorder, copied, moved)
 
 
 def _threads_sample(works: list[Callable[[], None]], inner: int,
@@ -158,6 +162,7 @@ def _cuda_copies(env: Env, params: MembenchParams, plan: Plan, recorder: Recordi
     sweep = SweepRecord(recorder, direction, main="gbps")
     s_main, s_a, s_b = torch.cuda.Stream(dev), torch.cuda.Stream(dev), torch.cuda.Stream(dev)
     copied = 0
+    moved = MovedBytes()
     for size_mb in plan.sizes_mb:
         n = size_mb * MIB
         inner = inner_copies(n, plan.sample_bytes)
@@ -217,11 +222,13 @@ def _cuda_copies(env: Env, params: MembenchParams, plan: Plan, recorder: Recordi
                 if not ok:
                     raise RuntimeError(f"{direction} copy of {size_mb} MiB: destination does not "
                                        f"hold the source bytes")
+                moved.add(size_mb, dst[:PROBE_BYTES].cpu().numpy().tobytes(),
+                          dst[-PROBE_BYTES:].cpu().numpy().tobytes())
             samples = {"gbps": total, **(per_dir if bidir else {})}
             sweep.add(size_mb, samples, inner=inner)
             del h2d, d2h
         torch.cuda.empty_cache()
-    _finish(sweep, recorder, copied)
+    _finish(sweep, recorder, copied, moved)
     if bidir:
         log_finite(recorder, "h2d_gbps_at_largest", sweep.largest("h2d_gbps"))
         log_finite(recorder, "d2h_gbps_at_largest", sweep.largest("d2h_gbps"))
@@ -273,8 +280,9 @@ def _managed_refusal(need: int, free: int | None) -> str:
             f"site sets allow_oversubscription: true")
 
 
-def _finish(sweep: SweepRecord, recorder: Recording, copied: int) -> None:
+def _finish(sweep: SweepRecord, recorder: Recording, copied: int, moved: MovedBytes) -> None:
     sweep.write()
+    add_evidence(recorder, "checksum", moved.checksum())  # compared between variants
     # the work inside the measured window (the sweep): what its joules are divided by
     recorder.log_metric(MEASURED_GB_COPIED, copied / GB)
     log_finite(recorder, "gbps_peak", sweep.peak("gbps"))

@@ -112,6 +112,7 @@ WORK_UNITS = (WorkUnit("cost_per_1m_recommendations", "per 1M recommendations", 
 FAMILY = FamilyInfo(
     name="recommender",
     entry="hopperlab.workloads.recommender.workload:run",
+    sameness="hopperlab.workloads.recommender.sameness:rule",
     predict="hopperlab.workloads.recommender.predict:MODEL",
     supported_knobs={
         "num_workers": frozenset({0, 4}),

@@ -25,6 +25,7 @@ from hopperlab.workloads.recommender import COMPONENTS, RecommenderParams
 from hopperlab.workloads.recommender import data as data_mod
 from hopperlab.workloads.recommender.pipeline import Pipeline, PipelineConfig, summarize
 from hopperlab.workloads.recommender.training import train_and_evaluate
+from hopperlab.workloads.sameness import add_evidence
 
 #: queries checked against the CPU-only pipeline when the GPU pipeline runs (same ranked list?)
 CHECK_QUERIES = 5
@@ -139,6 +140,8 @@ def run(spec: RunView, recorder: Recording) -> None:
         recorder.log_metrics(summarize(results))
         # every query inside the measured window (all windows): what its joules are divided by
         recorder.log_metric("measured_queries", float(len(results)))
+        # each fixed query's ranked list, compared with the baseline's (issue 47)
+        add_evidence(recorder, "topn", [r.items.tolist() for r in results[:p.queries]])
         if device == "cuda":
             recorder.log_metric("check_same_topn", _agreement(
                 data, trained, p, pipe, users[p.warmup:p.warmup + CHECK_QUERIES], cfg))

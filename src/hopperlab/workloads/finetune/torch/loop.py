@@ -93,6 +93,18 @@ def forward_backward(model: Any, inputs: Batch, forward_context: Callable[[], An
     return loss
 
 
+def trainable_grad_norm(model: Any) -> Any:
+    """The L2 norm of every trainable parameter's gradient, as a 0-d tensor (read after the
+    step's synchronisation): compared with the baseline's step by step (issue 47), a backward
+    that did not run, or ran on wrong saved tensors, shows at its first step."""
+    import torch
+
+    grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)]))
+
+
 def _profiler(kind: str, cuda: bool, trace_path: Callable[[], Any]) -> Any:
     if kind != "torch":
         return nullcontext(None)
@@ -129,6 +141,7 @@ def train(model: Any, optimizer: Any, batches: Iterator[tuple[Batch, float]], *,
             clock = PhaseClock(cuda)
             loss = forward_backward(model, inputs, census_context or techniques.forward_context,
                                     clock)
+            grad_norm = trainable_grad_norm(model)  # issue 47: a skipped backward reads 0
             clock.mark("optimizer")
             with nvtx_range(OPTIMIZER):
                 optimizer.step()
@@ -140,6 +153,7 @@ def train(model: Any, optimizer: Any, batches: Iterator[tuple[Batch, float]], *,
                          tokens=int(inputs["input_ids"].numel()), measured=measured,
                          extra={**clock.durations(), **techniques.step_stats(),
                                 "attention_mask_passed": float("attention_mask" in inputs),
+                                "grad_norm": float(grad_norm.item()),
                                 **({"census": 1.0} if census_context else {})})
         records.append(rec)
         if on_step is not None:
