@@ -23,6 +23,7 @@ from hopperlab.results.report.charts import (
     ordered,
     profile_breakdown,
 )
+from hopperlab.results.machines.tradeoffs import CSS as TRADEOFF_CSS, tradeoffs_html
 from hopperlab.results.report.verdicts import family_verdicts
 from hopperlab.results.report.energy import energy_section
 from hopperlab.results import marks, scope
@@ -52,7 +53,7 @@ _HARDWARE_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 #: the page's style sheet, inlined: report.html stays one self-contained file
-_CSS = (Path(__file__).with_name("report.css")).read_text() + scope.CSS
+_CSS = (Path(__file__).with_name("report.css")).read_text() + scope.CSS + TRADEOFF_CSS
 
 
 def _e(value: Any) -> str:
@@ -323,10 +324,11 @@ def _verdicts(runs: Sequence[RunRow]) -> str:
         return ""
     items = "".join(f"<li><b>{_e(fam)}</b><ul>" + "".join(f"<li>{_e(line)}</li>" for line in lines)
                     + "</ul></li>" for fam, lines in found.items())
-    return ('<h2>Verdicts</h2><p class="meta">each experiment\'s variants against the variant '
+    return ('<details class="fold"><summary>Ranked on one metric</summary><p class="meta">each '
+            "experiment's variants against the variant "
             "they are compared with (the baseline unless they name another) on the first headline "
             "metric: the ratio of medians with its 95 % interval "
-            "(docs/benchmarks/noise.md); details below</p>" + f'<ul class="verdicts">{items}</ul>')
+            "(docs/benchmarks/noise.md)</p>" + f'<ul class="verdicts">{items}</ul></details>')
 
 
 def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
@@ -358,10 +360,11 @@ def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
         f'<li><a href="#{_anchor(*key)}">{_e(key[0])} / {_e(key[1])}</a> {_counts(groups[key])}</li>'
         for key in groups
     )
-    out.append(_verdicts(runs))
+    lead = tradeoffs_html(runs)
+    out.append("<h2>Verdicts</h2>" + lead + _verdicts(runs))
     out.append(f'<ul class="toc">{toc}</ul>')
-    out.append("<h2>Hardware</h2>")
-    out.append(_hardware_table(runs))
+    out.append('<details class="fold"><summary><h2>Hardware</h2></summary>' + _hardware_table(runs)
+               + "</details>")
     needs_plots = any(r.status == "ok" and r.metrics for r in runs)
     plotter = Plotter() if needs_plots else None
     sections: dict[tuple[str, str], str] = {}
