@@ -110,6 +110,7 @@ def _lead(page: str) -> str:
     return page.split('<details class="fold">', 1)[0]
 
 
+@pytest.mark.integration  # runs for seconds: builds the pages
 def test_report_and_machines_lead_with_the_sentences(tmp_path):
     from html import escape
 

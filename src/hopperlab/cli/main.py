@@ -214,9 +214,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     matrix = _matrix(args)
-    csv_path, html_path = build_report(matrix.results_dir, price_now=True,
-                                       cost=matrix.site.cost)
+    csv_path, html_path = build_report(matrix.results_dir)
     print(f"[hopperlab] wrote {csv_path} and {html_path}")
+    if getattr(args, "what_if_price", False):
+        if matrix.site.cost is None:
+            raise SpecError(f"configs/sites/{matrix.site.name}.yaml: cost: the site has no "
+                            "rate to price a what-if at")
+        csv_path, html_path = build_report(matrix.results_dir, what_if=matrix.site.cost)
+        print(f"[hopperlab] wrote {csv_path} and {html_path} (what-if prices)")
     return 0
 
 
@@ -255,7 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
             "create the MLflow store, experiments and parent runs once, before any run")
     p.add_argument("--touch", help="write this marker file when done")
     add("sync", cmd_sync, "upload every run directory MLflow does not have yet")
-    add("report", cmd_report, "write results/summary.csv and results/report.html")
+    p = add("report", cmd_report, "write results/summary.csv and results/report.html (each "
+            "run at the price it recorded)")
+    p.add_argument("--what-if-price", action="store_true",
+                   help="also price every run at this site's rate of now, into "
+                        "summary-what-if.csv and report-what-if.html (the real files are kept)")
     p = add("compare", cmd_compare, "compare two results folders A B (verdicts per run and "
             "metric, compare.html; exit 1 when B is worse, failed or lacks a run), or print "
             "the MLflow UI address comparing an experiment's variants (family/experiment)")

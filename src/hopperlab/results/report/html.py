@@ -155,8 +155,8 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
     show_cost = any("cost_run" in r.metrics for r in runs)
     example = any(marks.example_price(r) for r in runs)
     head += ["reference check"] if show_check else []
-    head += [f"cost of the run ({marks.EXAMPLE_PRICE})" if example else "cost of the run"] \
-        if show_cost else []
+    head += [f"cost of the run, its set-up included ({marks.EXAMPLE_PRICE})" if example
+             else "cost of the run, its set-up included"] if show_cost else []
     for m in metrics:
         head += [m, "\u00d7 reference" if others else "\u00d7 baseline"]
     out = ['<div class="scroll"><table><thead><tr>', *(f"<th>{_e(h)}</th>" for h in head),
@@ -377,7 +377,8 @@ def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
     return "\n".join(out)
 
 
-def write_html(runs: Sequence[RunRow], path: Path, source: str | None = None) -> Path:
+def write_html(runs: Sequence[RunRow], path: Path, source: str | None = None,
+               title: str = "hopperlab report") -> Path:
     """Write ``report.html`` (atomically)."""
-    rec.write_text_atomic(Path(path), render_html(runs, source=source))
+    rec.write_text_atomic(Path(path), render_html(runs, title=title, source=source))
     return Path(path)
