@@ -27,6 +27,7 @@ from hopperlab.config.spec import Matrix
 from hopperlab.core.errors import HopperlabError, SpecError, one_line
 from hopperlab.core.quiet import silence_known_noise
 from hopperlab.results import tracking
+from hopperlab.config.sweeps import family_sweeps
 from hopperlab.results.report import build_report
 from hopperlab.core.rundir import RECORD_FILE, RUN_UID, SPEC_FILE
 from hopperlab.core.stats import half_width, plus_minus
@@ -81,7 +82,23 @@ def cmd_list(args: argparse.Namespace) -> int:
     # piped or redirected: as wide as the table needs (a terminal's width would cut names)
     width = max(120, Console().width) if sys.stdout.isatty() else 100_000
     Console(width=width).print(table)
+    for line in sweep_lines(matrix.root, matrix.config["families"], matrix.config["scale"]):
+        print(line)
     return 0
+
+
+def sweep_lines(root: Path, families: list[str], scale: str) -> list[str]:
+    """Each swept experiment's axes and the points its family refused, with why."""
+    lines = []
+    for family in families:
+        for exp_name, found in family_sweeps(root, family, scale).items():
+            axes = " x ".join(f"{a} {v}" for a, v in found.axes.items())
+            lines.append(f"sweep {family}/{exp_name}: {axes}; "
+                         f"{len(found.experiment['variants'])} points run, "
+                         f"{len(found.refused)} refused")
+            lines += [f"  refused {family}/{exp_name}/{r.variant}: {r.why}"
+                      for r in found.refused]
+    return lines
 
 
 def _cell(row: dict, col: str) -> str:
