@@ -25,6 +25,7 @@ from hopperlab.results.report.charts import (
 )
 from hopperlab.results.machines.tradeoffs import CSS as TRADEOFF_CSS, tradeoffs_html
 from hopperlab.results.report.verdicts import family_verdicts
+from hopperlab.results.report.crossovers import crossover_section
 from hopperlab.results.report.energy import energy_section
 from hopperlab.results import marks, scope
 from hopperlab.results.rows import (
@@ -218,6 +219,7 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
     out.append(_marks_note(runs, metrics))
     out.append(_family_tables(family, runs))
     out.append(energy_section(runs, charts=plotter is not None))
+    out.append(crossover_section(runs, charts=plotter is not None))
     charts = []
     for m in metrics:
         if plotter is None or not any(r.status == "ok" and m in r.metrics for r in runs):
