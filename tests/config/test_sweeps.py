@@ -130,3 +130,12 @@ def test_growing_an_axis_through_snakemake_reruns_nothing(tmp_path):
     new = set(after) - set(before)
     assert new == {"ok.steps-1.jitter-0p01", "ok.steps-2.jitter-0p01",
                    "slow.steps-1.jitter-0p01", "slow.steps-2.jitter-0p01"}
+
+
+def test_a_points_axes_go_to_mlflow_as_params():
+    from hopperlab.results.tracking.upload import axis_params
+
+    flat = {"params.steps": "2", "params.jitter": "0.01", "knobs.profiler": "none"}
+    assert axis_params("slow.steps-2.jitter-0p01", flat) == {
+        "axis.technique": "slow", "axis.steps": "2", "axis.jitter": "0.01"}
+    assert axis_params("ok", flat) == {}
