@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from hopperlab.core import rundir
+from hopperlab.results import marks
 from hopperlab.results.machines.references import direction
 from hopperlab.results.machines.tradeoffs import MEMORY_METRICS
 from hopperlab.results.rows import RunRow
@@ -229,8 +230,12 @@ def crossover_section(runs: Sequence[RunRow], charts: bool = True) -> str:
     found = experiment_crossings(runs)
     words = "".join(f'<li class="crossing">{escape(c.sentence())}</li>' for c in found) \
         or "<li>no two techniques' lines cross on any judged metric</li>"
+    stand = sum(bool(marks.stand_in(r)) for r in runs)
+    note = (f'<p class="note">{stand} of these runs are {marks.STAND_IN}s (no GPU was '
+            "measured): their lines show that the code path runs, not where a technique "
+            "pays</p>" if stand else "")
     out = ['<div class="crossovers"><h4>Against the sweep\'s axes</h4>'
-           f"<ul>{words}</ul>"]
+           f"{note}<ul>{words}</ul>"]
     if charts:
         for metric in judged_metrics(runs):
             for axis, lines in series_of(runs, metric).items():
