@@ -176,6 +176,8 @@ def test_pages_show_work_per_joule_in_chromium(folders, tmp_path):
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1200})
             page.goto(report.as_uri())
+            page.locator("details.fold > summary").first.wait_for(timeout=20_000)
+            page.evaluate("document.querySelectorAll('details.fold').forEach(d => d.open = true)")
             page.locator("table.energy th", has_text="training tokens per joule").first.wait_for(
                 timeout=20_000)
             assert page.locator('img[alt="power over the measured window per run"]').count() >= 1

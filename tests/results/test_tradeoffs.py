@@ -147,20 +147,36 @@ def test_the_sentences_are_what_chromium_shows_first(tmp_path):
     h200, multi = tmp_path / "h200", tmp_path / "multi"
     shutil.copytree(FIX / "results-h200", h200)
     shutil.copytree(FIX / "results-2xh200-fresh", multi)
+    from hopperlab.results.report import build_report
+
     _, machines = compare.compare(runs.load_folders([h200, multi]), tmp_path / "out")
+    reports = {"offload-recompute against baseline": build_report(h200)[1],
+               "fsdp2-offload against fsdp2": build_report(multi)[1]}
+
+    def first_on(page, text: str) -> None:
+        item = page.locator("li.tradeoff", has_text=text).first
+        item.wait_for(timeout=20_000)
+        fold = page.locator("details.fold").first.bounding_box()
+        box = item.bounding_box()
+        assert box is not None and fold is not None and box["y"] < fold["y"]
+
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1200})
+            for text, report in reports.items():
+                page.goto(report.as_uri())
+                first_on(page, text)
             page.goto(machines.as_uri())
-            for text in ("offload-recompute against baseline", "fsdp2-offload against fsdp2"):
-                item = page.locator("li.tradeoff", has_text=text).first
-                item.wait_for(timeout=20_000)
-                fold = page.locator("details.fold").first.bounding_box()
-                box = item.bounding_box()
-                assert box is not None and fold is not None and box["y"] < fold["y"]
-            # everything below the lead is folded, not lost: a table opens on a click
+            for text in reports:
+                first_on(page, text)
+            # everything below the lead is folded, not lost: a table opens on a click, and the
+            # page opened whole is at least three times the height a reader first scrolls
+            folded = page.evaluate("document.documentElement.scrollHeight")
             page.locator("details.fold > summary", has_text="lora-llama2-7b").first.click()
             page.get_by_text("tokens_per_s").first.wait_for(timeout=20_000)
+            page.evaluate("document.querySelectorAll('details.fold').forEach(d => d.open = true)")
+            opened = page.evaluate("document.documentElement.scrollHeight")
+            assert 3 * folded <= opened, (folded, opened)
         finally:
             browser.close()

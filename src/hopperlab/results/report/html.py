@@ -210,8 +210,9 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
     runs = ordered(runs)
     metrics, declared = chart_metrics(runs)
     base = baseline_name(runs)
-    out = [f'<h3 id="{_anchor(family, experiment)}">{_e(experiment)} '
-           f'<span class="meta">{_counts(runs)}</span></h3>']
+    # folded below the page's lead (the verdicts): a reader opens the experiment they want
+    out = [f'<details class="fold"><summary><h3 id="{_anchor(family, experiment)}">'
+           f'{_e(experiment)} <span class="meta">{_counts(runs)}</span></h3></summary>']
     out.append(f'<p class="meta">baseline: <b>{_e(base) if base else DASH}</b>'
                + ("" if not base or any(r.variant == base for r in runs)
                   else " <span class=\"note\">(no run)</span>") + "</p>")
@@ -251,6 +252,7 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
             out.append('<p class="note">No headline metrics declared; charting the first '
                        "metrics common to the ok variants.</p>")
         out.append('<div class="charts">' + "".join(charts) + "</div>")
+    out.append("</details>")
     return "\n".join(out)
 
 
