@@ -101,7 +101,7 @@ def test_repeats_give_the_speed_its_interval(tmp_path):
     ("same", 1.0, "no difference worth having"),
 ])
 def test_the_advice_follows_speed_and_memory(speed, memory, words):
-    mem = T.Change("peak_gpu_allocated_gib", memory, 1.0, memory)
+    mem = T.Change("peak_gpu_allocated_gib", memory, 1.0)
     assert words in T.advice(speed, mem, None)
 
 

@@ -42,12 +42,25 @@ class Change:
     (None: a side has fewer than the samples a spread needs) and the noise test's verdict."""
 
     metric: str
+    #: the variant's median and its reference's (bytes for a memory figure)
     new: float
     old: float
-    ratio: float
-    low: float | None = None
-    high: float | None = None
+    #: the ratio's 95 % interval (low, high); None without repeats
+    ci: tuple[float, float] | None = None
+    #: effects.WORSE | BETTER | SAME | UNCLEAR, or "" where the noise test could not run
     verdict: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.new / self.old
+
+    @property
+    def low(self) -> float | None:
+        return self.ci[0] if self.ci else None
+
+    @property
+    def high(self) -> float | None:
+        return self.ci[1] if self.ci else None
 
     @property
     def percent(self) -> float:
@@ -120,8 +133,8 @@ def change(new_row: RunRow, old_row: RunRow, metric: str, way: str | None) -> Ch
     try:
         e = effects.compare(new, old, direction=way)
     except ValueError:
-        return Change(metric, new.median, old.median, new.median / old.median)
-    return Change(metric, new.median, old.median, e.ratio, e.ratio_low, e.ratio_high, e.verdict)
+        return Change(metric, new.median, old.median)
+    return Change(metric, new.median, old.median, (e.ratio_low, e.ratio_high), e.verdict)
 
 
 def speed_metric(runs: Sequence[RunRow]) -> str | None:
@@ -145,7 +158,7 @@ def _memory(new_row: RunRow, old_row: RunRow) -> Change | None:
     new, old = memory_bytes(new_row), memory_bytes(old_row)
     if new is None or old is None or new[0] != old[0] or old[1] <= 0 or new[1] <= 0:
         return None
-    return Change(new[0], new[1], old[1], new[1] / old[1])
+    return Change(new[0], new[1], old[1])
 
 
 def _unit(row: RunRow) -> tuple[str, str, str] | None:
