@@ -180,3 +180,15 @@ def test_the_sentences_are_what_chromium_shows_first(tmp_path):
             assert 3 * folded <= opened, (folded, opened)
         finally:
             browser.close()
+
+
+def test_a_technique_that_fits_where_its_baseline_ran_out_of_memory_says_so(tmp_path):
+    folder = tmp_path / "r"
+    shutil.copytree(FIX / "results-h200", folder)
+    record = folder / "finetune" / "lora-llama2-7b" / "baseline" / "record.json"
+    data = json.loads(record.read_text())
+    data.update(status="oom", reason="CUDA out of memory", metrics={})
+    record.write_text(json.dumps(data))
+    s = _by_variant(folder, LORA)["offload-recompute"].sentence()
+    assert s == ("offload-recompute against baseline: pays where memory is the limit: baseline "
+                 "ran out of memory here, this fits")

@@ -111,7 +111,8 @@ class Tradeoff:
         against = f" against {self.against}" + (f" ({self.against_note})"
                                                 if self.against_note else "")
         fits = f" ({self.fits})" if self.fits else ""
-        return f"{self.variant}{against}: " + ", ".join(parts) + f": {self.advice}{fits}"
+        figures = ", ".join(parts) + ": " if parts else ""
+        return f"{self.variant}{against}: {figures}{self.advice}{fits}"
 
 
 def _gib(nbytes: float) -> str:
@@ -227,11 +228,16 @@ def tradeoff(row: RunRow, runs: Sequence[RunRow], metric: str | None) -> Tradeof
     """``row`` weighed against its reference in ``runs`` (its experiment's rows); None: the row
     is its own reference, has none, or either is not ok."""
     base = reference_run(row, runs)
-    if base is None or base is row or row.status != "ok" or base.status != "ok":
+    if base is None or base is row or row.status != "ok" or base.status not in ("ok", "oom"):
         return None
     declared = declared_reference(row, runs)
     note = "" if base.variant == declared else \
         f"the same {base.gpus} GPU(s); {declared} has no run here"
+    if base.status == "oom":  # the point of a memory technique: it runs where this did not
+        return Tradeoff(row.family, row.experiment, row.variant, base.variant, note, None, None,
+                        None, None, "", None, "",
+                        f"pays where memory is the limit: {base.variant} ran out of memory "
+                        "here, this fits")
     speed = times = None
     if metric is not None:
         way = direction(row.family, metric)
