@@ -89,6 +89,10 @@ def test_repeats_give_the_speed_its_interval(tmp_path):
     assert t.speed.low < t.speed_times < t.speed.high
     assert f"[{t.speed.low:.2f}, {t.speed.high:.2f}]" in t.sentence()
     assert "1 sample each" not in t.sentence().split("GPU memory")[0]
+    # at one rate the price per token is the rate over tokens/s: its interval is the speed's
+    assert t.cost is not None and t.cost.ci == pytest.approx((1 / t.speed.high, 1 / t.speed.low))
+    low, high = ((x - 1) * 100 for x in t.cost.ci)
+    assert f"price per 1M training tokens [{low:+.0f}, {high:+.0f} %]" in t.sentence()
 
 
 @pytest.mark.parametrize("speed, memory, words", [

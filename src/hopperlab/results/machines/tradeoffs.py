@@ -17,6 +17,7 @@ from html import escape
 from pathlib import Path
 from typing import Sequence
 
+from hopperlab.config.cost import COST_RATE
 from hopperlab.core import effects
 from hopperlab.core.rundir import read_samples
 from hopperlab.results import marks
@@ -105,7 +106,8 @@ class Tradeoff:
             parts.append(f"{self.memory.percent:+.0f} % GPU memory ({_gib(self.memory.new)} "
                          f"against {_gib(self.memory.old)})")
         if self.cost is not None:
-            parts.append(f"{self.cost.percent:+.0f} % price {self.cost_label}")
+            parts.append(f"{self.cost.percent:+.0f} % price {self.cost_label}"
+                         + (self.cost.interval(percent=True) if self.cost.ci else ""))
         if self.energy is not None:
             parts.append(f"{self.energy.percent:+.1f} % joules per unit")
         against = f" against {self.against}" + (f" ({self.against_note})"
@@ -162,17 +164,31 @@ def _memory(new_row: RunRow, old_row: RunRow) -> Change | None:
     return Change(new[0], new[1], old[1])
 
 
-def _unit(row: RunRow) -> tuple[str, str, str] | None:
+def _unit(row: RunRow) -> tuple[str, str, str, str] | None:
     """The first work unit both priced and named in the row: (cost metric, label, energy
-    metric)."""
+    metric, the throughput metric it is priced from)."""
     try:
         units = family_info(row.family).work_units
     except (KeyError, ImportError, ValueError):
         return None
     for u in units:
         if u.name in row.metrics:
-            return u.name, u.label, "energy" + u.name[len("cost"):] + "_j"
+            return u.name, u.label, "energy" + u.name[len("cost"):] + "_j", \
+                u.metric if u.kind == "per_s" else ""
     return None
+
+
+def _priced_from_speed(cost: Change, speed: Change | None, unit: tuple[str, str, str, str],
+                       row: RunRow, base: RunRow) -> Change:
+    """The price ratio's interval where the runs have none of their own: a price per unit is
+    the hourly rate over the throughput, so at one rate its ratio is the inverse of the
+    throughput's, interval and all."""
+    same_rate = row.metrics.get(COST_RATE) == base.metrics.get(COST_RATE)
+    if cost.ci is not None or speed is None or speed.ci is None or not same_rate \
+            or unit[3] != speed.metric:
+        return cost
+    return Change(cost.metric, cost.new, cost.old, (1 / speed.ci[1], 1 / speed.ci[0]),
+                  cost.verdict)
 
 
 def fits_words(memory: Change, capacity_gib: float | None) -> str:
@@ -253,6 +269,8 @@ def tradeoff(row: RunRow, runs: Sequence[RunRow], metric: str | None) -> Tradeof
         if cost is not None and row.tags.get("cost.currency") != base.tags.get("cost.currency"):
             cost = None  # no exchange rates
         label = unit[1]
+        if cost is not None:
+            cost = _priced_from_speed(cost, speed, unit, row, base)
         energy = change(row, base, unit[2], "lower")
     capacity = row.hardware.get("gpu_memory_gb")
     fits = fits_words(memory, capacity if isinstance(capacity, (int, float)) else None) \
