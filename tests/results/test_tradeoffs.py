@@ -196,3 +196,18 @@ def test_a_technique_that_fits_where_its_baseline_ran_out_of_memory_says_so(tmp_
     s = _by_variant(folder, LORA)["offload-recompute"].sentence()
     assert s == ("offload-recompute against baseline: pays where memory is the limit: baseline "
                  "ran out of memory here, this fits")
+
+
+def test_the_pareto_front_is_what_no_variant_beats_on_speed_and_memory():
+    runs = [r for r in collect_runs(FIX / "results-h200") if (r.family, r.experiment) == LORA]
+    front = T.pareto_front(runs, "tokens_per_s")
+    figures = {r.variant: (r.metrics["tokens_per_s"], T.memory_bytes(r)[1]) for r in runs}
+
+    def beats(a: str, b: str) -> bool:
+        (sa, ma), (sb, mb) = figures[a], figures[b]
+        return sa >= sb and ma <= mb and (sa, ma) != (sb, mb)
+
+    assert front and len(front) < len(figures)
+    for v in figures:
+        assert (v in front) == (not any(beats(o, v) for o in figures)), v
+    assert front == sorted(front, key=lambda v: -figures[v][0])  # fastest first

@@ -298,6 +298,27 @@ def tradeoffs(runs: Sequence[RunRow]) -> dict[tuple[str, str], list[Tradeoff]]:
     return out
 
 
+def pareto_front(runs: Sequence[RunRow], metric: str | None) -> list[str]:
+    """The ok variants no other beats on both speed and peak GPU memory (the speed-against-
+    memory view's front), fastest first; [] without both figures on two runs or more."""
+    way = direction(runs[0].family, metric) if runs and metric else None
+    points = []
+    for r in runs:
+        mem = memory_bytes(r) if r.status == "ok" else None
+        if mem is None or metric not in r.metrics or marks.stand_in(r):
+            continue
+        speed = r.metrics[metric] if way == "higher" else -r.metrics[metric]
+        points.append((r.variant, speed, mem[1]))
+    if len(points) < 2:
+        return []
+
+    def beaten(p: tuple[str, float, float]) -> bool:
+        return any(q[1] >= p[1] and q[2] <= p[2] and (q[1] > p[1] or q[2] < p[2])
+                   for q in points)
+
+    return [p[0] for p in sorted(points, key=lambda p: -p[1]) if not beaten(p)]
+
+
 #: the heading both pages lead with (a test reads the sentences under it)
 HEADING = "What each technique buys and what it costs"
 
@@ -309,8 +330,14 @@ def tradeoffs_html(runs: Sequence[RunRow], where: str = "") -> str:
     if not found:
         return ""
     items = []
+    groups = group_by_experiment(runs)
     for (family, experiment), ts in found.items():
         lines = "".join(f'<li class="tradeoff">{escape(t.sentence())}</li>' for t in ts)
+        group = groups[(family, experiment)]
+        front = pareto_front(group, speed_metric(group))
+        if front:
+            lines += (f'<li class="pareto">speed against peak GPU memory, beaten on both by no '
+                      f"other (the Pareto front): {escape(', '.join(front))}</li>")
         items.append(f"<li><b>{escape(family)} / {escape(experiment)}</b><ul>{lines}</ul></li>")
     on = f" on {escape(where)}" if where else ""
     return (f'<section class="tradeoffs"><h3>{HEADING}{on}</h3>'
