@@ -176,10 +176,15 @@ def test_pages_show_work_per_joule_in_chromium(folders, tmp_path):
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1200})
             page.goto(report.as_uri())
+            page.locator("details.fold > summary").first.wait_for(timeout=20_000)
+            page.evaluate("document.querySelectorAll('details.fold').forEach(d => d.open = true)")
             page.locator("table.energy th", has_text="training tokens per joule").first.wait_for(
                 timeout=20_000)
             assert page.locator('img[alt="power over the measured window per run"]').count() >= 1
             page.goto(machines.as_uri())
+            # the tables fold below the page's verdict: a reader opens them
+            page.locator("details.fold > summary").first.wait_for(timeout=20_000)
+            page.evaluate("document.querySelectorAll('details.fold').forEach(d => d.open = true)")
             page.get_by_text("x less energy per unit").first.wait_for(timeout=20_000)
             page.get_by_text("training tokens per joule").first.wait_for(timeout=20_000)
             page.get_by_text("(PREDICTION, upper bound)").first.wait_for(timeout=20_000)

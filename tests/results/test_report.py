@@ -302,9 +302,10 @@ def test_a_reference_without_a_run_gives_no_ratio(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration  # runs for seconds: a workload, processes or a subprocess
-def test_runs_are_priced_at_the_sites_price_when_the_report_is_made(tmp_path):
+def test_a_new_site_price_is_a_what_if_beside_the_recorded_one(tmp_path):
     """Issue 28 item 5: the price is no part of a run's fingerprint (a new price reruns
-    nothing), so the report prices the runs at the site's price of now."""
+    nothing); issue 49: one run has one price, the one it recorded, so the report reads it and
+    the site's price of now is a what-if in files of its own."""
     import csv as _csv
     import json as _json
 
@@ -322,7 +323,10 @@ def test_runs_are_priced_at_the_sites_price_when_the_report_is_made(tmp_path):
     (run_dir / "record.json").write_text(_json.dumps(rec))
     edit_yaml(project / "configs/sites/local.yaml",
               lambda d: d.update(cost={"per_node_hour": 2.5, "currency": "EUR"}))
-    out = hopperlab(["report", "--config", "families=selftest"], project)
+    out = hopperlab(["report", "--what-if-price", "--config", "families=selftest"], project)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = list(_csv.DictReader((project / "results/summary.csv").open()))
+    assert float(rows[0]["cost_run"]) == pytest.approx(0.1), rows[0]
+    rows = list(_csv.DictReader((project / "results/summary-what-if.csv").open()))
     assert float(rows[0]["cost_run"]) == pytest.approx(2.5), rows[0]
+    assert "WHAT-IF" in (project / "results/report-what-if.html").read_text()

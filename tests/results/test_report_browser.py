@@ -26,6 +26,8 @@ def test_skipped_rows_stay_one_line_high(browser, tmp_path):  # noqa: F811
     _, html = build_report(res)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(html.as_uri())
+    # the experiments fold below the verdicts: open them, as a reader does
+    page.evaluate("document.querySelectorAll('details.fold').forEach(d => d.open = true)")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
     heights = page.eval_on_selector_all(

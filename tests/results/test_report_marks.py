@@ -59,7 +59,7 @@ def report(tmp_path) -> str:
 
 def test_stand_ins_example_prices_and_one_sample_ratios_are_marked(report):
     assert report.count(f">{marks.STAND_IN}</span>") == 2          # both ok rows
-    assert "cost of the run (example price)" in report
+    assert "cost of the run, its set-up included (example price)" in report
     assert "\u00b9</span>" in report and f"{marks.ONE_SAMPLE}: a ratio of two single runs" \
         in report
     assert f"{marks.STAND_IN}: 2 of the ok variants ran without a GPU" in report

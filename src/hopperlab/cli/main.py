@@ -28,6 +28,7 @@ from hopperlab.config.spec import Matrix
 from hopperlab.core.errors import HopperlabError, SpecError, one_line
 from hopperlab.core.quiet import silence_known_noise
 from hopperlab.results import tracking
+from hopperlab.config.sweeps import family_sweeps
 from hopperlab.results.report import build_report
 from hopperlab.core.rundir import RECORD_FILE, RUN_UID, SPEC_FILE
 from hopperlab.core.stats import half_width, plus_minus
@@ -82,7 +83,23 @@ def cmd_list(args: argparse.Namespace) -> int:
     # piped or redirected: as wide as the table needs (a terminal's width would cut names)
     width = max(120, Console().width) if sys.stdout.isatty() else 100_000
     Console(width=width).print(table)
+    for line in sweep_lines(matrix.root, matrix.config["families"], matrix.config["scale"]):
+        print(line)
     return 0
+
+
+def sweep_lines(root: Path, families: list[str], scale: str) -> list[str]:
+    """Each swept experiment's axes and the points its family refused, with why."""
+    lines = []
+    for family in families:
+        for exp_name, found in family_sweeps(root, family, scale).items():
+            axes = " x ".join(f"{a} {v}" for a, v in found.axes.items())
+            lines.append(f"sweep {family}/{exp_name}: {axes}; "
+                         f"{len(found.experiment['variants'])} points run, "
+                         f"{len(found.refused)} refused")
+            lines += [f"  refused {family}/{exp_name}/{r.variant}: {r.why}"
+                      for r in found.refused]
+    return lines
 
 
 def _cell(row: dict, col: str) -> str:
@@ -215,9 +232,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     matrix = _matrix(args)
-    csv_path, html_path = build_report(matrix.results_dir, price_now=True,
-                                       cost=matrix.site.cost)
+    csv_path, html_path = build_report(matrix.results_dir)
     print(f"[hopperlab] wrote {csv_path} and {html_path}")
+    if getattr(args, "what_if_price", False):
+        if matrix.site.cost is None:
+            raise SpecError(f"configs/sites/{matrix.site.name}.yaml: cost: the site has no "
+                            "rate to price a what-if at")
+        csv_path, html_path = build_report(matrix.results_dir, what_if=matrix.site.cost)
+        print(f"[hopperlab] wrote {csv_path} and {html_path} (what-if prices)")
     return 0
 
 
@@ -256,7 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
             "create the MLflow store, experiments and parent runs once, before any run")
     p.add_argument("--touch", help="write this marker file when done")
     add("sync", cmd_sync, "upload every run directory MLflow does not have yet")
-    add("report", cmd_report, "write results/summary.csv and results/report.html")
+    p = add("report", cmd_report, "write results/summary.csv and results/report.html (each "
+            "run at the price it recorded)")
+    p.add_argument("--what-if-price", action="store_true",
+                   help="also price every run at this site's rate of now, into "
+                        "summary-what-if.csv and report-what-if.html (the real files are kept)")
     p = add("compare", cmd_compare, "compare two results folders A B (verdicts per run and "
             "metric, compare.html; exit 1 when B is worse, failed or lacks a run), or print "
             "the MLflow UI address comparing an experiment's variants (family/experiment)")

@@ -171,7 +171,7 @@ def refresh_report_if_stale(matrix: Matrix) -> bool:
                 newest = max(newest, path.stat().st_mtime)
     if newest == 0.0 or (summary.exists() and summary.stat().st_mtime >= newest):
         return False
-    build_report(results, price_now=True, cost=matrix.site.cost)  # at today's price
+    build_report(results)  # each run at the price it recorded
     return True
 
 

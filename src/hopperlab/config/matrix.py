@@ -11,6 +11,7 @@ from hopperlab.assets.registry import apply_substitutes, load_assets
 from hopperlab.config.isolation import host_bound
 from hopperlab.config.processes import resolve_processes
 from hopperlab.config.site import load_site, site_scale
+from hopperlab.config.sweeps import expand as expand_sweep
 from hopperlab.config.spec import (
     DEFAULT_RESOURCES,
     Matrix,
@@ -136,6 +137,7 @@ def load_family_runs(root: Path, family: str, config: Mapping[str, Any], site: S
     substitutes = config.get("asset_substitutes") or {}
     runs = []
     for exp_name, exp in data["experiments"].items():
+        exp = expand_sweep(family, exp_name, exp, scale, source).experiment  # config/sweeps.py
         exp_path = f"experiments.{exp_name}"
         if exp["baseline"] not in exp["variants"]:
             raise SpecError(f"{source}: {exp_path}.baseline: {shown(exp['baseline'])} "

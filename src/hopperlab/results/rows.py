@@ -76,6 +76,9 @@ class RunRow:
     #: same | within bound | DIFFERENT | not compared against the run it is compared with
     #: (``results.correctness``); None: the reference itself, or a run that did not end ok
     correctness: Any = None
+    #: the GPUs and nodes the run held (spec.json ``resources``; None: not said)
+    gpus: int | None = None
+    nodes: int | None = None
 
     @property
     def key(self) -> str:
@@ -204,7 +207,14 @@ def _run_row(run_dir: Path, results_dir: Path) -> RunRow | None:
         if isinstance(record.get("tags"), Mapping) else {},
         run_uid=_str_or_none(record.get(rec.RUN_UID) or spec.get(rec.RUN_UID)),
         started_at=_str_or_none(record.get("started_at")),
+        gpus=_count(spec.get("resources"), "gpus"),
+        nodes=_count(spec.get("resources"), "nodes"),
     )
+
+
+def _count(resources: Any, key: str) -> int | None:
+    value = resources.get(key) if isinstance(resources, Mapping) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def sort_key(run: RunRow) -> tuple[str, str, str]:
@@ -262,17 +272,41 @@ def baseline_run(runs: Sequence[RunRow]) -> RunRow | None:
     return next((r for r in runs if r.variant == name), None) if name else None
 
 
-def reference_name(run: RunRow, runs: Sequence[RunRow]) -> str | None:
-    """The variant ``run`` is compared with: the one it names (``compare_to``), else the
-    experiment's baseline (e.g. fp8 against bf16 compiled alike, not against eager bf16)."""
+def declared_reference(run: RunRow, runs: Sequence[RunRow]) -> str | None:
+    """The variant ``run`` names as its reference: its ``compare_to``, else the experiment's
+    baseline (e.g. fp8 against bf16 compiled alike, not against eager bf16)."""
     return run.compare_to or baseline_name(runs)
 
 
+def same_gpus_reference(run: RunRow, runs: Sequence[RunRow]) -> RunRow | None:
+    """When the declared reference has no run in this folder (the 13B rows on 2 GPUs name the
+    1-GPU run of another folder): the run of the same experiment on the same GPUs and nodes
+    that ``run`` is a variant of by name (``fsdp2`` for ``fsdp2-offload``: the longest such
+    prefix), so that a multi-GPU row is compared with its own baseline, never with a run on
+    other resources. None: no such run."""
+    if run.gpus is None:
+        return None
+    found = [r for r in runs if r is not run and r.gpus == run.gpus and r.nodes == run.nodes
+             and run.variant.startswith(r.variant + "-")]
+    return max(found, key=lambda r: len(r.variant)) if found else None
+
+
 def reference_run(run: RunRow, runs: Sequence[RunRow]) -> RunRow | None:
-    """The run of ``run``'s reference variant; None when it has no run (then no ratio: never
-    a silent fallback to another variant)."""
-    name = reference_name(run, runs)
-    return next((r for r in runs if r.variant == name), None) if name else None
+    """The run of ``run``'s reference variant; where that has no run here, the run on the
+    same GPUs it is a variant of (``same_gpus_reference``); None: neither (then no ratio:
+    never a fallback to a run on other resources)."""
+    name = declared_reference(run, runs)
+    if name is None:
+        return None
+    found = next((r for r in runs if r.variant == name), None)
+    return found or same_gpus_reference(run, runs)
+
+
+def reference_name(run: RunRow, runs: Sequence[RunRow]) -> str | None:
+    """The name of the variant ``run`` is compared with (``reference_run``'s), else the one it
+    declares (which then has no run)."""
+    found = reference_run(run, runs)
+    return found.variant if found is not None else declared_reference(run, runs)
 
 
 def ratio_to(value: float | None, base: RunRow | None, metric: str) -> float | None:

@@ -299,11 +299,14 @@ def test_experiments_resolve(scale):
     runs = matrix.runs
     # bf16-compile (the reference of lora-llama2-7b/fp8), two managed-oversubscribed (issue 21),
     # four sharded full fine-tunes (issue 20), seven MoE fine-tunes (issue 19: five techniques,
-    # two layer counts), four NeMo-backend peers of lora-llama2-7b (issue 39)
-    assert len(runs) <= 36
+    # two layer counts), four NeMo-backend peers of lora-llama2-7b (issue 39); and the sweep
+    # (issue 49): 4 techniques at each micro-batch of its scale
+    swept = [s for s in runs.values() if s.experiment == "lora-sweep"]
+    assert len(runs) - len(swept) <= 36
+    assert len(swept) == 4 * (2 if scale == "smoke" else 5)
     assert {s.experiment for s in runs.values()} == {
         "lora-llama2-7b", "full-llama2-7b", "lora-llama2-70b", "full-1b", "full-llama2-13b-sharded",
-        "moe-sft"}
+        "moe-sft", "lora-sweep"}
     soc = runs["finetune/lora-llama2-7b/save-on-cpu"]
     assert soc.knobs.offload == "activations" and soc.params.activation_offload == "save_on_cpu"
     assert runs["finetune/lora-llama2-70b/offload-both"].knobs.offload == "both"

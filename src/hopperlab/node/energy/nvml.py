@@ -8,11 +8,43 @@ raises into a run.
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 from typing import Any, Sequence
+
+log = logging.getLogger(__name__)
 
 #: NVML field id of the instantaneous board power (mW), newer drivers; else the 1 s average
 FI_POWER_INSTANT = 186
+NOT_INSTALLED = "nvidia-ml-py (pynvml) is not installed"
+#: what a GPU node without the package is told (issue 49: a user's first GPU runs said
+#: "energy not measured" and no page said why or how to fix it)
+INSTALL_HINT = "pip install 'hopperlab[energy]' (or nvidia-ml-py) to measure energy"
+#: where the NVIDIA driver shows its GPUs, without NVML
+DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
+_hinted = False
+
+
+def gpu_present(driver_gpus: Path = DRIVER_GPUS) -> bool:
+    """Whether the NVIDIA driver lists a GPU on this node (its /proc folder), NVML or not."""
+    try:
+        return any(driver_gpus.iterdir())
+    except OSError:
+        return False
+
+
+def missing_reason(driver_gpus: Path = DRIVER_GPUS) -> str:
+    """Why energy is not measured when pynvml cannot be imported: on a node with a GPU, with
+    the install line, logged once per process (the first time); elsewhere (a CPU node, a
+    login node) the plain reason, no advice nobody needs."""
+    global _hinted
+    if not gpu_present(driver_gpus):
+        return NOT_INSTALLED
+    if not _hinted:
+        _hinted = True
+        log.warning("energy not measured: %s on a GPU node: %s", NOT_INSTALLED, INSTALL_HINT)
+    return f"{NOT_INSTALLED} on a GPU node: {INSTALL_HINT}"
 
 
 def visible(all_uuids: Sequence[str], env: str | None) -> list[int]:
@@ -50,7 +82,7 @@ class NvmlGpus:
         try:
             import pynvml  # noqa: PLC0415 - optional, GPU image only
         except ImportError:
-            return None, "nvidia-ml-py (pynvml) is not installed"
+            return None, missing_reason()
         try:
             pynvml.nvmlInit()
             count = pynvml.nvmlDeviceGetCount()

@@ -74,6 +74,9 @@ def _plain_ratio(c: Change) -> str:
 
 
 def _rows(changes: Sequence[Change]) -> str:
+    """The table; the interval bar's column only where a row has an interval (issue 49: a
+    column of empty cells when no run was repeated)."""
+    bars = any(c.effect is not None for c in changes)
     out = []
     for c in changes:
         ratio = (f"x{c.effect.ratio:.3f} [{c.effect.ratio_low:.3f}, {c.effect.ratio_high:.3f}]"
@@ -82,9 +85,11 @@ def _rows(changes: Sequence[Change]) -> str:
         out.append(f"<tr><td class='{_e(cls)}'>{_e(c.verdict)}</td><td>{_e(c.key)}</td>"
                    f"<td>{_e(c.metric)}</td><td class=num>{_num(c.a)}</td>"
                    f"<td class=num>{_num(c.b)}</td><td class=num>{_e(ratio)}</td>"
-                   f"<td>{_bar(c)}</td><td class=num>{c.n_a or ''} / {c.n_b or ''}</td></tr>")
+                   + (f"<td>{_bar(c)}</td>" if bars else "")
+                   + f"<td class=num>{c.n_a or ''} / {c.n_b or ''}</td></tr>")
     head = ("<tr><th>verdict</th><th>run</th><th>metric</th><th>A</th><th>B</th>"
-            "<th>B/A [95 %]</th><th>x0.5 &middot; x1 &middot; x2</th><th>samples A/B</th></tr>")
+            "<th>B/A [95 %]</th>" + ("<th>x0.5 &middot; x1 &middot; x2</th>" if bars else "")
+            + "<th>samples A/B</th></tr>")
     return f"<table>{head}{''.join(out)}</table>"
 
 

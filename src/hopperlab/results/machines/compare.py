@@ -29,6 +29,7 @@ from hopperlab.core.stats import half_width, money
 from hopperlab.node.naming import split_gpu_count
 from hopperlab.results.machines import ab, prediction_error
 from hopperlab.results.machines import cost as costs
+from hopperlab.results.machines import tradeoffs
 from hopperlab.results.machines import energy as energies
 from hopperlab.results.machines.descriptions import MachineDescription, MatmulProbe
 from hopperlab.results.machines.probes import with_measured
@@ -347,7 +348,7 @@ th{background:#f0f0f0}.num{text-align:right}.better{color:#2e7d32;font-weight:bo
 .pred{background:#fff8e1}.regression{color:#c62828;font-weight:bold}.improvement{color:#2e7d32}
 code{font-size:12px}.mark{display:inline-block;margin-left:.3em;padding:0 .35em;
 border-radius:3px;background:#fff3e0;color:#8d4a00;font-size:11px;font-weight:600}
-.src{font-size:12px;color:#455a64}""" + scope.CSS
+.src{font-size:12px;color:#455a64}""" + scope.CSS + tradeoffs.CSS
 
 
 def _cell_html(c: Cell, reference: str) -> str:
@@ -494,6 +495,15 @@ def _verdicts_html(lines: Sequence[Line], reference: str) -> str:
             f"<ul>{items}</ul>")
 
 
+def _lead_html(groups: Sequence[MachineRuns]) -> str:
+    """What each technique buys and costs on each machine (its own runs, its own baselines),
+    and the rates the runs were priced at: the page's first answer."""
+    parts = [tradeoffs.tradeoffs_html(list(g.runs.values()), g.machine) for g in groups]
+    rates = costs.rates_words([(g.machine, g.runs.values()) for g in groups])
+    return (f"<h2>{tradeoffs.HEADING}</h2>" + "".join(parts)
+            + f'<p class="meta">{_e(rates)}</p>')
+
+
 def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[Line],
                 predictions: Sequence[Prediction]) -> str:
     machines = [g.machine for g in groups]
@@ -514,12 +524,14 @@ def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[L
         out.append(f"<tr><td><b>{_e(g.machine)}</b></td><td><code>{_e(g.source)}</code></td>"
                    f'<td class="num">{len(g.runs)}</td></tr>')
     out.append("</tbody></table>")
+    out.append(_lead_html(groups))
     out.append(_verdicts_html(lines, reference))
     experiments: dict[tuple[str, str], list[Line]] = {}
     for line in lines:
         experiments.setdefault((line.family, line.experiment), []).append(line)
     for (family, experiment), exp_lines in experiments.items():
-        out.append(f"<h2>{_e(family)} / {_e(experiment)}</h2>")
+        out.append(f'<details class="fold"><summary><h2>{_e(family)} / {_e(experiment)}</h2>'
+                   "</summary>")
         png = _chart(exp_lines, machines, reference)
         if png:
             out.append(f'<figure><img alt="{_e(experiment)}: machines side by side" '
@@ -534,8 +546,8 @@ def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[L
             out.append(f"<tr><td>{_e(line.variant)}</td><td>{_e(line.metric)}</td>"
                        f"<td>{_e(line.direction or '-')}</td>"
                        + "".join(_cell_html(c, reference) for c in line.cells) + "</tr>")
-        out.append("</tbody></table>")
-    out.append("<h2>Predictions</h2>")
+        out.append("</tbody></table></details>")
+    out.append('<details class="fold"><summary><h2>Predictions</h2></summary>')
     if predictions:
         out.append('<p class="meta">Every figure in the <i>predicted</i> column is a PREDICTION '
                    "from the models of hopperlab.results.machines.predict, with its formula and "
@@ -546,7 +558,7 @@ def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[L
     else:
         out.append('<p class="nodata">No predictions (no machine description for the compared '
                    "machines in configs/machines/, and no --predict target).</p>")
-    out.append("</body></html>")
+    out.append("</details></body></html>")
     return "\n".join(out)
 
 

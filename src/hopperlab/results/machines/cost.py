@@ -9,8 +9,11 @@ A run priced in another currency than the reference's is not compared (no exchan
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Sequence
 
-from hopperlab.config.cost import COST_RUN
+from hopperlab.config.cost import COST_RATE, COST_RUN
+from hopperlab.core.stats import money
+from hopperlab.results import marks
 from hopperlab.results.rows import RunRow
 from hopperlab.workloads import family_info
 
@@ -52,3 +55,40 @@ def cheaper_words(times: float, same_within: float = 0.0) -> str:
     if abs(times - 1.0) < same_within or times == 1.0:
         return "the same cost"
     return f"{times:.2f}x cheaper" if times > 1 else f"costs {1 / times:.2f}x more"
+
+
+def rate_of(row: RunRow) -> tuple[float, str, str, bool] | None:
+    """The rate a run was priced at when it was recorded, per GPU or node hour as its site
+    prices: (rate, currency, basis, example); None: not priced."""
+    hourly = row.metrics.get(COST_RATE)
+    basis = row.tags.get("cost.basis", "")
+    if hourly is None or not basis:
+        return None
+    held = row.gpus if "gpu" in basis else row.nodes
+    per = hourly / held if held else hourly
+    return per, row.tags.get("cost.currency", ""), basis, marks.example_price(row)
+
+
+def rates_words(machines: Sequence[tuple[str, Iterable[RunRow]]]) -> str:
+    """One sentence on the rates the machines' runs were priced at (each its own site's, as
+    recorded), and, where every machine has one and the same rate, that the cost ratios are
+    then the speed ratios (nothing about the machines' real prices)."""
+    seen: dict[str, set[tuple[float, str, str, bool]]] = {}
+    for name, rows in machines:
+        seen[name] = {(round(r[0], 6), r[1], r[2], r[3]) for row in rows
+                      if (r := rate_of(row)) is not None}
+    parts = []
+    for name, rates in seen.items():
+        if not rates:
+            parts.append(f"{name} not priced")
+            continue
+        text = " or ".join(f"{money(rate, cur)} {basis}" + (" (example rate)" if ex else "")
+                           for rate, cur, basis, ex in sorted(rates))
+        parts.append(f"{name} {text}")
+    line = "Prices as each run recorded them, at its own site's rate: " + "; ".join(parts) + "."
+    distinct = {r for rates in seen.values() for r in rates}
+    if len(seen) > 1 and len(distinct) == 1 and all(seen.values()):
+        line += (" One rate for every machine: a cost ratio here is the speed ratio inverted, "
+                 "not a difference of price; give each site its own cost block to compare "
+                 "prices.")
+    return line

@@ -207,6 +207,19 @@ def text_lines(series: Sequence[Series]) -> list[str]:
     return out
 
 
+def y_limits(values: Sequence[float], halves: Sequence[float | None],
+             min_effect: float = effects.DEFAULT_MIN_EFFECT) -> tuple[float, float]:
+    """The chart's y-axis: the data with their intervals, and at least the band of the
+    smallest change the page counts (``min_effect`` around the median), so that a move
+    within the noise draws flat instead of as a climb (issue 49: a +0.2 % move filled the
+    axis when it started at the data's minimum)."""
+    lows = [v - (h or 0.0) for v, h in zip(values, halves)]
+    highs = [v + (h or 0.0) for v, h in zip(values, halves)]
+    mid = sorted(values)[len(values) // 2]
+    band = abs(mid) * min_effect
+    return min(*lows, mid - band), max(*highs, mid + band)
+
+
 def _chart(s: Series) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -219,6 +232,8 @@ def _chart(s: Series) -> str:
                 yerr=[p.half or 0.0 for p in s.points], fmt="o-", ms=3, lw=1, capsize=2)
     for c in s.changes:
         ax.axvline(c.index - 0.5, color="#c62828", ls="--", lw=1)
+    if s.points:
+        ax.set_ylim(*y_limits([p.value for p in s.points], [p.half for p in s.points]))
     ax.set_xticks(xs, [_when(p)[5:] for p in s.points], rotation=30, ha="right", fontsize=7)
     ax.set_ylabel(s.metric, fontsize=8)
     ax.spines[["top", "right"]].set_visible(False)

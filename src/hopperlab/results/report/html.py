@@ -23,7 +23,9 @@ from hopperlab.results.report.charts import (
     ordered,
     profile_breakdown,
 )
+from hopperlab.results.machines.tradeoffs import CSS as TRADEOFF_CSS, tradeoffs_html
 from hopperlab.results.report.verdicts import family_verdicts
+from hopperlab.results.report.crossovers import crossover_section
 from hopperlab.results.report.energy import energy_section
 from hopperlab.results import correctness, marks, scope
 from hopperlab.results.rows import (
@@ -52,7 +54,7 @@ _HARDWARE_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 #: the page's style sheet, inlined: report.html stays one self-contained file
-_CSS = (Path(__file__).with_name("report.css")).read_text() + scope.CSS
+_CSS = (Path(__file__).with_name("report.css")).read_text() + scope.CSS + TRADEOFF_CSS
 
 
 def _e(value: Any) -> str:
@@ -171,8 +173,8 @@ def _status_table(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
     show_cost = any("cost_run" in r.metrics for r in runs)
     example = any(marks.example_price(r) for r in runs)
     head += ["reference check"] if show_check else []
-    head += [f"cost of the run ({marks.EXAMPLE_PRICE})" if example else "cost of the run"] \
-        if show_cost else []
+    head += [f"cost of the run, its set-up included ({marks.EXAMPLE_PRICE})" if example
+             else "cost of the run, its set-up included"] if show_cost else []
     show_same = any(r.correctness is not None for r in runs)
     head += ["correctness"] if show_same else []
     for m in metrics:
@@ -230,8 +232,9 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
     runs = ordered(runs)
     metrics, declared = chart_metrics(runs)
     base = baseline_name(runs)
-    out = [f'<h3 id="{_anchor(family, experiment)}">{_e(experiment)} '
-           f'<span class="meta">{_counts(runs)}</span></h3>']
+    # folded below the page's lead (the verdicts): a reader opens the experiment they want
+    out = [f'<details class="fold"><summary><h3 id="{_anchor(family, experiment)}">'
+           f'{_e(experiment)} <span class="meta">{_counts(runs)}</span></h3></summary>']
     out.append(f'<p class="meta">baseline: <b>{_e(base) if base else DASH}</b>'
                + ("" if not base or any(r.variant == base for r in runs)
                   else " <span class=\"note\">(no run)</span>") + "</p>")
@@ -239,6 +242,7 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
     out.append(_marks_note(runs, metrics))
     out.append(_family_tables(family, runs))
     out.append(energy_section(runs, charts=plotter is not None))
+    out.append(crossover_section(runs, charts=plotter is not None))
     charts = []
     for m in metrics:
         if plotter is None or not any(r.status == "ok" and m in r.metrics for r in runs):
@@ -270,6 +274,7 @@ def _experiment_section(runs: Sequence[RunRow], plotter: Plotter | None) -> str:
             out.append('<p class="note">No headline metrics declared; charting the first '
                        "metrics common to the ok variants.</p>")
         out.append('<div class="charts">' + "".join(charts) + "</div>")
+    out.append("</details>")
     return "\n".join(out)
 
 
@@ -345,10 +350,11 @@ def _verdicts(runs: Sequence[RunRow]) -> str:
         return ""
     items = "".join(f"<li><b>{_e(fam)}</b><ul>" + "".join(f"<li>{_e(line)}</li>" for line in lines)
                     + "</ul></li>" for fam, lines in found.items())
-    return ('<h2>Verdicts</h2><p class="meta">each experiment\'s variants against the variant '
+    return ('<details class="fold"><summary>Ranked on one metric</summary><p class="meta">each '
+            "experiment's variants against the variant "
             "they are compared with (the baseline unless they name another) on the first headline "
             "metric: the ratio of medians with its 95 % interval "
-            "(docs/benchmarks/noise.md); details below</p>" + f'<ul class="verdicts">{items}</ul>')
+            "(docs/benchmarks/noise.md)</p>" + f'<ul class="verdicts">{items}</ul></details>')
 
 
 def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
@@ -380,10 +386,11 @@ def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
         f'<li><a href="#{_anchor(*key)}">{_e(key[0])} / {_e(key[1])}</a> {_counts(groups[key])}</li>'
         for key in groups
     )
-    out.append(_verdicts(runs))
+    lead = tradeoffs_html(runs)
+    out.append("<h2>Verdicts</h2>" + lead + _verdicts(runs))
     out.append(f'<ul class="toc">{toc}</ul>')
-    out.append("<h2>Hardware</h2>")
-    out.append(_hardware_table(runs))
+    out.append('<details class="fold"><summary><h2>Hardware</h2></summary>' + _hardware_table(runs)
+               + "</details>")
     needs_plots = any(r.status == "ok" and r.metrics for r in runs)
     plotter = Plotter() if needs_plots else None
     sections: dict[tuple[str, str], str] = {}
@@ -396,7 +403,8 @@ def render_html(runs: Sequence[RunRow], title: str = "hopperlab report",
     return "\n".join(out)
 
 
-def write_html(runs: Sequence[RunRow], path: Path, source: str | None = None) -> Path:
+def write_html(runs: Sequence[RunRow], path: Path, source: str | None = None,
+               title: str = "hopperlab report") -> Path:
     """Write ``report.html`` (atomically)."""
-    rec.write_text_atomic(Path(path), render_html(runs, source=source))
+    rec.write_text_atomic(Path(path), render_html(runs, title=title, source=source))
     return Path(path)

@@ -11,6 +11,7 @@ from typing import Sequence
 from hopperlab.core import effects
 from hopperlab.core.rundir import read_samples
 from hopperlab.results.machines.references import direction
+from hopperlab.results.machines.tradeoffs import speed_metric
 from hopperlab.results import correctness, marks
 from hopperlab.results.rows import RunRow, group_by_experiment, reference_run
 
@@ -33,19 +34,10 @@ def _samples(row: RunRow) -> list[dict[str, float]]:
     return read_samples(folder) if folder.is_dir() else []
 
 
-def _metric(runs: Sequence[RunRow]) -> str | None:
-    """The experiment's first headline metric with a declared direction that its runs have."""
-    for r in runs:
-        for m in r.headline_metrics:
-            if direction(r.family, m) and any(m in x.metrics for x in runs if x.status == "ok"):
-                return m
-    return None
-
-
 def variant_effects(runs: Sequence[RunRow]) -> tuple[str | None, list[VariantEffect]]:
     """Each ok variant against the variant it is compared with (its ``compare_to``, else the
     baseline, as the report's ratios) on the experiment's first directed metric."""
-    metric = _metric(runs)
+    metric = speed_metric(runs)
     if metric is None:
         return metric, []
     out = []

@@ -217,7 +217,22 @@ def _params(run: RunFiles) -> list:
         # no duplicate keys in a batch; no credentials (a spec.json written before they were
         # stripped at the source)
         params.setdefault(safe_key(key), scrub(value)[:MAX_PARAM_VALUE])
+    params.update(axis_params(run.variant, params))
     return [Param(k, v) for k, v in params.items()]
+
+
+def axis_params(variant: str, params: dict[str, str]) -> dict[str, str]:
+    """A sweep point's axes as ``axis.<name>`` params (config/sweeps.py names a point
+    ``<technique>.<axis>-<value>...``), and its technique, so that MLflow's parallel
+    coordinates view has one column per axis; {} for a variant of no sweep."""
+    technique, *parts = variant.split(".")
+    out = {"axis.technique": technique} if parts else {}
+    for part in parts:
+        axis = part.split("-", 1)[0]
+        value = params.get(f"params.{axis}", params.get(f"knobs.{axis}"))
+        if value is not None:
+            out[f"axis.{axis}"] = value
+    return out
 
 
 def _log_artifacts(client, run_id: str, run_dir: Path) -> None:
