@@ -83,3 +83,19 @@ def test_a_failing_or_missing_process_fails_the_run_naming_it(tmp_path):
                                       ([10.0], {})])
     rec = processes.merged_record(spec, mixed, attempt=1, uid="u")
     assert rec["status"] == "failed" and "disagree" in rec["reason"]
+
+
+def test_the_figures_of_a_whole_process_are_kept_beside_its_windows(tmp_path):
+    """Energy is metered over a process's windows together (its record, not samples.jsonl):
+    the run's record holds the median of the processes' joules, and a process's own
+    statistics of a windowed metric are made again over the processes, not carried."""
+    run_dir = tmp_path / KEY
+    folders = _folders(run_dir, [
+        ([10.0, 10.2], {"metrics": {"value": 10.1, "value_ci_low": 1.0, "energy_gpu_j": 300.0}}),
+        ([12.0, 12.2], {"metrics": {"value": 12.1, "value_ci_low": 1.0, "energy_gpu_j": 330.0}}),
+        ([8.0, 8.2], {"metrics": {"value": 8.1, "value_ci_low": 1.0, "energy_gpu_j": 310.0}})])
+    rec = processes.merged_record(_spec(3), folders, attempt=1, uid="u1")
+    assert [p["metrics"]["energy_gpu_j"] for p in rec["processes"]] == [300.0, 330.0, 310.0]
+    assert rec["metrics"]["energy_gpu_j"] == 310.0
+    assert rec["metrics"]["value"] == 10.1
+    assert rec["metrics"]["value_ci_low"] != 1.0 and rec["metrics"]["value_ci_low"] <= 10.1

@@ -76,13 +76,22 @@ def submit_processes(spec: RunSpec, run_dir: Path, submit_one: SubmitOne,
     return rec
 
 
+#: a repeated run's own statistics of a metric (``core.stats.aggregate_samples``): made again
+#: over the processes, never carried from one process
+_STATS = ("_ci_low", "_ci_high", "_cv", "_n")
+
+
 def process_median(folder: Path, rec: dict[str, Any]) -> dict[str, float]:
-    """One process's figure per metric: the median of its windows, else its one measurement."""
+    """One process's figure per metric: the median of its windows where its windows have the
+    metric, else its record's (the figures measured over the whole process, as the energy
+    meter's joules and power: windows hold only what each window measured)."""
+    figures = {k: float(v) for k, v in (rec.get("metrics") or {}).items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and not k.endswith(_STATS)}
     windows = read_samples(folder)
     if windows:
-        return aggregate_samples(windows, ())
-    return {k: float(v) for k, v in (rec.get("metrics") or {}).items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        figures.update(aggregate_samples(windows, ()))
+    return figures
 
 
 def _process_entry(index: int, folder: Path, rec: dict[str, Any] | None) -> dict[str, Any]:
