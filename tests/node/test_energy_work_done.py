@@ -62,3 +62,17 @@ def test_two_ranks_sum_two_gpus_and_say_so_with_the_trace_why():
     assert abs(metrics[N.TRACE_RATIO] - (100 * 1.0 + 300 * 1.2) / 400) < 1e-9
     assert tags[N.TAG_GPUS].startswith("2 GPUs summed over 2 ranks")
     assert tags[N.TAG_TRACE].startswith("rank 1: trace/counter 1.200")
+
+
+def test_the_basis_names_the_unit_the_run_measured():
+    """membench declares two units (copies, its matmul probe): a matmul run's basis names the
+    TFLOP it did, not the copies' GB/s it never measured (the lent H200, 2026-12-02: "rate: the
+    window's mean power over gbps_at_largest" on both probe runs)."""
+    units = family_info("membench").work_units
+    probe = {N.ENERGY_GPU_J: 2075.0, N.ENERGY_WINDOW_S: 3.135, N.ENERGY_WINDOWS: 1.0,
+             "tflops": 663.2, "measured_tflop": 2079.0}
+    assert energy_basis(probe, units).startswith("work done: 2079 units")
+    assert "measured_tflop" in energy_basis(probe, units)
+    copy = {N.ENERGY_GPU_J: 378.4, N.ENERGY_WINDOW_S: 2.979, "gbps_at_largest": 98.8}
+    assert energy_basis(copy, units) == ("rate: the window's mean power over gbps_at_largest "
+                                         "(the p50 figure)")

@@ -96,17 +96,20 @@ def energy_basis(metrics: Mapping[str, float], units: tuple[WorkUnit, ...],
                  params: Mapping[str, Any] | None = None, why: str | None = None) -> str:
     """How the first unit's J per unit was divided (tag ``energy.basis``); ``why``: the run's
     own reason its work was not counted (tag ``energy.work_not_counted``), said with the rate."""
-    for unit in units:
-        if unit.window:
-            continue
-        done = work_done(unit, metrics, params)
-        if done:
-            return (f"work done: {done:.6g} units inside the window ({' x '.join(unit.done)}); "
-                    f"J per unit = window joules / work done")
-        because = f"; work done not counted: {why}" if why else ""
-        return (f"rate: the window's mean power over {unit.metric or unit.kind} (the p50 "
-                f"figure){because}")
-    return f"no unit of work{f'; {why}' if why else ''}"
+    usable = [u for u in units if not u.window]
+    # the unit the run's own metrics give (a family of several units: membench's copies and
+    # its matmul probe), else the first
+    unit = next((u for u in usable if work_done(u, metrics, params)
+                 or units_per_s(u, metrics, params)), usable[0] if usable else None)
+    if unit is None:
+        return f"no unit of work{f'; {why}' if why else ''}"
+    done = work_done(unit, metrics, params)
+    if done:
+        return (f"work done: {done:.6g} units inside the window ({' x '.join(unit.done)}); "
+                f"J per unit = window joules / work done")
+    because = f"; work done not counted: {why}" if why else ""
+    return (f"rate: the window's mean power over {unit.metric or unit.kind} (the p50 "
+            f"figure){because}")
 
 
 def plausibility(metrics: Mapping[str, float], probe_tflop_per_j: float | None,
