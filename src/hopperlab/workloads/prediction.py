@@ -109,6 +109,21 @@ def overlap(t: float, c: float, link: float, k: float, r_ratio: float) -> float:
     return max(c * k, link * r_ratio) + (t - max(c, link))
 
 
+def same_host(ctx: PredictionInputs, what: str) -> None:
+    """A figure whose host-side dispatch (Python, the framework's per-kernel work) is a large
+    part of it keeps the source's dispatch time: only onto the source's own machine kind. No
+    record or machine description holds a host's dispatch rate, and two x86 hosts of the same
+    core count differed here by ~20 % in it (H200 and H100 nodes: docs/benchmarks/machines.md,
+    "Error by model class"), so across machines such a row is not predicted."""
+    src, tgt = getattr(ctx.src, "name", None), getattr(ctx.tgt, "name", None)
+    ctx.inputs["machine S/T (host dispatch)"] = f"{src} / {tgt} (the machine descriptions)"
+    same_host_kind(ctx, what)
+    if src != tgt:
+        raise Unpredictable(f"{what} is bound by the host's kernel dispatch, which no record "
+                            f"or machine description measures: not carried from {src} to {tgt} "
+                            f"(its launch-bound model erred over 10 % between two x86 hosts)")
+
+
 def same_host_kind(ctx: PredictionInputs, what: str) -> None:
     """A launch-bound figure keeps the source's launch and dispatch time: only on a host of the
     same CPU architecture (Unpredictable otherwise, naming what is missing)."""

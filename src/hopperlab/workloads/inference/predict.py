@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from hopperlab.workloads.inference import TP_SHAPES
 from hopperlab.workloads.prediction import (Collective, MissingInput, PredictionInputs,
-                                           PredictModel, Unpredictable, overlap, same_host_kind)
+                                           PredictModel, Unpredictable, overlap, same_host,
+                                           same_host_kind)
 
 
 def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
@@ -110,6 +111,9 @@ def _resident_ttft(ctx: PredictionInputs, ttft: float, k: float) -> tuple[float,
     hbm_s = ctx.fig(ctx.src, "hbm_tbps", "hbm_tbps S")
     hbm_t = ctx.fig(ctx.tgt, "hbm_tbps", "hbm_tbps T")
     attn = kv * context / 1e9  # ms per TB/s: GB / (TB/s) = ms
+    # most of this first token is the host's dispatch of the turn's prefill (its attention
+    # read is a few percent of it): kept only on the source's own machine kind
+    same_host(ctx, "the first token with the KV cache resident")
     rest = _launch_rest(ctx, ttft, attn / hbm_s, "the first token with the KV cache resident")
     return (attn / hbm_t + rest * k, "launch-bound",
             "ttft' = A/hbm_T + (ttft - A/hbm_S) * k; A = kv_bytes_per_token * context_tokens "

@@ -9,7 +9,7 @@ import (no torch): ``hopperlab predict`` runs on the login node.
 from __future__ import annotations
 
 from hopperlab.workloads.prediction import (PredictionInputs, PredictModel, Unpredictable,
-                                           same_host_kind)
+                                           same_host)
 
 
 def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
@@ -26,7 +26,7 @@ def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
         # item table, ranking, top-n: 0.1-0.3 ms, far under what their bytes take at HBM):
         # launch-bound, so they scale with the SMs' rate, not HBM (HBM-scaled: +48 % H200 ->
         # H100); the host's features and transfer stay as measured
-        same_host_kind(ctx, "the GPU pipeline's latency")
+        same_host(ctx, "the GPU pipeline's latency")
         k = ctx.compute_scale("bf16")
         gpu = sum(ctx.metric(f"lat_{c}_p50_ms") for c in ("retrieval", "ranking", "topn"))
         kept = sum(ctx.metric(f"lat_{c}_p50_ms") for c in ("features", "transfer"))
