@@ -334,7 +334,8 @@ def test_snakemake_names_an_unknown_config_key_in_one_line(project):
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert ("configs/config.yaml (with --config overrides): sacle: unknown key; expected one "
-            "of: asset_substitutes, families, only, profiler, repeats, results_dir, scale, site") in text
+            "of: asset_substitutes, families, only, processes, profiler, repeats, results_dir, "
+            "scale, site") in text
     assert "Failed validating" not in text and "'properties'" not in text
 
 

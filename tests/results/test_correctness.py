@@ -212,6 +212,9 @@ def test_a_different_run_gives_no_ratio_in_summary_report_and_verdicts(tmp_path)
     assert "<s>200</s>" in page
     line = experiment_line(runs)
     assert "skipped DIFFERENT" in line and "skipped 2" not in line, line
+    from hopperlab.results.machines.tradeoffs import experiment_tradeoffs
+    weighed = {t.variant for t in experiment_tradeoffs(runs)}  # the verdicts that lead
+    assert "offload" in weighed and "skipped" not in weighed, weighed
 
 
 def test_check_and_compare_fail_on_a_different_run(tmp_path, capsys):

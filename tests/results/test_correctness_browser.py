@@ -19,6 +19,8 @@ def test_the_correctness_column_marks_a_different_run(browser, tmp_path):  # noq
     _, html = build_report(_three(tmp_path / "results"))
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(html.as_uri())
+    # the tables sit folded below the verdicts (issue 49): a reader opens them
+    page.evaluate("document.querySelectorAll('details.fold').forEach(d => d.open = true)")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "report-correctness.png"), full_page=True)
     table = page.locator("table", has=page.locator("th", has_text="correctness")).first

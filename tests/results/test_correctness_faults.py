@@ -49,7 +49,7 @@ def _record(results: Path, key: str, baseline: str, params: Any, knobs: dict[str
 
 def _finetune(results: Path, built: Path, variant: str, **knobs: Any) -> None:
     from hopperlab.workloads.finetune import FinetuneParams
-    from hopperlab.workloads.finetune.workload import run
+    from hopperlab.workloads.finetune.torch.workload import run
 
     params = FinetuneParams(weights="pretrained", dtype="float32", seq_len=128, micro_batch=4,
                             lora_rank=8, lora_alpha=16, learning_rate=0.005, warmup_steps=1,
@@ -80,7 +80,7 @@ def _skip_backward(model: Any, inputs: Any, forward_context: Any, clock: Any = N
 def test_three_injected_faults_read_different_and_fail_check(assets, tmp_path,  # noqa: F811
                                                               monkeypatch, capsys):
     from hopperlab.memory import activation_offload
-    from hopperlab.workloads.finetune import loop
+    from hopperlab.workloads.finetune.torch import loop
     from hopperlab.workloads.inference import layered_reload
 
     results = tmp_path / "results"

@@ -20,15 +20,33 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 import yaml
 
 from hopperlab.core.errors import SpecError
 from hopperlab.core.schema import load_yaml
 
-if TYPE_CHECKING:  # predict.py attaches the intervals: it imports this module
-    from hopperlab.results.machines.predict import Prediction
+
+
+class Prediction(Protocol):
+    """What this module reads and sets of a prediction (``predict.Prediction`` has it; a
+    protocol, since predict.py imports this module to attach the intervals)."""
+
+    key: str
+    metric: str
+    model: str
+    source_value: float | None
+    predicted: float | None
+    measured: float | None
+    unpredictable: str | None
+    class_error: Any
+    interval: tuple[float, float] | None
+    spread: float | None
+    circular: bool
+
+    @property
+    def error(self) -> float | None: ...
 
 ERRORS_FILE = Path("configs") / "prediction_errors.yaml"
 #: a figure off by more than this is not good enough for a decision (issue 50)

@@ -20,7 +20,7 @@ from typing import Sequence
 from hopperlab.config.cost import COST_RATE
 from hopperlab.core import effects
 from hopperlab.core.rundir import read_samples
-from hopperlab.results import marks
+from hopperlab.results import correctness, marks
 from hopperlab.results.machines.references import direction
 from hopperlab.results.rows import RunRow, declared_reference, group_by_experiment, reference_run
 from hopperlab.workloads import family_info
@@ -242,9 +242,12 @@ def advice(speed: str, memory: Change | None, cost: Change | None) -> str:
 
 def tradeoff(row: RunRow, runs: Sequence[RunRow], metric: str | None) -> Tradeoff | None:
     """``row`` weighed against its reference in ``runs`` (its experiment's rows); None: the row
-    is its own reference, has none, or either is not ok."""
+    is its own reference, has none, or either is not ok, or the row computed something else
+    than its reference (``correctness``: a fast wrong run is never a finding)."""
     base = reference_run(row, runs)
     if base is None or base is row or row.status != "ok" or base.status not in ("ok", "oom"):
+        return None
+    if not correctness.offered(row):
         return None
     declared = declared_reference(row, runs)
     note = "" if base.variant == declared else \
