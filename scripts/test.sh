@@ -67,7 +67,7 @@ mypy
 # passive against 103 s by default, docs/benchmarks/platform.md "The test suite").
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 phase "tests (${HOPPERLAB_TEST_WORKERS:=6} workers)"
-workers=()
+workers=(-n 0)  # one process: overrides the -n auto of pyproject.toml's addopts
 [ "$HOPPERLAB_TEST_WORKERS" != 0 ] && workers=(-n "$HOPPERLAB_TEST_WORKERS" --dist loadgroup --no-loadscope-reorder)
 # the per-test lines go to HOPPERLAB_TEST_TIMES when given (kept), else to a file removed after
 times="${HOPPERLAB_TEST_TIMES:-}"
