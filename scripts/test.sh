@@ -68,7 +68,8 @@ mypy
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 phase "tests (${HOPPERLAB_TEST_WORKERS:=6} workers)"
 workers=(-n 0)  # one process: overrides the -n auto of pyproject.toml's addopts
-[ "$HOPPERLAB_TEST_WORKERS" != 0 ] && workers=(-n "$HOPPERLAB_TEST_WORKERS" --dist loadgroup --no-loadscope-reorder)
+[ "$HOPPERLAB_TEST_WORKERS" != 0 ] && workers=(-n "$HOPPERLAB_TEST_WORKERS" --maxprocesses "$HOPPERLAB_TEST_WORKERS"
+  --dist loadgroup --no-loadscope-reorder)  # --maxprocesses: addopts caps plain pytest at 4
 # the per-test lines go to HOPPERLAB_TEST_TIMES when given (kept), else to a file removed after
 times="${HOPPERLAB_TEST_TIMES:-}"
 [ -n "$times" ] || { times=$(mktemp -t hopperlab-test-times.XXXXXX); trap 'rm -f "$times"; report_phases' EXIT; }
