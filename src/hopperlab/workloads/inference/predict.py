@@ -10,6 +10,8 @@ import (no torch): ``hopperlab predict`` runs on the login node.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from hopperlab.workloads.inference import TP_SHAPES
 from hopperlab.workloads.prediction import (Collective, MissingInput, PredictionInputs,
                                            PredictModel, Unpredictable, overlap, same_host,
@@ -75,10 +77,13 @@ def _predict(ctx: PredictionInputs, metric: str) -> tuple[float, str, str]:
         model, formula
 
 
-def _launch_rest(ctx: PredictionInputs, t: float, device: float, what: str) -> float:
+def _launch_rest(ctx: PredictionInputs, t: float, device: float, what: str,
+                 host: Callable[[PredictionInputs, str], None] = same_host_kind) -> float:
     """What the device terms do not explain (kernel launches and the host's dispatch), as
-    measured; MissingInput when the device terms alone exceed the time."""
-    same_host_kind(ctx, what)
+    measured, where ``host`` lets it be carried (``same_host_kind``, or ``same_host`` for a
+    figure bound by the host's dispatch); MissingInput when the device terms alone exceed the
+    time."""
+    host(ctx, what)
     rest = t - device
     if rest < 0:
         raise MissingInput(f"the device terms ({device:.4g}) exceed the measured time "
@@ -113,8 +118,8 @@ def _resident_ttft(ctx: PredictionInputs, ttft: float, k: float) -> tuple[float,
     attn = kv * context / 1e9  # ms per TB/s: GB / (TB/s) = ms
     # most of this first token is the host's dispatch of the turn's prefill (its attention
     # read is a few percent of it): kept only on the source's own machine kind
-    same_host(ctx, "the first token with the KV cache resident")
-    rest = _launch_rest(ctx, ttft, attn / hbm_s, "the first token with the KV cache resident")
+    rest = _launch_rest(ctx, ttft, attn / hbm_s, "the first token with the KV cache resident",
+                        host=same_host)
     return (attn / hbm_t + rest * k, "launch-bound",
             "ttft' = A/hbm_T + (ttft - A/hbm_S) * k; A = kv_bytes_per_token * context_tokens "
             "(attention reads the resident context); k = bf16_tflops S/T (prefill and launches)")
