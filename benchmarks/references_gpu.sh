@@ -22,9 +22,11 @@ RUNS=${RUNS-membench/matmul/bf16,membench/matmul/fp8,membench/copy/h2d-pinned,me
 SNAKEMAKE_TIMEOUT_S=${SNAKEMAKE_TIMEOUT_S:-400}; FRESH_TIMEOUT_S=${FRESH_TIMEOUT_S:-100}
 W=${WORK:-/tmp/refs}; T0=$SECONDS; rm -rf "$W"; mkdir -p "$OUT" "$W"; LOG=$W/script.log
 say() { echo "[references $((SECONDS - T0))s] $*" | tee -a "$LOG"; }
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
+if compgen -G "$WHEELS/*.whl" >/dev/null; then  # once a warm machine: the next call skips it
+  HAVE=$(ls "$WHEELS" | md5sum); [ "$(cat /tmp/site/.wheels 2>/dev/null)" = "$HAVE" ] || {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$WHEELS"/*.whl || exit 1; export PYTHONPATH=/tmp/site:$PWD/src
+    --target /tmp/site "$WHEELS"/*.whl && echo "$HAVE" >/tmp/site/.wheels || exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD/src
 else export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}; fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}

@@ -223,3 +223,23 @@ def test_update_from_several_folders_takes_one_sample_per_process(tmp_path, caps
     assert main([*root, "references", "update", str(folders[0]), str(folders[0]),
                  "--references", str(refs)]) == 2
     assert "given twice" in capsys.readouterr().err
+
+
+def test_a_run_its_submitter_stopped_is_inconclusive_a_failed_or_hung_one_a_regression():
+    """2026-12-02: a fresh run stopped by the call's deadline (the submitter got SIGTERM) read
+    REGRESSION with no figure; it measured nothing of the node. A job that failed or ran past
+    its time limit on the node still fails the check."""
+    refs = R.References("m", {"inference/kv-cache/resident": {"ttft_ms_p50": [R.Reference(
+        39.3, source="x", spread=0.08, n=3)]}}, "f")
+
+    def verdict(status: str, reason: str | None) -> R.Judgement:
+        return R.judge_run("inference", "inference/kv-cache/resident", status, {}, refs,
+                           reason=reason)
+
+    stopped = verdict("failed", "the submitting process got SIGTERM; job 4711 stopped")
+    assert stopped.verdict == R.INCONCLUSIVE
+    assert "not measured, run it again" in stopped.findings[0].detail
+    assert verdict("failed", "RuntimeError: CUDA error").verdict == R.REGRESSION
+    assert verdict("timeout", "time limit reached (scheduler state TIMEOUT)").verdict \
+        == R.REGRESSION
+    assert verdict("failed", None).verdict == R.REGRESSION

@@ -296,9 +296,13 @@ def judge_metric(family: str, key: str, metric: str, samples: Sequence[float],
 
 def judge_run(family: str, key: str, status: str, metrics: Mapping[str, float],
               refs: References | None, run_file: str = "",
-              samples: Sequence[Mapping[str, float]] = (), cpu: str | None = None) -> Judgement:
+              samples: Sequence[Mapping[str, float]] = (), cpu: str | None = None,
+              reason: str | None = None) -> Judgement:
     """The run's verdict against its machine's references. ``samples``: each repeat's metrics
-    (none: the run measured once, its metrics are the one sample); ``cpu``: its host CPU."""
+    (none: the run measured once, its metrics are the one sample); ``cpu``: its host CPU;
+    ``reason``: the record's. A run its own submitter stopped (a deadline, Ctrl-C) measured
+    nothing of the node: inconclusive, never a regression (one did read REGRESSION on
+    2026-12-02); a job the node let fail or hang past its time limit still is one."""
     wanted = refs.candidates(key) if refs else {}
     if not wanted:
         return Judgement(NO_REFERENCE)
@@ -318,8 +322,11 @@ def judge_run(family: str, key: str, status: str, metrics: Mapping[str, float],
         first = options[0]
         band = f"reference {first.value:g} ({refs.source_file})"
         if status != "ok":
-            findings.append(Finding(key, metric, REGRESSION, None, ref,
-                                    f"run ended {status}, no {metric}; {band}"))
+            stopped = stopped_by_submitter(reason)
+            findings.append(Finding(key, metric, INCONCLUSIVE if stopped else REGRESSION, None,
+                                    ref, f"run ended {status}"
+                                    + (f" ({reason}: not measured, run it again)" if stopped
+                                       else "") + f", no {metric}; {band}"))
             continue
         values, broken = _finite_values(samples, metrics, metric)
         if not values:
@@ -337,6 +344,12 @@ def judge_run(family: str, key: str, status: str, metrics: Mapping[str, float],
                 found.verdict = INCONCLUSIVE
         findings.append(found)
     return Judgement(overall(f.verdict for f in findings), findings)
+
+
+def stopped_by_submitter(reason: str | None) -> bool:
+    """The record says the submitting process was told to stop while its job ran (the words
+    of run/launch.py's ``_stop_interrupted``)."""
+    return bool(reason) and "the submitting process got" in str(reason)
 
 
 def _finite_values(samples: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any],
@@ -369,7 +382,7 @@ def judge_rows(rows: Iterable[Any], references_dir: Path) -> dict[str, Judgement
         samples = read_samples(run_dir) if run_dir.is_dir() else []
         j = judge_run(row.family, row.key, row.status, row.metrics, cache[machine],
                       str(run_dir / "metrics.json"), samples,
-                      host_cpu(getattr(row, "hardware", None) or {}))
+                      host_cpu(getattr(row, "hardware", None) or {}), getattr(row, "reason", None))
         row.reference_check = j.verdict
         out[str(row.run_dir)] = j
     return out
