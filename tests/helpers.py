@@ -112,3 +112,16 @@ def project_with_noisy_run(dest: Path, results: str = "results-a", repeats: int 
     ``results`` (what `hopperlab run` printed, too): a results folder to break in a test."""
     project = copy_project(dest)
     return project, run_noisy(project, results, repeats=repeats)
+
+
+def reference_day(references_file: Path, key: str) -> str | None:
+    """The day a run's entries in a references file say they were measured ("measured
+    YYYY-MM-DD" in each source), when all of them say one day: a fixture's fresh runs are
+    judged by the references their own calls wrote."""
+    entries = yaml.safe_load(references_file.read_text())["references"]
+    days = set()
+    for entry in entries.get(key, {}).values():
+        for e in entry if isinstance(entry, list) else [entry]:
+            source = str(e.get("source", ""))
+            days.add(source.split("measured ", 1)[1][:10] if "measured " in source else None)
+    return days.pop() if len(days) == 1 else None

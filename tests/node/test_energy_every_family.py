@@ -110,3 +110,29 @@ def test_an_implausible_energy_is_marked_and_kept_out_of_the_comparison():
     assert E.less_energy(good, bad) is None and E.less_energy(bad, good) is None
     assert E.less_energy(good, good) == pytest.approx(1.0)
     assert E.unit_energy(row).implausible is None   # no probe: nothing to tell
+
+
+def test_the_energy_table_never_calls_a_run_above_the_probe_below_it(tmp_path):
+    """2026-12-02: LoRA-7B bf16-compile read 1.01 TFLOP/J against the probe's 0.968, inside the
+    gate's 10 % margin, and the closing line counted it "below the probe's: 1 of 1"."""
+    from hopperlab.core.rundir import write_json_atomic
+    from hopperlab.results.machines.descriptions import Figure, MatmulProbe
+    from hopperlab.results.tables import energy as energy_table
+
+    def run(variant: str, tokens_per_j: float) -> None:
+        metrics = {N.ENERGY_GPU_J: 2400.0, N.ENERGY_WINDOW_S: 3.7, "flops_per_token": 3.0e10,
+                   "train_tokens_per_j": tokens_per_j}
+        rec = {"key": f"finetune/lora-llama2-7b/{variant}", "family": "finetune",
+               "experiment": "lora-llama2-7b", "variant": variant, "status": "ok",
+               "machine": "m", "metrics": metrics, "tags": {}}
+        write_json_atomic(tmp_path / "finetune/lora-llama2-7b" / variant / "record.json", rec)
+        write_json_atomic(tmp_path / "finetune/lora-llama2-7b" / variant / "metrics.json", rec)
+
+    run("baseline", 30.0)        # 0.90 TFLOP/J: below
+    run("bf16-compile", 33.5)    # 1.005: above the probe's 0.968 by 3.8 %, inside the margin
+    run("recompute", 40.0)       # 1.20: implausible
+    probe = MatmulProbe(bf16=Figure(0.968, "test"))
+    last = energy_table.lines(tmp_path, {"m": probe})[-1]
+    assert last.startswith("work per joule below the probe's: 1 of 3"), last
+    assert "within the 10% margin" in last and "bf16-compile +3.8%" in last, last
+    assert "implausible: finetune/lora-llama2-7b/recompute" in last, last

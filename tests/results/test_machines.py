@@ -24,7 +24,7 @@ from hopperlab.results.report import build_report
 from hopperlab.results.rows import collect_runs
 from hopperlab.run.annotate import annotate_record
 from hopperlab.workloads import family_info
-from tests.helpers import REPO, copy_project, edit_yaml
+from tests.helpers import REPO, copy_project, edit_yaml, reference_day
 
 FIX = REPO / "tests" / "fixtures" / "machines"  # real runs: lent H200 and H100, 2026-11-24
 H200, H100 = "h200-141g-pcie5-x86_64", "h100-80g-pcie5-x86_64"
@@ -153,20 +153,29 @@ def _refs(tmp_path: Path, machine: str, body: dict) -> Path:
 def test_shipped_references_load_and_judge_the_fixtures():
     for path in REFS.glob("*.yaml"):
         references.load_references(path)
-    # the runs of 2026-11-24 and the fresh runs of the references from repeats: none is a
-    # regression; every one passes but two 2026-11-24 H200 runs that references from repeats
-    # replaced (tests/fixtures/machines/README.md): kv-cache offload at 49.09 ms against 46.49
-    # (x1.056 of one sample: inconclusive) and h2d-pageable, 6.30 GB/s against the reference
-    # of 3 processes of 2026-12-02 (6.74, spread 4.7 %, min effect 14 %): inconclusive
-    known = {"h200": {"inference/kv-cache/offload": "inconclusive",
+    # the fresh runs of the calls that wrote the references (each folder: the runs whose
+    # references are its day's) all pass; the H100's one-run folder passes; the H200's of
+    # 2026-11-24 predates the references: the check tells its LoRA rows, the torch engine before
+    # its fast path (issue 51: 1.25-1.5x slower), and its kv-cache offload, another host
+    # (49.09 ms against 43.30), from today's; h2d-pageable, 6.30 GB/s against 3 processes' 6.74
+    # (spread 4.7 %, min effect 14 %), is inconclusive (tests/fixtures/machines/README.md)
+    old_code = ("baseline", "bf16-compile", "fp8", "recompute-elementwise")
+    known = {"h200": {**{f"finetune/lora-llama2-7b/{v}": "regression" for v in old_code},
+                      "inference/kv-cache/offload": "regression",
                       "membench/copy/h2d-pageable": "inconclusive"}}
-    for m in ("h200", "h100", "h200-fresh"):
+    for m in ("h200", "h100", "h200-fresh", "h200-fresh-2026-12-02"):
         rows = collect_runs(FIX / f"results-{m}")
+        if m.startswith("h200-fresh"):
+            rows = [r for r in rows if reference_day(REFS / f"{H200}.yaml", r.key)
+                    == str(r.started_at)[:10]]
+            assert len(rows) >= 4, m
         judged = references.judge_rows(rows, REFS)
         verdicts = {r.key: r.reference_check for r in rows}
-        assert verdicts["membench/copy/h2d-pinned"] == "pass"
+        assert verdicts["membench/copy/h2d-pinned" if m != "h200-fresh" else rows[0].key] \
+            == "pass", verdicts
         assert {k: v for k, v in verdicts.items() if v != "pass"} == known.get(m, {}), verdicts
-        assert not references.regressions(judged)
+        if m not in known:
+            assert not references.regressions(judged)
 
 
 def test_shipped_pinned_references_catch_a_slow_link():
@@ -201,7 +210,8 @@ def test_reference_files_are_strict(tmp_path, body, words):
 
 
 def test_check_exit_codes_and_the_named_metric(tmp_path, fixtures, capsys):
-    assert main(["--root", str(REPO), "check", str(fixtures["h200"])]) == 0
+    # the fresh runs of the calls that wrote the shipped H200 references (2026-12-02)
+    assert main(["--root", str(REPO), "check", str(FIX / "results-h200-fresh-2026-12-02")]) == 0
     moved = _refs(tmp_path, H200, {"references": {"membench/copy/h2d-pinned": {
         "gbps_at_largest": {"value": 70.0, "lower": -0.05, "upper": 0.05, "source": "moved"}},
         "finetune/lora-llama2-7b/*": {"mfu": {"value": 0.4, "lower": -0.1, "upper": 0.1,

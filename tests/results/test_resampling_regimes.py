@@ -65,12 +65,14 @@ def test_checks_are_spread_over_the_run_and_leave_the_reference_its_windows():
 
 
 def test_hopperlab_check_judges_the_shipped_h200_references_on_the_returned_windows():
-    """The shipped configs/references/h200-141g-pcie5-x86_64.yaml on one healthy and one loaded
-    window of each run of the GPU call (views written by noise_gpu.py --rejudge)."""
+    """The H200 references as shipped when these windows came back (the file of 2026-12-02
+    06:40, kept beside them: since the references round of 07:06 the LoRA rows are the faster
+    torch engine's, which these windows predate) on one healthy and one loaded window of each
+    run of the GPU call (views written by noise_gpu.py --rejudge)."""
     from hopperlab.results.machines import references as R
     from hopperlab.results.rows import collect_runs
 
-    shipped = Path(__file__).resolve().parents[2] / "configs" / "references"
+    shipped = FIXTURES / "references"
     for folder, fails in (("healthy-05", False), ("loaded-03", True)):
         rows = collect_runs(FIXTURES / "check" / folder)
         judged = R.judge_rows(rows, shipped)

@@ -251,9 +251,10 @@ def test_a_peer_can_take_the_frozen_weights_and_still_train(assets, tmp_path):
 
 
 def test_flop_formula():
+    """Causal attention: half of the 12 L d T square, the count of the sharded engine too."""
     c = ModelCounts(total=1100, trainable=100, matmul=1000, layers=2, hidden=8, vocab=10)
-    assert flops_per_token(c, 16, "full") == 6 * 1000 + 12 * 2 * 8 * 16
-    assert flops_per_token(c, 16, "lora") == 4 * 900 + 6 * 100 + 12 * 2 * 8 * 16
+    assert flops_per_token(c, 16, "full") == 6 * 1000 + 12 * 2 * 8 * 16 / 2
+    assert flops_per_token(c, 16, "lora") == 4 * 900 + 6 * 100 + 12 * 2 * 8 * 16 / 2
     assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 90) == 5
 
 

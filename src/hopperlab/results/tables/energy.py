@@ -39,7 +39,7 @@ def lines(results: Path, probes: Mapping[str, MatmulProbe] | None = None) -> lis
     out = ["| run | status | window s | GPU J | host J | GPU W mean / peak | trace/counter | "
            "J per unit (GPU; +host) | work per J | TFLOP/J (probe) | how |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    agree, disagree, below, above, unmatched = [], [], [], [], []
+    agree, disagree, below, margin, above, unmatched = [], [], [], [], [], []
     probed = False
     for r in rows:
         m, t = r.metrics, r.tags
@@ -64,7 +64,12 @@ def lines(results: Path, probes: Mapping[str, MatmulProbe] | None = None) -> lis
                  if "flops_per_token" in m and "train_tokens_per_j" in m else None)
         vs = "-" if tflop is None else f"{tflop:.3g} ({_f(ceiling, 3)})"
         if tflop is not None and ceiling:
-            (above if gate else below).append(r.key)
+            if gate:
+                above.append(r.key)
+            elif tflop > ceiling:  # above the probe, inside the gate's margin: never "below"
+                margin.append(f"{r.key} +{tflop / ceiling - 1:.1%}")
+            else:
+                below.append(r.key)
         ratio = m.get(N.TRACE_RATIO)
         trace = _f(ratio, 3)
         if ratio is not None:
@@ -92,7 +97,10 @@ def lines(results: Path, probes: Mapping[str, MatmulProbe] | None = None) -> lis
                                                   if disagree else "")
                + (f"; not compared: {len(unmatched)} ({'; '.join(unmatched)})"
                   if unmatched else ""))
-    out.append(f"work per joule below the probe's: {len(below)} of {len(below) + len(above)}"
+    judged = len(below) + len(margin) + len(above)
+    out.append(f"work per joule below the probe's: {len(below)} of {judged}"
+               + (f"; above it within the {N.PLAUSIBLE_MARGIN:.0%} margin (a FLOP count or "
+                  f"a probe to look at): {', '.join(margin)}" if margin else "")
                + (f"; implausible: {', '.join(above)}" if above else "")
                + ("" if probed else " (no matmul probe of these machines: run "
                                     "membench/matmul into this folder)"))

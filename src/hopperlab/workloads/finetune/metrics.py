@@ -3,8 +3,8 @@
 FLOPs (model FLOPs, as in MFU; recomputation by checkpointing is *not* counted, so a
 checkpointed run shows the MFU it costs):
 
-* full fine-tuning, per token: ``6 * N + 12 * L * d * T``;
-* LoRA, per token: ``4 * N_frozen + 6 * N_lora + 12 * L * d * T``: the frozen weights do the
+* full fine-tuning, per token: ``6 * N + 6 * L * d * T``;
+* LoRA, per token: ``4 * N_frozen + 6 * N_lora + 6 * L * d * T``: the frozen weights do the
   forward product (2 N) and the product for the activations' gradient (2 N), never the one for
   their own gradient; the adapters do all three.
 
@@ -12,9 +12,12 @@ checkpointed run shows the MFU it costs):
 whose lookup is no product; the LM head counts; for a Mixture of Experts the *active* ones:
 ``N = N_total - N_embed - L * (E - k) * N_expert``, the router and ``k = top_k`` of the ``E``
 experts per layer, since each token passes through ``k`` experts only), ``L`` layers, ``d``
-the hidden size, ``T`` the sequence length; ``12 L d T`` is attention's two products (``Q K^T`` and ``P V``, 2 * 2 * d * T
-per token and layer forward, twice that backward), counted over the whole square as the PaLM
-paper's formula does (no causal halving). MFU = FLOPs per second / the GPU's dense bf16 peak
+the hidden size, ``T`` the sequence length; ``6 L d T`` is attention's two products (``Q K^T``
+and ``P V``) over the causal half of the square (2 * 2 * d * T/2 per token and layer forward,
+twice that backward): the work the causal kernels do (SDPA ``is_causal``, flash attention) and
+the sharded engine's count (``step_floor.step_flops``). Until 2026-12-02 this counted the whole
+square (PaLM's convention), which put a LoRA-7B run 4 % above the card's own matmul probe in
+FLOP per joule (docs/benchmarks/energy.md). MFU = FLOPs per second / the GPU's dense bf16 peak
 (``PEAK_BF16_FLOPS``), for fp8 runs too, so that fp8 and bf16 compare on one scale.
 """
 
@@ -43,7 +46,7 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 
 
 def flops_per_token(c: ModelCounts, seq_len: int, method: str) -> float:
-    attention = 12.0 * c.layers * c.hidden * seq_len
+    attention = 6.0 * c.layers * c.hidden * seq_len  # causal: half of the 12 L d T square
     if method == "full":
         return 6.0 * c.matmul + attention
     frozen = c.matmul - c.trainable
