@@ -36,6 +36,9 @@ from hopperlab.results import correctness, scope
 from hopperlab.results.rows import read_runs
 
 EXIT_REGRESSION = 1
+#: ``references update`` when a run was refused because it reads DIFFERENT (its correctness:
+#: another computation than its baseline's); the other runs' references are written
+EXIT_REFUSED = 1
 #: ``check --strict`` when no run had a reference (CI that must have checked something)
 EXIT_NOTHING_CHECKED = check_nodes.EXIT_NOTHING_CHECKED
 
@@ -156,6 +159,8 @@ def cmd_references(args: argparse.Namespace) -> int:
             print(f"[hopperlab] {folder}: runs of machine {' and '.join(names)}")
     for line in report.skipped:
         print(f"[hopperlab] skipped {line}")
+    for line in report.refused:
+        print(f"[hopperlab] refused {line}")
     for name, path in report.written.items():
         n = sum(1 for u in report.updated if u.startswith(name + " "))
         print(f"[hopperlab] references of {name}: {n} metric(s) written to {path}")
@@ -164,6 +169,12 @@ def cmd_references(args: argparse.Namespace) -> int:
               f"can differ by more than its windows do (docs/benchmarks/noise.md); references "
               f"from independent processes hold: snakemake --config processes=3, then "
               f"hopperlab references update {folders[0]}")
+    if report.refused:
+        print(f"[hopperlab] references update: {len(report.refused)} run(s) refused: they read "
+              f"DIFFERENT (docs/correctness.md); "
+              + ("the others written" if report.written else "no reference written")
+              + f"; exit {EXIT_REFUSED}")
+        return EXIT_REFUSED
     if not report.written:
         raise SpecError(f"{' '.join(args.results_dir)}: no reference written (the runs "
                         f"skipped above: too few samples, measure with --config repeats=N, N >= "
