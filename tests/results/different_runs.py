@@ -25,15 +25,16 @@ SPEEDS = {BASELINE: (100.0, 101.0, 99.0), HONEST: (95.0, 96.0, 94.0),
 
 def write_finetune(results: Path, variant: str, speeds: Sequence[float],
                    grads: Sequence[float] = GRADS, offload: str = "none",
-                   machine: str = "m1", memory_gib: float = 4.0) -> Path:
-    """One finetune run with its spec, record, samples and steps."""
+                   machine: str = "m1", memory_gib: float = 4.0,
+                   params: dict | None = None) -> Path:
+    """One finetune run with its spec, record, samples and steps (``params``: more params)."""
     median = sorted(speeds)[len(speeds) // 2]
     run_dir = write_run(
         results, f"{EXPERIMENT}/{variant}", samples=speeds, machine=machine,
         record={"metrics": {"tokens_per_s": median, "tokens_per_s_n": float(len(speeds)),
                             "peak_gpu_allocated_gib": memory_gib}},
         spec={"baseline": BASELINE, "headline_metrics": ["tokens_per_s"],
-              "params": {"dtype": "float32", "backend": "torch"},
+              "params": {"dtype": "float32", "backend": "torch", **(params or {})},
               "knobs": {"offload": offload}})
     (run_dir / "samples.jsonl").write_text("".join(
         json.dumps({"repeat": i, "metrics": {"tokens_per_s": v}}) + "\n"

@@ -29,7 +29,8 @@ from hopperlab.results.correctness.verdict import (
 from hopperlab.workloads import family_info
 
 __all__ = ["DIFFERENT", "NOT_COMPARED", "SAME", "VERDICTS", "WITHIN", "Verdict", "offered",
-           "verdicts", "different_lines", "MLFLOW_TAG", "MLFLOW_METRIC"]
+           "findings", "not_a_finding", "left_out", "NOT_A_FINDING", "verdicts",
+           "different_lines", "MLFLOW_TAG", "MLFLOW_METRIC"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,32 @@ def offered(run: Any) -> bool:
     when it computed something else than what it is compared with."""
     v = getattr(run, "correctness", None)
     return not (v is not None and v.different)
+
+
+#: the mark every page draws on a DIFFERENT run's figure (a bar, a point, a cell)
+NOT_A_FINDING = f"{DIFFERENT}: not a finding"
+
+
+def findings(runs: Sequence[Any]) -> list[Any]:
+    """The runs a page may rank, pick as best, fastest or cheapest, or draw as a result: those
+    ``offered`` (every page that ranks or charts runs filters through this one helper)."""
+    return [r for r in runs if offered(r)]
+
+
+def not_a_finding(run: Any) -> str | None:
+    """The mark and why (``DIFFERENT: not a finding (against X: detail)``) for a run whose
+    figures are no finding, for a label or a tooltip; None for a run that is ``offered``."""
+    if offered(run):
+        return None
+    v = run.correctness
+    return f"{NOT_A_FINDING} (against {v.against}: {v.detail})"
+
+
+def left_out(runs: Sequence[Any], name: Any = None) -> str:
+    """``DIFFERENT: not a finding: a, b`` naming the runs a ranking or chart left out ('' when
+    none); ``name`` gives each run's name (default: its variant)."""
+    wrong = [str(name(r) if name else r.variant) for r in runs if not offered(r)]
+    return f"{NOT_A_FINDING}: {', '.join(wrong)}" if wrong else ""
 
 
 def different_lines(runs: Sequence[Any]) -> list[str]:

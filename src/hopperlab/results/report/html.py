@@ -132,7 +132,7 @@ def _marks_note(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
         notes.append(f"DIFFERENT: {_e(', '.join(wrong))} computed another result than what "
                      "they are compared with (the correctness column says where first): their "
                      "figures are struck through, give no ratio and are no finding, their bars "
-                     "included")
+                     f"grey, cross-hatched and labelled {correctness.NOT_A_FINDING}")
     if any(marks.example_price(r) for r in runs):
         notes.append(f"{marks.EXAMPLE_PRICE}: the site's rate is an example (its cost block "
                      "says example: true), not what the run cost")
@@ -289,6 +289,9 @@ def _caption_tail(runs: Sequence[RunRow], base: str | None) -> str:
                      if r.compare_to and r.compare_to != base})
     if others:
         tail += "; the table compares " + ", ".join(f"{_e(v)} with {_e(c)}" for v, c in others)
+    wrong = correctness.left_out(runs)
+    if wrong:
+        tail += f"; grey cross-hatched bars, {_e(wrong)}"
     stand = [r.variant for r in runs if marks.stand_in(r)]
     if stand:
         tail += (f"; {marks.STAND_IN}s (no GPU measured): "

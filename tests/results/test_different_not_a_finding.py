@@ -1,0 +1,125 @@
+"""A run that reads DIFFERENT (issue 47's skipped backward, twice as fast and lighter) is drawn
+marked ``DIFFERENT: not a finding`` and left out of every ranking and pick, on every page:
+the report's bars and its speed-against-memory front, the crossovers, the energy table, the
+machines page (ratios, chart, verdicts, csv) and ``compare A B``'s page."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from hopperlab.cli.main import main
+from hopperlab.core import energy_names as N
+from hopperlab.results import correctness
+from hopperlab.results.machines import tradeoffs
+from hopperlab.results.report import crossovers, energy
+from hopperlab.results.report.html import render_html
+from hopperlab.results.rows import read_runs
+
+from tests.results.different_runs import (BASELINE, EXPERIMENT, GRADS, HONEST, SPEEDS, WRONG,
+                                          write_finetune, write_folder)
+
+#: the words every page puts on such a run (``correctness.NOT_A_FINDING``)
+NOT_A_FINDING = "DIFFERENT: not a finding"
+
+
+def _runs(results: Path) -> dict:
+    runs, refused = read_runs(results)
+    assert not refused
+    return {r.variant: r for r in runs}
+
+
+def test_the_report_marks_the_bar_and_keeps_it_off_the_front(tmp_path):
+    from hopperlab.results.report.charts import DIFFERENT_BAR, bar_style
+
+    assert correctness.NOT_A_FINDING == NOT_A_FINDING
+    runs = _runs(write_folder(tmp_path / "results"))
+    assert runs[WRONG].correctness.state == correctness.DIFFERENT
+    style, words = bar_style(runs[WRONG])
+    assert style["hatch"] == DIFFERENT_BAR["hatch"] and NOT_A_FINDING in words
+    assert NOT_A_FINDING not in bar_style(runs[HONEST])[1]
+    # the fault is faster and lighter than every honest run: on the front it pushed them off
+    group = list(runs.values())
+    front = tradeoffs.pareto_front(group, "tokens_per_s")
+    assert WRONG not in front and HONEST in front, front
+    page = render_html(group)
+    assert f"grey cross-hatched bars, {NOT_A_FINDING}: {WRONG}" in page
+    assert f"not weighed nor on the front, {NOT_A_FINDING}: {WRONG}" in page
+
+
+def test_a_different_point_crosses_no_line(tmp_path):
+    results = tmp_path / "results"
+    # two techniques over micro_batch; b at 2 is the fault, reading far above a there
+    for variant, batch, speeds, grads in (
+            ("a.micro_batch-1", 1, (100.0, 101.0, 99.0), GRADS),
+            ("a.micro_batch-2", 2, (100.0, 101.0, 99.0), GRADS),
+            ("b.micro_batch-1", 1, (90.0, 91.0, 89.0), GRADS),
+            ("b.micro_batch-2", 2, (200.0, 201.0, 199.0), (0.0,) * 4)):
+        write_finetune(results, variant, speeds, grads=grads, params={"micro_batch": batch})
+    # the experiment's baseline is the first point
+    for path in results.rglob("spec.json"):
+        path.write_text(path.read_text().replace(f'"baseline": "{BASELINE}"',
+                                                 '"baseline": "a.micro_batch-1"'))
+    runs, _ = read_runs(results)
+    assert {r.variant: r.correctness.state for r in runs if r.correctness}[
+        "b.micro_batch-2"] == correctness.DIFFERENT
+    assert not crossovers.experiment_crossings(runs)
+    lines = crossovers.series_of(runs, "tokens_per_s")["micro_batch"]
+    b = next(ln for ln in lines if ln.technique == "b")
+    assert [p.status for p in b.points] == ["ok", NOT_A_FINDING]
+    section = crossovers.crossover_section(runs, charts=False)
+    assert f"{NOT_A_FINDING}: b.micro_batch-2" in section
+
+
+def test_the_energy_table_and_power_chart_mark_the_run(tmp_path):
+    results = write_folder(tmp_path / "results")
+    for variant in (BASELINE, HONEST, WRONG):   # each run measured its energy
+        for name in ("record.json", "metrics.json"):
+            path = results / EXPERIMENT / variant / name
+            data = json.loads(path.read_text())
+            data["tags"][N.TAG_WINDOW] = "measured steps"
+            data["metrics"][N.ENERGY_GPU_J] = 50.0
+            path.write_text(json.dumps(data))
+    table = energy.energy_table(list(_runs(results).values()))
+    row = next(tr for tr in table.split("<tr>") if f"<td>{WRONG}" in tr)
+    assert NOT_A_FINDING in row, row
+    assert sum(NOT_A_FINDING in tr for tr in table.split("<tr>")) == 1
+
+
+def _machines(tmp_path: Path) -> Path:
+    a = write_folder(tmp_path / "results-a", machine="m1", wrong=False)
+    write_finetune(a, WRONG, SPEEDS[BASELINE], offload="activations", machine="m1")  # honest
+    write_folder(tmp_path / "results-b", machine="m2")   # on m2 the fault: twice as fast
+    return tmp_path
+
+
+def test_the_machines_page_gives_it_no_ratio_no_bar_and_no_rank(tmp_path, capsys):
+    _machines(tmp_path)
+    out = tmp_path / "out"
+    assert main(["--root", str(tmp_path), "machines", str(tmp_path / "results-a"),
+                 str(tmp_path / "results-b"), "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "machines.csv").open()))
+    wrong = next(r for r in rows if r["variant"] == WRONG and r["machine"] == "m2")
+    assert wrong["ratio_to_reference"] == "" and wrong["better"] == "", wrong
+    assert wrong["correctness"] == correctness.DIFFERENT
+    honest = next(r for r in rows if r["variant"] == HONEST and r["machine"] == "m2")
+    assert honest["ratio_to_reference"] != "" and honest["correctness"] == correctness.SAME
+    page = (out / "machines.html").read_text()
+    assert f"not drawn, {NOT_A_FINDING}: {WRONG} on m2" in page
+    assert f"m2: 1 run(s) reading DIFFERENT on either side ({NOT_A_FINDING}: " \
+           f"{WRONG}): not ranked" in page
+    assert "faster in 0 of 2 runs" in page   # ranked on the honest two only
+
+
+def test_compare_a_b_says_different_in_b_not_faster(tmp_path, capsys):
+    _machines(tmp_path)
+    out = tmp_path / "cmp"
+    assert main(["--root", str(tmp_path), "compare", str(tmp_path / "results-a"),
+                 str(tmp_path / "results-b"), "--out", str(out)]) == 1
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    mine = [r for r in rows if r["run"] == f"{EXPERIMENT}/{WRONG}"]
+    assert [r["verdict"] for r in mine] == ["DIFFERENT in B"], mine
+    page = (out / "compare.html").read_text()
+    assert f"1 run(s) of B read DIFFERENT, not a finding: {EXPERIMENT}/{WRONG}" in page
+    assert "B is better" not in page
