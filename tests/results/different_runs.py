@@ -32,7 +32,9 @@ def write_finetune(results: Path, variant: str, speeds: Sequence[float],
     run_dir = write_run(
         results, f"{EXPERIMENT}/{variant}", samples=speeds, machine=machine,
         record={"metrics": {"tokens_per_s": median, "tokens_per_s_n": float(len(speeds)),
-                            "peak_gpu_allocated_gib": memory_gib}},
+                            "peak_gpu_allocated_gib": memory_gib},
+                "tags": {"repeats": str(len(speeds)), "repeat_unit": "windows",
+                         "machine": machine}},
         spec={"baseline": BASELINE, "headline_metrics": ["tokens_per_s"],
               "params": {"dtype": "float32", "backend": "torch", **(params or {})},
               "knobs": {"offload": offload}})

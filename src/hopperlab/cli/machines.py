@@ -15,7 +15,8 @@ from hopperlab.cli import check_nodes
 from hopperlab.config.matrix import find_root, load_config, parse_overrides
 from hopperlab.config.site import load_site
 from hopperlab.core.effects import DEFAULT_MIN_EFFECT
-from hopperlab.core.errors import SpecError
+from hopperlab.core.errors import HopperlabError, SpecError
+from hopperlab.core.rundir import MLFLOW_FILE
 from hopperlab.results.machines import (
     ab,
     ab_page,
@@ -33,6 +34,7 @@ from hopperlab.results.machines import (
     runs,
 )
 from hopperlab.results import correctness, scope
+from hopperlab.results.tracking.verdicts import sync_verdicts
 from hopperlab.results.rows import read_runs
 
 EXIT_REGRESSION = 1
@@ -121,6 +123,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.junit:
         path = junit.write(Path(args.junit), f"hopperlab check {results}", rows, judgements)
         print(f"[hopperlab] wrote {path}")
+    verdicts_to_mlflow(rows, root, args)  # a baseline finished since the upload: tag it now
     failing = {references.REGRESSION} | ({references.INCONCLUSIVE} if args.strict else set())
     if any(j.verdict in failing for j in judgements.values()) or (args.strict and missing) \
             or wrong:
@@ -129,6 +132,24 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(nothing_checked(refs_dir, machines, root))
         return EXIT_NOTHING_CHECKED if args.strict else 0
     return 0
+
+
+def verdicts_to_mlflow(rows: list, root: Path, args: argparse.Namespace,
+                       tracking_uri: str | None = None) -> None:
+    """The verdicts just decided for ``rows``, set on their MLflow runs where they differ
+    (``results.tracking.verdicts``): the site's store (``tracking_uri``, else the config's
+    site's). Only runs uploaded there (``mlflow.json``) are touched; a folder without a
+    project or a site is left alone, and MLflow down is one line, never a failure."""
+    if not any((Path(r.run_dir) / MLFLOW_FILE).is_file() for r in rows):
+        return
+    if tracking_uri is None:
+        try:
+            config = load_config(root, parse_overrides(args.config))
+            tracking_uri = load_site(root, config["site"], config["results_dir"]).tracking_uri
+        except HopperlabError:
+            return
+    for line in sync_verdicts(rows, tracking_uri).lines():
+        print(line)
 
 
 def nothing_checked(refs_dir: Path, machines: list[str], root: Path) -> str:
