@@ -143,8 +143,8 @@ def test_three_injected_faults_read_different_and_fail_check(assets, tmp_path,  
 
 
 @pytest.mark.integration  # runs for seconds: two small trainings of three windows each
-def test_the_injected_skipped_backward_reaches_references_report_and_mlflow(  # noqa: F811
-        assets, tmp_path, monkeypatch, capsys):
+def test_the_injected_skipped_backward_reaches_references_report_and_mlflow(
+        assets, tmp_path, monkeypatch, capsys):  # noqa: F811
     """The fault of a real training through the real commands: ``references update`` takes no
     reference from it (exit 1, the line, the honest run written), the report's bar is marked,
     and its MLflow tag, uploaded while the baseline had not run, follows ``check``."""

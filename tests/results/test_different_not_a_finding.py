@@ -87,25 +87,28 @@ def test_the_energy_table_and_power_chart_mark_the_run(tmp_path):
     assert sum(NOT_A_FINDING in tr for tr in table.split("<tr>")) == 1
 
 
-def _machines(tmp_path: Path) -> Path:
+def _two_machines(tmp_path: Path, verb: str) -> tuple[int, list[dict], str]:
+    """``hopperlab <verb> results-a results-b``: m1's variant honest, m2's the fault (twice
+    as fast); the exit status, the csv's rows and the page."""
     a = write_folder(tmp_path / "results-a", machine="m1", wrong=False)
     write_finetune(a, WRONG, SPEEDS[BASELINE], offload="activations", machine="m1")  # honest
-    write_folder(tmp_path / "results-b", machine="m2")   # on m2 the fault: twice as fast
-    return tmp_path
+    write_folder(tmp_path / "results-b", machine="m2")
+    out = tmp_path / "out"
+    rc = main(["--root", str(tmp_path), verb, str(a), str(tmp_path / "results-b"),
+               "--out", str(out)])
+    name = "machines" if verb == "machines" else "compare"
+    return (rc, list(csv.DictReader((out / f"{name}.csv").open())),
+            (out / f"{name}.html").read_text())
 
 
 def test_the_machines_page_gives_it_no_ratio_no_bar_and_no_rank(tmp_path, capsys):
-    _machines(tmp_path)
-    out = tmp_path / "out"
-    assert main(["--root", str(tmp_path), "machines", str(tmp_path / "results-a"),
-                 str(tmp_path / "results-b"), "--out", str(out)]) == 0
-    rows = list(csv.DictReader((out / "machines.csv").open()))
+    rc, rows, page = _two_machines(tmp_path, "machines")
+    assert rc == 0
     wrong = next(r for r in rows if r["variant"] == WRONG and r["machine"] == "m2")
     assert wrong["ratio_to_reference"] == "" and wrong["better"] == "", wrong
     assert wrong["correctness"] == correctness.DIFFERENT
     honest = next(r for r in rows if r["variant"] == HONEST and r["machine"] == "m2")
     assert honest["ratio_to_reference"] != "" and honest["correctness"] == correctness.SAME
-    page = (out / "machines.html").read_text()
     assert f"not drawn, {NOT_A_FINDING}: {WRONG} on m2" in page
     assert f"m2: 1 run(s) reading DIFFERENT on either side ({NOT_A_FINDING}: " \
            f"{WRONG}): not ranked" in page
@@ -113,13 +116,9 @@ def test_the_machines_page_gives_it_no_ratio_no_bar_and_no_rank(tmp_path, capsys
 
 
 def test_compare_a_b_says_different_in_b_not_faster(tmp_path, capsys):
-    _machines(tmp_path)
-    out = tmp_path / "cmp"
-    assert main(["--root", str(tmp_path), "compare", str(tmp_path / "results-a"),
-                 str(tmp_path / "results-b"), "--out", str(out)]) == 1
-    rows = list(csv.DictReader((out / "compare.csv").open()))
+    rc, rows, page = _two_machines(tmp_path, "compare")
+    assert rc == 1
     mine = [r for r in rows if r["run"] == f"{EXPERIMENT}/{WRONG}"]
     assert [r["verdict"] for r in mine] == ["DIFFERENT in B"], mine
-    page = (out / "compare.html").read_text()
     assert f"1 run(s) of B read DIFFERENT, not a finding: {EXPERIMENT}/{WRONG}" in page
     assert "B is better" not in page

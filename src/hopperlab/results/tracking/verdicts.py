@@ -21,15 +21,8 @@ from typing import Any, Mapping, Sequence
 from hopperlab.core.rundir import MLFLOW_FILE, read_json, write_json_atomic
 from hopperlab.core.secrets import redact_uri
 from hopperlab.results import correctness
-from hopperlab.results.tracking.client import (
-    mlflow_client,
-    require_reachable,
-    retry,
-    scrub,
-    sqlite_path,
-    store_lock,
-    translate_errors,
-)
+from hopperlab.results.tracking.client import (mlflow_client, require_reachable, retry, scrub,
+                                               sqlite_path, store_lock, translate_errors)
 from hopperlab.results.tracking.layout import MAX_TAG_VALUE, safe_key
 
 #: the key of ``mlflow.json`` holding the verdict tags MLflow was last given for the run
