@@ -1,7 +1,7 @@
 """A run that reads DIFFERENT (issue 47's skipped backward, twice as fast and lighter) is drawn
 marked ``DIFFERENT: not a finding`` and left out of every ranking and pick, on every page:
 the report's bars and its speed-against-memory front, the crossovers, the energy table, the
-machines page (ratios, chart, verdicts, csv) and ``compare A B``'s page."""
+machines page (ratios, chart, verdicts, csv), ``compare A B``'s page and the predictions."""
 
 from __future__ import annotations
 
@@ -122,3 +122,17 @@ def test_compare_a_b_says_different_in_b_not_faster(tmp_path, capsys):
     assert [r["verdict"] for r in mine] == ["DIFFERENT in B"], mine
     assert f"1 run(s) of B read DIFFERENT, not a finding: {EXPERIMENT}/{WRONG}" in page
     assert "B is better" not in page
+
+
+def test_a_different_run_is_predicted_nowhere(tmp_path):
+    from hopperlab.results.machines import descriptions, predict, runs
+
+    root = Path(__file__).resolve().parents[2] / descriptions.MACHINES_DIR
+    src = descriptions.find_description(root, "h200-141g-pcie5-x86_64")
+    tgt = descriptions.find_description(root, "gh200-96g-c2c-aarch64")
+    group = runs.load_folder(write_folder(tmp_path / "results"))[0]
+    preds = predict.predict_run(group, f"{EXPERIMENT}/{WRONG}", src, tgt)
+    assert preds and all(p.predicted is None and p.unpredictable.startswith(NOT_A_FINDING)
+                         for p in preds), preds
+    honest = predict.predict_run(group, f"{EXPERIMENT}/{HONEST}", src, tgt)
+    assert not any((p.unpredictable or "").startswith(NOT_A_FINDING) for p in honest)
