@@ -136,3 +136,22 @@ def test_a_different_run_is_predicted_nowhere(tmp_path):
                          for p in preds), preds
     honest = predict.predict_run(group, f"{EXPERIMENT}/{HONEST}", src, tgt)
     assert not any((p.unpredictable or "").startswith(NOT_A_FINDING) for p in honest)
+
+
+def test_a_different_run_on_two_gpus_is_not_predicted_from_one(tmp_path):
+    from hopperlab.results.machines import descriptions, gpu_count, runs
+
+    root = Path(__file__).resolve().parents[2] / descriptions.MACHINES_DIR
+    desc = descriptions.find_description(root, "h200-141g-pcie5-x86_64")
+    one = tmp_path / "one-gpu"
+    for variant in (HONEST, WRONG):   # honest one-GPU runs of both
+        write_finetune(one, f"{variant}-1gpu", SPEEDS[HONEST], offload="activations")
+    multi = write_folder(tmp_path / "two-gpus")
+    for spec in multi.rglob("spec.json"):
+        data = json.loads(spec.read_text())
+        spec.write_text(json.dumps({**data, "resources": {"gpus": 2, "nodes": 1}}))
+    preds = gpu_count.predict_counts(runs.load_folder(one)[0], desc, runs.load_folder(multi))
+    by = {p.variant: p for p in preds}
+    assert by[WRONG].unpredictable.startswith(NOT_A_FINDING), by[WRONG]
+    assert by[WRONG].measured is None
+    assert not (by[HONEST].unpredictable or "").startswith(NOT_A_FINDING)
