@@ -111,3 +111,19 @@ def test_the_machines_page_from_mlflow_marks_the_different_run(tmp_path, capsys)
     assert wrong["correctness"] == correctness.DIFFERENT and wrong["ratio_to_reference"] == ""
     honest = next(r for r in rows if r["variant"] == HONEST and r["machine"] == "m2")
     assert honest["ratio_to_reference"] != ""
+
+
+def test_history_leaves_a_different_run_out_of_its_series(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    for i in range(7):   # seven runs of the variant over time, the fourth the fault
+        folder = write_folder(tmp_path / f"results-{i}", wrong=i == 3)
+        if i != 3:
+            write_finetune(folder, WRONG, SPEEDS[BASELINE], offload="activations")
+        upload_run(folder / EXPERIMENT / WRONG, uri)
+    capsys.readouterr()
+    assert main(["--root", str(tmp_path), "history", "--mlflow", uri, "--run",
+                 f"{EXPERIMENT}/{WRONG}", "--metric", "tokens_per_s",
+                 "--out", str(tmp_path / "hist")]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith(f"m1 {EXPERIMENT}/{WRONG} "))
+    assert ": 6 runs" in line and "1 run(s) left out, DIFFERENT: not a finding" in line, line
