@@ -155,3 +155,20 @@ def test_a_different_run_on_two_gpus_is_not_predicted_from_one(tmp_path):
     assert by[WRONG].unpredictable.startswith(NOT_A_FINDING), by[WRONG]
     assert by[WRONG].measured is None
     assert not (by[HONEST].unpredictable or "").startswith(NOT_A_FINDING)
+
+
+def test_a_node_whose_run_reads_different_fails_check_every_node(tmp_path):
+    from hopperlab.results.machines import node_check
+    from hopperlab.results.rows import collect_runs
+
+    nodes = {"n1": write_folder(tmp_path / "n1", wrong=False),
+             "n2": write_folder(tmp_path / "n2", wrong=False),
+             "n3": write_folder(tmp_path / "n3")}    # on n3 the variant skips backward
+    for n in ("n1", "n2"):
+        write_finetune(nodes[n], WRONG, SPEEDS[BASELINE], offload="activations")
+    verdicts = {v.node: v for v in node_check.judge_nodes(
+        {n: collect_runs(f) for n, f in nodes.items()}, tmp_path / "no-refs")}
+    assert verdicts["n3"].verdict == "different", verdicts["n3"]   # a failure, exit 1
+    assert any(line.startswith(f"DIFFERENT {EXPERIMENT}/{WRONG} against {BASELINE}")
+               for line in verdicts["n3"].lines)
+    assert verdicts["n1"].verdict == verdicts["n2"].verdict == node_check.PASS
