@@ -398,7 +398,8 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
                    help="with --every-node: the smallest difference between nodes worth "
                         "reporting, a fraction (default 0.05)")
     p = add("references", cmd_references, "references from repeated runs: "
-            "`hopperlab references update RESULTS_DIR`")
+            "`hopperlab references update RESULTS_DIR`; a run that reads DIFFERENT (its "
+            f"correctness) gives none and exits {EXIT_REFUSED}")
     p.add_argument("action", choices=("update",))
     p.add_argument("results_dir", nargs="+",
                    help="a results folder whose runs measured with repeats; several: each "
