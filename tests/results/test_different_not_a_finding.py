@@ -46,6 +46,10 @@ def test_the_report_marks_the_bar_and_keeps_it_off_the_front(tmp_path):
     page = render_html(group)
     assert f"grey cross-hatched bars, {NOT_A_FINDING}: {WRONG}" in page
     assert f"not weighed nor on the front, {NOT_A_FINDING}: {WRONG}" in page
+    # the family's speed-against-memory chart: no point of it (it would sit where the best does)
+    caption = next(c for c in page.split("<figcaption>")[1:]
+                   if c.startswith("tokens/s over peak GPU memory"))
+    assert caption.split("</figcaption>")[0].endswith(f"left out, {NOT_A_FINDING}: {WRONG}")
 
 
 def test_a_different_point_crosses_no_line(tmp_path):

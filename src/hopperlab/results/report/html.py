@@ -318,7 +318,9 @@ def _family_tables(family: str, runs: Sequence[RunRow]) -> str:
 
 def _family_charts(family: str, runs: Sequence[RunRow]) -> list[str]:
     """The family's own charts (FamilyInfo.charts), as figures; a chart that fails to draw is
-    named in a note instead of breaking the report."""
+    named in a note instead of breaking the report. A run that reads DIFFERENT is handed to
+    no family chart (its speed-against-memory point would sit where the best one does) and is
+    named under each."""
     try:
         draw = family_info(family).load_charts()
     except (KeyError, ImportError, AttributeError):
@@ -329,13 +331,16 @@ def _family_charts(family: str, runs: Sequence[RunRow]) -> list[str]:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         out = []
-        for chart in draw([r for r in runs if r.status == "ok"]):
+        wrong = correctness.left_out(runs)
+        for chart in draw([r for r in correctness.findings(runs) if r.status == "ok"]):
             FigureCanvasAgg(chart.figure)
             buf = io.BytesIO()
             chart.figure.savefig(buf, format="png")
             png = base64.b64encode(buf.getvalue()).decode("ascii")
             out.append(f'<figure><img alt="{_e(chart.title)}" src="data:image/png;base64,{png}">'
-                       f"<figcaption>{_e(chart.caption)}</figcaption></figure>")
+                       f"<figcaption>{_e(chart.caption)}"
+                       + (f"; left out, {_e(wrong)}" if wrong else "")
+                       + "</figcaption></figure>")
         return out
     except Exception as exc:  # noqa: BLE001 - a chart never takes the report down
         return [f'<p class="note">{_e(family)} charts failed: {_e(type(exc).__name__)}: '
