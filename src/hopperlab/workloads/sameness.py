@@ -88,6 +88,10 @@ def differing(variant: Mapping[str, Any], reference: Mapping[str, Any]) -> set[s
 # gradient norms) stay in steps.jsonl.
 
 EVIDENCE_FILE = "evidence.json"
+#: evidence of what was computed where the spec cannot say it (a model sized to the GPUs at
+#: run time: ``num_layers: 0``, tensor parallel serves as many layers as they hold), e.g.
+#: ``{"layers": 62}``: two runs whose ``served`` differ are not compared, whatever the class
+SERVED = "served"
 
 
 def add_evidence(recorder: Any, name: str, value: Any) -> None:

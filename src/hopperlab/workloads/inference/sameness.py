@@ -29,10 +29,20 @@ REORDER_SHARE_FLOAT32 = 0.1
 REORDER_SHARE_BF16 = 0.25
 
 
+def world_size(spec: Mapping[str, Any]) -> int:
+    """The ranks a run spans, from its spec.json ``resources`` as the launcher counts them
+    (``config.spec.Resources.world_size``: nodes x tasks per node, one task per GPU where
+    ``gpus_per_node`` is given): at full scale the tensor-parallel rows name their GPUs
+    (``gpus_per_node: 4`` against ``1``), at smoke their tasks."""
+    res = spec.get("resources") or {}
+    tasks = res.get("tasks_per_node") or res.get("gpus_per_node") or 1
+    return int(res.get("nodes") or 1) * int(tasks)
+
+
 def rule(variant: Mapping[str, Any], reference: Mapping[str, Any]) -> Sameness:
     """The declaration of ``variant`` against ``reference`` (both spec.json)."""
     keys = differing(variant, reference)
-    tasks = [(s.get("resources") or {}).get("tasks_per_node") for s in (variant, reference)]
+    tasks = [world_size(s) for s in (variant, reference)]
     policies = {(s.get("params") or {}).get("policy") for s in (variant, reference)}
     if variant.get("assets") != reference.get("assets"):
         return not_comparable("another model (assets differ)")
