@@ -44,8 +44,8 @@ CHANGED = "changed"
 #: figures are compared with no wrong run): its figures give no faster or slower
 DIFFERENT_B, DIFFERENT_A = "DIFFERENT in B", "DIFFERENT in A"
 #: order on the page and in the text: what changed first
-ORDER = (FAILED_B, DIFFERENT_B, NAN_B, SLOWER, WORSE_WORD, CHANGED, INCONCLUSIVE, FASTER, BETTER_WORD, NOT_OK,
-         DIFFERENT_A, NAN_A, ONLY_A, ONLY_B, NOT_OK_BOTH, NAN_BOTH, SAME)
+ORDER = (FAILED_B, DIFFERENT_B, NAN_B, SLOWER, WORSE_WORD, CHANGED, INCONCLUSIVE, FASTER,
+         BETTER_WORD, NOT_OK, DIFFERENT_A, NAN_A, ONLY_A, ONLY_B, NOT_OK_BOTH, NAN_BOTH, SAME)
 _SPEED = re.compile(r"(_ms|_s|time|per_s|gbps|qps|tflops|latency|lat_|ttft)", re.I)
 
 

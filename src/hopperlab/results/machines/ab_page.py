@@ -41,7 +41,8 @@ text-align:left;vertical-align:middle}td.num{text-align:right;font-variant-numer
 font-weight:600}.inconclusive{color:#8a6d00}.bar{position:relative;width:14em;height:.9em;
 background:#fafafa}.bar span{position:absolute;top:0;height:100%;background:#9ab}
 .bar i{position:absolute;top:-2px;bottom:-2px;width:1px;background:#333;left:50%}
-.DIFFERENT{color:#b00020;font-weight:600}details{margin-top:1.5em}summary{cursor:pointer;font-weight:600}.note{color:#666}
+details{margin-top:1.5em}summary{cursor:pointer;font-weight:600}.note{color:#666}
+.DIFFERENT{color:#b00020;font-weight:600}
 """ + scope.CSS
 
 

@@ -91,8 +91,9 @@ def against_peers(rows: Mapping[str, Sequence[RunRow]], min_effect: float,
 def judge_nodes(rows: Mapping[str, Sequence[RunRow]], refs_dir: Path,
                 min_effect: float = effects.DEFAULT_MIN_EFFECT) -> list[NodeVerdict]:
     """Every node's verdict: failed (a run did not end ok) > different (a run computed
-    something else than its baseline) > regression (against the references) > slow (against the other nodes) > nothing checked (no reference judged a
-    run of it and no other node was compared with it) > pass."""
+    something else than its baseline) > regression (against the references) > slow (against
+    the other nodes) > nothing checked (no reference judged a run of it and no other node was
+    compared with it) > pass."""
     compared: set[str] = set()
     peers = against_peers(rows, min_effect, compared)
     out = []

@@ -251,6 +251,7 @@ def crossover_section(runs: Sequence[RunRow], charts: bool = True) -> str:
                 out.append(f'<figure><img alt="{escape(metric)} against {escape(axis)}" '
                            f'src="data:image/png;base64,{png}"><figcaption>{escape(metric)} '
                            f"against {escape(axis)}, a line per technique (95 % interval "
-                           "bars where repeated; x: a run that did not end ok, or that reads DIFFERENT)"
+                           "bars where repeated; x: a run that did not end ok, or that "
+                           "reads DIFFERENT)"
                            "</figcaption></figure>")
     return "\n".join(out) + "</div>"
