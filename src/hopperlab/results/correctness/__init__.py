@@ -156,10 +156,10 @@ def not_a_finding(run: Any) -> str | None:
     return f"{NOT_A_FINDING} (against {v.against}: {v.detail})"
 
 
-def left_out(runs: Sequence[Any], name: Any = None) -> str:
-    """``DIFFERENT: not a finding: a, b`` naming the runs a ranking or chart left out ('' when
-    none); ``name`` gives each run's name (default: its variant)."""
-    wrong = [str(name(r) if name else r.variant) for r in runs if not offered(r)]
+def left_out(runs: Sequence[Any]) -> str:
+    """``DIFFERENT: not a finding: a, b`` naming (by variant) the runs a ranking or chart left
+    out or marked ('' when none)."""
+    wrong = [str(r.variant) for r in runs if not offered(r)]
     return f"{NOT_A_FINDING}: {', '.join(wrong)}" if wrong else ""
 
 
