@@ -176,3 +176,18 @@ def test_a_node_whose_run_reads_different_fails_check_every_node(tmp_path):
     assert any(line.startswith(f"DIFFERENT {EXPERIMENT}/{WRONG} against {BASELINE}")
                for line in verdicts["n3"].lines)
     assert verdicts["n1"].verdict == verdicts["n2"].verdict == node_check.PASS
+
+
+def test_check_junit_fails_the_different_run(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    results = write_folder(tmp_path / "results")
+    junit = tmp_path / "check.xml"
+    assert main(["--root", str(tmp_path), "check", str(results), "--references",
+                 str(tmp_path / "no-refs"), "--junit", str(junit)]) == 1
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    failure = cases[f"{EXPERIMENT}/{WRONG}"].find("failure")
+    assert failure is not None and failure.get("type") == "different", ET.tostring(
+        cases[f"{EXPERIMENT}/{WRONG}"])
+    assert "gradient norm" in failure.text
+    assert cases[f"{EXPERIMENT}/{HONEST}"].find("failure") is None
