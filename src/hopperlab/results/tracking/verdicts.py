@@ -73,8 +73,12 @@ class VerdictSync:
     def lines(self) -> list[str]:
         out = [f"[hopperlab] correctness in MLflow: {len(self.updated)} run(s) set to their "
                f"verdict now ({', '.join(self.updated)})"] if self.updated else []
-        out += [f"[hopperlab] correctness of {key} not set in MLflow: {why}"
-                for key, why in self.left]
+        by_why: dict[str, list[str]] = {}
+        for key, why in self.left:  # MLflow down: one line, not one per run
+            by_why.setdefault(why, []).append(key)
+        out += [f"[hopperlab] correctness of {keys[0]}"
+                + (f" and {len(keys) - 1} more run(s)" if len(keys) > 1 else "")
+                + f" not set in MLflow: {why}" for why, keys in by_why.items()]
         return out
 
 
