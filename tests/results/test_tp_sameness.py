@@ -2,7 +2,7 @@
 (issue 47): at full scale the rows name their GPUs (``gpus_per_node``), not their tasks, and
 are still another number of ranks (bounded, never exact); a row that served another number of
 layers (``num_layers: 0``: as many as its GPUs hold) is another model, not compared, where the
-same number of layers compares on the greedy tokens."""
+same number of layers compares on the greedy tokens. Finetune counts its ranks alike."""
 
 from __future__ import annotations
 
@@ -56,3 +56,19 @@ def test_a_row_that_served_other_layers_is_not_compared_the_same_layers_are(tmp_
     one = found["prompt-31k-c1-1gpu"]
     assert one.state == correctness.NOT_COMPARED, one     # never DIFFERENT: another model
     assert "layers 62 against 80" in one.detail, one.detail
+
+
+def test_finetune_counts_ranks_by_gpus_at_full_scale_too():
+    from hopperlab.workloads.finetune.sameness import rule as finetune_rule
+
+    def spec(gpus: int) -> dict:
+        return {"params": {"dtype": "float32", "backend": "torch", "sharding": "fsdp2"},
+                "knobs": {"offload": "none"},
+                "resources": {"gpus": gpus, "gpus_per_node": gpus, "tasks_per_node": None,
+                              "nodes": 1}}
+
+    # the same training split over 2 GPUs against 1: another order of sums, never bit for bit
+    assert finetune_rule(spec(2), spec(1)).kind == BOUNDED
+    # one task named or not is one rank
+    one = {**spec(1), "resources": {"gpus": 0, "tasks_per_node": 1, "nodes": 1}}
+    assert finetune_rule(one, {**spec(1), "resources": {"gpus": 0, "nodes": 1}}).kind != BOUNDED

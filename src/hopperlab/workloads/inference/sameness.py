@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from hopperlab.workloads.sameness import Sameness, bounded, differing, exact, not_comparable
+from hopperlab.workloads.sameness import (Sameness, bounded, differing, exact, not_comparable,
+                                          world_size)
 
 #: where the cache or the weights live, and how they come back: the arithmetic is the same
 MOVES_ONLY = frozenset({"memory", "profiler", "layered_reload", "streamer",
@@ -27,16 +28,6 @@ REORDER_SHARE_FLOAT32 = 0.1
 #: bfloat16 rounds at 2^-8: recompute flipped 1 reply of 9 on an H200 (smoke shapes,
 #: 2026-12-02); more than one in four is no rounding
 REORDER_SHARE_BF16 = 0.25
-
-
-def world_size(spec: Mapping[str, Any]) -> int:
-    """The ranks a run spans, from its spec.json ``resources`` as the launcher counts them
-    (``config.spec.Resources.world_size``: nodes x tasks per node, one task per GPU where
-    ``gpus_per_node`` is given): at full scale the tensor-parallel rows name their GPUs
-    (``gpus_per_node: 4`` against ``1``), at smoke their tasks."""
-    res = spec.get("resources") or {}
-    tasks = res.get("tasks_per_node") or res.get("gpus_per_node") or 1
-    return int(res.get("nodes") or 1) * int(tasks)
 
 
 def rule(variant: Mapping[str, Any], reference: Mapping[str, Any]) -> Sameness:
