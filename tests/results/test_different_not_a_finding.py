@@ -191,3 +191,16 @@ def test_check_junit_fails_the_different_run(tmp_path):
         cases[f"{EXPERIMENT}/{WRONG}"])
     assert "gradient norm" in failure.text
     assert cases[f"{EXPERIMENT}/{HONEST}"].find("failure") is None
+
+
+def test_a_run_compared_with_a_different_run_reads_different_too(tmp_path):
+    results = write_folder(tmp_path / "results")
+    # compared with the fault itself (compare_to), and the same as it: a wrong result agreed with
+    run_dir = write_finetune(results, "after-the-fault", SPEEDS[WRONG], grads=(0.0,) * 4,
+                             offload="activations")
+    spec = json.loads((run_dir / "spec.json").read_text())
+    (run_dir / "spec.json").write_text(json.dumps({**spec, "compare_to": WRONG}))
+    v = _runs(results)["after-the-fault"].correctness
+    assert v.state == correctness.DIFFERENT and v.against == WRONG, v
+    assert v.detail.startswith(f"compared with {WRONG}, which reads DIFFERENT against "
+                               f"{BASELINE}: step 0: gradient norm"), v.detail

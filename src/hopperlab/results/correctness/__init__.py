@@ -88,7 +88,28 @@ def verdicts(runs: Sequence[Any]) -> dict[str, Verdict | None]:
     for r in runs:
         name = r.compare_to or baseline
         out[r.variant] = verdict_of(r, by_name.get(name) if name else None, name)
-    return out
+    return _through_wrong_references(runs, out, baseline)
+
+
+def _through_wrong_references(runs: Sequence[Any], found: dict[str, Verdict | None],
+                              baseline: str | None) -> dict[str, Verdict | None]:
+    """A run compared with a run that reads DIFFERENT (its ``compare_to`` computed something
+    else than the baseline) reads DIFFERENT too, saying why: what agrees with a wrong result,
+    or is timed against one, is no finding (fp8 within bound of a broken bf16-compile)."""
+    for _ in runs:  # chains: as many passes as runs, at most
+        changed = False
+        for r in runs:
+            ref = r.compare_to or baseline
+            v, rv = found.get(r.variant), found.get(ref) if ref else None
+            if rv is None or not rv.different or v is None or v.different:
+                continue
+            found[r.variant] = Verdict(DIFFERENT, ref, f"compared with {ref}, which reads "
+                                       f"DIFFERENT against {rv.against}: {rv.detail}",
+                                       math.inf, None)
+            changed = True
+        if not changed:
+            break
+    return found
 
 
 class _Dir:
