@@ -204,3 +204,12 @@ def test_a_run_compared_with_a_different_run_reads_different_too(tmp_path):
     assert v.state == correctness.DIFFERENT and v.against == WRONG, v
     assert v.detail.startswith(f"compared with {WRONG}, which reads DIFFERENT against "
                                f"{BASELINE}: step 0: gradient norm"), v.detail
+
+
+def test_the_tables_of_a_gpu_call_mark_the_run(tmp_path):
+    from hopperlab.results.tables import energy as energy_table, runs as runs_table
+
+    results = write_folder(tmp_path / "results")
+    for lines in (runs_table.lines(results, tmp_path / "no-refs"), energy_table.lines(results)):
+        marked = [ln for ln in lines if NOT_A_FINDING in ln]
+        assert len(marked) == 1 and f"{EXPERIMENT}/{WRONG}" in marked[0], lines
