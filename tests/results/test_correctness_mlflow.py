@@ -128,3 +128,18 @@ def test_history_leaves_a_different_run_out_of_its_series(tmp_path, capsys):
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith(f"m1 {EXPERIMENT}/{WRONG} "))
     assert ": 6 runs" in line and "1 run(s) left out, DIFFERENT: not a finding" in line, line
+
+
+def test_the_workflow_end_sets_the_verdict_when_the_report_rule_did_not_run(tmp_path, capsys):
+    from hopperlab.cli.workflow import verdicts_at_end
+    from hopperlab.config.matrix import load_matrix
+
+    project, uri = _project(tmp_path, None)
+    results = write_folder(project / "results")
+    base, held = results / EXPERIMENT / BASELINE, tmp_path / "held"
+    shutil.move(base, held)
+    upload_run(results / EXPERIMENT / WRONG, uri)     # while the baseline still ran
+    shutil.move(held, base)
+    verdicts_at_end(load_matrix(project, {}))          # the workflow's onsuccess/onerror
+    assert _tags(uri, results / EXPERIMENT / WRONG)[TAG] == correctness.DIFFERENT
+    assert "correctness in MLflow: 1 run(s) set" in capsys.readouterr().out
