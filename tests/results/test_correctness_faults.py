@@ -30,12 +30,13 @@ KV = "inference/kv-cache"
 
 
 def _record(results: Path, key: str, baseline: str, params: Any, knobs: dict[str, Any],
-            roles: dict[str, Path], entry: Any) -> None:
-    """Run ``entry`` as ``key`` into ``results/<key>/`` with the spec.json a run has."""
+            roles: dict[str, Path], entry: Any, repeats: int = 1) -> None:
+    """Run ``entry`` as ``key`` into ``results/<key>/`` with the spec.json a run has
+    (``repeats``: measured windows, each a sample)."""
     family, experiment, variant = key.split("/")
     run_dir = results / key
     spec = fake_run(params, run_dir=run_dir, assets=roles, family=family,
-                    experiment=experiment, variant=variant, **knobs)
+                    experiment=experiment, variant=variant, repeats=repeats, **knobs)
     rec = Recorder(run_dir, identity={"key": key, "family": family, "experiment": experiment,
                                       "variant": variant})
     entry(spec, rec)
@@ -47,7 +48,7 @@ def _record(results: Path, key: str, baseline: str, params: Any, knobs: dict[str
         "headline_metrics": ["tokens_per_s", "ttft_ms_p50"]}))
 
 
-def _finetune(results: Path, built: Path, variant: str, **knobs: Any) -> None:
+def _finetune(results: Path, built: Path, variant: str, repeats: int = 1, **knobs: Any) -> None:
     from hopperlab.workloads.finetune import FinetuneParams
     from hopperlab.workloads.finetune.torch.workload import run
 
@@ -56,7 +57,8 @@ def _finetune(results: Path, built: Path, variant: str, **knobs: Any) -> None:
                             measured_steps=2, data="prepared", offload_min_bytes=0,
                             offload_budget_gib=None)
     _record(results, f"{FT}/{variant}", "baseline", params, knobs,
-            {"model": built / "tiny-llama", "data": built / "dolly-smoke-prepared"}, run)
+            {"model": built / "tiny-llama", "data": built / "dolly-smoke-prepared"}, run,
+            repeats)
 
 
 def _kv(results: Path, built: Path, variant: str, policy: str) -> None:
@@ -138,3 +140,51 @@ def test_three_injected_faults_read_different_and_fail_check(assets, tmp_path,  
     for key in ("skipped-backward", "corrupt-offload", "wrong-kv-layer"):
         assert f"/{key} against " in out, out
     assert "DIFFERENT 3" in out
+
+
+@pytest.mark.integration  # runs for seconds: two small trainings of three windows each
+def test_the_injected_skipped_backward_reaches_references_report_and_mlflow(
+        assets, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """The fault of a real training through the real commands: ``references update`` takes no
+    reference from it (exit 1, the line, the honest run written), the report's bar is marked,
+    and its MLflow tag, uploaded while the baseline had not run, follows ``check``."""
+    from hopperlab.results.tracking import upload_run
+    from hopperlab.workloads.finetune.torch import loop
+
+    from tests.helpers import copy_project
+
+    project = copy_project(tmp_path / "proj")
+    results = project / "results"
+    uri = f"sqlite:///{(results / 'mlflow.db').resolve()}"   # the local site's store
+    with monkeypatch.context() as m:
+        m.setattr(loop, "forward_backward", _skip_backward)
+        _finetune(results, assets, "skipped-backward", repeats=3)
+    wrong = results / FT / "skipped-backward"
+    upload_run(wrong, uri)                        # its baseline has not run yet
+    _finetune(results, assets, "baseline", repeats=3)
+    runs, _ = read_runs(results)
+    assert {r.variant: r.correctness for r in runs}["skipped-backward"].state \
+        == correctness.DIFFERENT
+
+    refs = tmp_path / "refs"
+    capsys.readouterr()
+    assert main(["--root", str(project), "references", "update", str(results),
+                 "--references", str(refs)]) == 1
+    out = capsys.readouterr().out
+    assert f"refused {FT}/skipped-backward in {results}: DIFFERENT against baseline" in out, out
+    written = (refs / "unknown.yaml").read_text()
+    assert f"{FT}/baseline" in written and "skipped-backward" not in written
+
+    import mlflow
+
+    run_id = json.loads((wrong / "mlflow.json").read_text())["run_id"]
+    tags = mlflow.MlflowClient(uri).get_run(run_id).data.tags
+    assert tags[correctness.MLFLOW_TAG] == correctness.NOT_COMPARED
+    assert main(["--root", str(project), "check", str(results), "--references",
+                 str(refs)]) == 1
+    tags = mlflow.MlflowClient(uri).get_run(run_id).data.tags
+    assert tags[correctness.MLFLOW_TAG] == correctness.DIFFERENT, tags
+
+    assert main(["--root", str(project), "report"]) == 0
+    page = (results / "report.html").read_text()
+    assert "grey cross-hatched bars, DIFFERENT: not a finding: skipped-backward" in page

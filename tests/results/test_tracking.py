@@ -148,7 +148,9 @@ def test_upload_contents(mlflow_uri, tmp_path):
     # mlflow.json
     info = json.loads((run_dir / MLFLOW_FILE).read_text())
     assert info == {"attempt": 1, "run_id": run_id, "experiment_id": experiment.experiment_id,
-                    "tracking_uri": mlflow_uri, "run_uid": t["hopperlab.run_uid"]}
+                    "tracking_uri": mlflow_uri, "run_uid": t["hopperlab.run_uid"],
+                    # the verdict tags it was given (none: no run to be compared with)
+                    "correctness_tags": {}}
 
 
 def test_final_metric_is_the_latest_value_of_its_step_metric(mlflow_uri, tmp_path):

@@ -15,7 +15,8 @@ from hopperlab.cli import check_nodes
 from hopperlab.config.matrix import find_root, load_config, parse_overrides
 from hopperlab.config.site import load_site
 from hopperlab.core.effects import DEFAULT_MIN_EFFECT
-from hopperlab.core.errors import SpecError
+from hopperlab.core.errors import HopperlabError, SpecError
+from hopperlab.core.rundir import MLFLOW_FILE
 from hopperlab.results.machines import (
     ab,
     ab_page,
@@ -33,9 +34,13 @@ from hopperlab.results.machines import (
     runs,
 )
 from hopperlab.results import correctness, scope
+from hopperlab.results.tracking.verdicts import sync_verdicts
 from hopperlab.results.rows import read_runs
 
 EXIT_REGRESSION = 1
+#: ``references update`` when a run was refused because it reads DIFFERENT (its correctness:
+#: another computation than its baseline's); the other runs' references are written
+EXIT_REFUSED = 1
 #: ``check --strict`` when no run had a reference (CI that must have checked something)
 EXIT_NOTHING_CHECKED = check_nodes.EXIT_NOTHING_CHECKED
 
@@ -118,6 +123,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.junit:
         path = junit.write(Path(args.junit), f"hopperlab check {results}", rows, judgements)
         print(f"[hopperlab] wrote {path}")
+    verdicts_to_mlflow(rows, root, args)  # a baseline finished since the upload: tag it now
     failing = {references.REGRESSION} | ({references.INCONCLUSIVE} if args.strict else set())
     if any(j.verdict in failing for j in judgements.values()) or (args.strict and missing) \
             or wrong:
@@ -126,6 +132,24 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(nothing_checked(refs_dir, machines, root))
         return EXIT_NOTHING_CHECKED if args.strict else 0
     return 0
+
+
+def verdicts_to_mlflow(rows: list, root: Path, args: argparse.Namespace,
+                       tracking_uri: str | None = None) -> None:
+    """The verdicts just decided for ``rows``, set on their MLflow runs where they differ
+    (``results.tracking.verdicts``): the site's store (``tracking_uri``, else the config's
+    site's). Only runs uploaded there (``mlflow.json``) are touched; a folder without a
+    project or a site is left alone, and MLflow down is one line, never a failure."""
+    if not any((Path(r.run_dir) / MLFLOW_FILE).is_file() for r in rows):
+        return
+    if tracking_uri is None:
+        try:
+            config = load_config(root, parse_overrides(args.config))
+            tracking_uri = load_site(root, config["site"], config["results_dir"]).tracking_uri
+        except HopperlabError:
+            return
+    for line in sync_verdicts(rows, tracking_uri).lines():
+        print(line)
 
 
 def nothing_checked(refs_dir: Path, machines: list[str], root: Path) -> str:
@@ -156,6 +180,8 @@ def cmd_references(args: argparse.Namespace) -> int:
             print(f"[hopperlab] {folder}: runs of machine {' and '.join(names)}")
     for line in report.skipped:
         print(f"[hopperlab] skipped {line}")
+    for line in report.refused:
+        print(f"[hopperlab] refused {line}")
     for name, path in report.written.items():
         n = sum(1 for u in report.updated if u.startswith(name + " "))
         print(f"[hopperlab] references of {name}: {n} metric(s) written to {path}")
@@ -164,6 +190,12 @@ def cmd_references(args: argparse.Namespace) -> int:
               f"can differ by more than its windows do (docs/benchmarks/noise.md); references "
               f"from independent processes hold: snakemake --config processes=3, then "
               f"hopperlab references update {folders[0]}")
+    if report.refused:
+        print(f"[hopperlab] references update: {len(report.refused)} run(s) refused: they read "
+              f"DIFFERENT (docs/correctness.md); "
+              + ("the others written" if report.written else "no reference written")
+              + f"; exit {EXIT_REFUSED}")
+        return EXIT_REFUSED
     if not report.written:
         raise SpecError(f"{' '.join(args.results_dir)}: no reference written (the runs "
                         f"skipped above: too few samples, measure with --config repeats=N, N >= "
@@ -366,7 +398,8 @@ def add_verbs(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
                    help="with --every-node: the smallest difference between nodes worth "
                         "reporting, a fraction (default 0.05)")
     p = add("references", cmd_references, "references from repeated runs: "
-            "`hopperlab references update RESULTS_DIR`")
+            "`hopperlab references update RESULTS_DIR`; a run that reads DIFFERENT (its "
+            f"correctness) gives none and exits {EXIT_REFUSED}")
     p.add_argument("action", choices=("update",))
     p.add_argument("results_dir", nargs="+",
                    help="a results folder whose runs measured with repeats; several: each "

@@ -30,6 +30,7 @@ from hopperlab.core.quiet import silence_known_noise
 from hopperlab.results import tracking
 from hopperlab.config.sweeps import family_sweeps
 from hopperlab.results.report import build_report
+from hopperlab.results.rows import collect_runs
 from hopperlab.core.rundir import RECORD_FILE, RUN_UID, SPEC_FILE
 from hopperlab.core.stats import half_width, plus_minus
 from hopperlab.run import attempts
@@ -189,6 +190,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
     matrix = _matrix(args)
     report = tracking.sync(matrix.results_dir, matrix.site.tracking_uri)
     print(f"[hopperlab] sync to {tracking.redact_uri(matrix.site.tracking_uri)}: {report}")
+    machines_cli.verdicts_to_mlflow(collect_runs(matrix.results_dir), matrix.root, args,
+                                    matrix.site.tracking_uri)
     return 1 if report.failed else 0
 
 
@@ -234,6 +237,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     matrix = _matrix(args)
     csv_path, html_path = build_report(matrix.results_dir)
     print(f"[hopperlab] wrote {csv_path} and {html_path}")
+    machines_cli.verdicts_to_mlflow(collect_runs(matrix.results_dir), matrix.root, args,
+                                    matrix.site.tracking_uri)
     if getattr(args, "what_if_price", False):
         if matrix.site.cost is None:
             raise SpecError(f"configs/sites/{matrix.site.name}.yaml: cost: the site has no "

@@ -25,6 +25,8 @@ from hopperlab.run import attempts
 from hopperlab.node.containers import PYXIS, resolve_site_runtime
 from hopperlab.results import tracking
 from hopperlab.results.report import build_report
+from hopperlab.results.rows import collect_runs
+from hopperlab.results.tracking.verdicts import sync_verdicts
 from hopperlab.run.isolation import ALONE_ENV
 from hopperlab.run.submit import FORCED_ENV, disk_full_reason, is_disk_full
 from hopperlab.run.warm import Starter
@@ -256,8 +258,23 @@ def finish_workflow(matrix: Matrix) -> None:
         refresh_report_if_stale(matrix)
         if matrix.site.tracking_upload == "at-end":
             upload_at_end(matrix)
+        verdicts_at_end(matrix)
     finally:
         locks.release(locks.results_lock_path(matrix.results_dir))
+
+
+def verdicts_at_end(matrix: Matrix) -> None:
+    """The correctness verdicts of the folder's uploaded runs set in MLflow where they changed
+    since their upload (a run uploaded while its baseline still ran; the report rule does the
+    same, but does not run when a run failed): ``results.tracking.verdicts``, one line each
+    change, MLflow down one line; nothing asked of MLflow where nothing changed."""
+    try:
+        found = sync_verdicts(collect_runs(matrix.results_dir), matrix.site.tracking_uri)
+    except HopperlabError as exc:  # a folder that cannot be read: the workflow said so already
+        print(f"[hopperlab] correctness not set in MLflow: {exc}")
+        return
+    for line in found.lines():
+        print(line)
 
 
 def upload_at_end(matrix: Matrix) -> None:

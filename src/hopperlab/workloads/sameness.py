@@ -73,6 +73,16 @@ def not_comparable(reason: str, measure: str = "") -> Sameness:
 Rule = Callable[[Mapping[str, Any], Mapping[str, Any]], Sameness]
 
 
+def world_size(spec: Mapping[str, Any]) -> int:
+    """The ranks a run spans, from its spec.json ``resources`` as the launcher counts them
+    (``config.spec.Resources.world_size``: nodes x tasks per node, one task per GPU where
+    ``gpus_per_node`` is given): a full-scale row names its GPUs (``gpus_per_node: 4``
+    against ``1``), a smoke row its tasks."""
+    res = spec.get("resources") or {}
+    tasks = res.get("tasks_per_node") or res.get("gpus_per_node") or 1
+    return int(res.get("nodes") or 1) * int(tasks)
+
+
 def differing(variant: Mapping[str, Any], reference: Mapping[str, Any]) -> set[str]:
     """The params and knobs whose values differ between two specs (knobs by their names)."""
     out = set()
@@ -88,6 +98,10 @@ def differing(variant: Mapping[str, Any], reference: Mapping[str, Any]) -> set[s
 # gradient norms) stay in steps.jsonl.
 
 EVIDENCE_FILE = "evidence.json"
+#: evidence of what was computed where the spec cannot say it (a model sized to the GPUs at
+#: run time: ``num_layers: 0``, tensor parallel serves as many layers as they hold), e.g.
+#: ``{"layers": 62}``: two runs whose ``served`` differ are not compared, whatever the class
+SERVED = "served"
 
 
 def add_evidence(recorder: Any, name: str, value: Any) -> None:

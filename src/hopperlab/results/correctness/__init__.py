@@ -29,7 +29,8 @@ from hopperlab.results.correctness.verdict import (
 from hopperlab.workloads import family_info
 
 __all__ = ["DIFFERENT", "NOT_COMPARED", "SAME", "VERDICTS", "WITHIN", "Verdict", "offered",
-           "verdicts", "different_lines", "MLFLOW_TAG", "MLFLOW_METRIC"]
+           "findings", "not_a_finding", "left_out", "NOT_A_FINDING", "verdicts",
+           "different_lines", "MLFLOW_TAG", "MLFLOW_METRIC"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,28 @@ def verdicts(runs: Sequence[Any]) -> dict[str, Verdict | None]:
     for r in runs:
         name = r.compare_to or baseline
         out[r.variant] = verdict_of(r, by_name.get(name) if name else None, name)
-    return out
+    return _through_wrong_references(runs, out, baseline)
+
+
+def _through_wrong_references(runs: Sequence[Any], found: dict[str, Verdict | None],
+                              baseline: str | None) -> dict[str, Verdict | None]:
+    """A run compared with a run that reads DIFFERENT (its ``compare_to`` computed something
+    else than the baseline) reads DIFFERENT too, saying why: what agrees with a wrong result,
+    or is timed against one, is no finding (fp8 within bound of a broken bf16-compile)."""
+    for _ in runs:  # chains: as many passes as runs, at most
+        changed = False
+        for r in runs:
+            ref = r.compare_to or baseline
+            v, rv = found.get(r.variant), found.get(ref) if ref else None
+            if rv is None or not rv.different or v is None or v.different:
+                continue
+            found[r.variant] = Verdict(DIFFERENT, ref, f"compared with {ref}, which reads "
+                                       f"DIFFERENT against {rv.against}: {rv.detail}",
+                                       math.inf, None)
+            changed = True
+        if not changed:
+            break
+    return found
 
 
 class _Dir:
@@ -134,6 +156,32 @@ def offered(run: Any) -> bool:
     when it computed something else than what it is compared with."""
     v = getattr(run, "correctness", None)
     return not (v is not None and v.different)
+
+
+#: the mark every page draws on a DIFFERENT run's figure (a bar, a point, a cell)
+NOT_A_FINDING = f"{DIFFERENT}: not a finding"
+
+
+def findings(runs: Sequence[Any]) -> list[Any]:
+    """The runs a page may rank, pick as best, fastest or cheapest, or draw as a result: those
+    ``offered`` (every page that ranks or charts runs filters through this one helper)."""
+    return [r for r in runs if offered(r)]
+
+
+def not_a_finding(run: Any) -> str | None:
+    """The mark and why (``DIFFERENT: not a finding (against X: detail)``) for a run whose
+    figures are no finding, for a label or a tooltip; None for a run that is ``offered``."""
+    if offered(run):
+        return None
+    v = run.correctness
+    return f"{NOT_A_FINDING} (against {v.against}: {v.detail})"
+
+
+def left_out(runs: Sequence[Any]) -> str:
+    """``DIFFERENT: not a finding: a, b`` naming (by variant) the runs a ranking or chart left
+    out or marked ('' when none)."""
+    wrong = [str(r.variant) for r in runs if not offered(r)]
+    return f"{NOT_A_FINDING}: {', '.join(wrong)}" if wrong else ""
 
 
 def different_lines(runs: Sequence[Any]) -> list[str]:

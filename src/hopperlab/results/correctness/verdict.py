@@ -20,6 +20,7 @@ from hopperlab.workloads.sameness import (
     EVIDENCE_FILE,
     EXACT,
     NOT_COMPARABLE,
+    SERVED,
     Sameness,
     read_evidence_file,
 )
@@ -71,8 +72,22 @@ def judge(rule: Sameness, run: Side, ref: Side) -> Verdict:
     if rule.kind == NOT_COMPARABLE:
         dead = _backward_missing(run, ref) if rule.measure == "losses" else None
         return dead or not_compared(ref.variant, f"not comparable: {rule.reason}")
+    served = _served_differs(run, ref)
+    if served:
+        return not_compared(ref.variant, served)
     reader = _MEASURES[rule.measure]
     return reader(rule, run, ref)
+
+
+def _served_differs(run: Side, ref: Side) -> str:
+    """Why the two runs computed with other models sized at run time ('' when they did not,
+    or either recorded nothing): ``served`` evidence (``workloads.sameness.SERVED``)."""
+    mine, theirs = _evidence(run, SERVED), _evidence(ref, SERVED)
+    if not isinstance(mine, Mapping) or not isinstance(theirs, Mapping) or mine == theirs:
+        return ""
+    what = ", ".join(f"{k} {mine.get(k)} against {theirs.get(k)}"
+                     for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k))
+    return f"another model served ({what}): not comparable"
 
 
 # -- per measure --------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Mapping, Sequence
 from hopperlab.core import effects
 from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import finite_samples, read_samples
+from hopperlab.results import correctness
 from hopperlab.results.machines.references import direction
 from hopperlab.results.rows import RunRow, collect_runs
 
@@ -39,9 +40,12 @@ NAN_B, NAN_A, NAN_BOTH = "not a number in B", "not a number in A", "not a number
 UNCHANGED = (SAME, NOT_OK_BOTH, NAN_BOTH)
 #: a real change of a metric without a declared direction (neither better nor worse)
 CHANGED = "changed"
+#: the run reads DIFFERENT (``results.correctness``) in B (broken: exit 1) or in A (then B's
+#: figures are compared with no wrong run): its figures give no faster or slower
+DIFFERENT_B, DIFFERENT_A = "DIFFERENT in B", "DIFFERENT in A"
 #: order on the page and in the text: what changed first
-ORDER = (FAILED_B, NAN_B, SLOWER, WORSE_WORD, CHANGED, INCONCLUSIVE, FASTER, BETTER_WORD, NOT_OK,
-         NAN_A, ONLY_A, ONLY_B, NOT_OK_BOTH, NAN_BOTH, SAME)
+ORDER = (FAILED_B, DIFFERENT_B, NAN_B, SLOWER, WORSE_WORD, CHANGED, INCONCLUSIVE, FASTER,
+         BETTER_WORD, NOT_OK, DIFFERENT_A, NAN_A, ONLY_A, ONLY_B, NOT_OK_BOTH, NAN_BOTH, SAME)
 _SPEED = re.compile(r"(_ms|_s|time|per_s|gbps|qps|tflops|latency|lat_|ttft)", re.I)
 
 
@@ -126,12 +130,25 @@ def compare_runs(a_rows: Mapping[str, RunRow], b_rows: Mapping[str, RunRow],
         if a is None or b is None:
             out.append(Change(key, "", ONLY_B if a is None else ONLY_A, None, None))
             continue
+        wrong = _different(a, b)
+        if wrong is not None:  # another computation on one side: no faster, no slower
+            out.append(wrong)
+            continue
         metrics = _metrics(a, b)
         sa, sb = _samples(a, metrics), _samples(b, metrics)
         for metric in metrics:
             out.append(_change(a, b, metric, sa, sb, min_effect))
     out.sort(key=lambda c: (ORDER.index(c.verdict), -(c.effect.worse_by if c.effect else 0)))
     return out
+
+
+def _different(a: RunRow, b: RunRow) -> Change | None:
+    """The run's change when either side reads DIFFERENT (``correctness.offered``), B first."""
+    for side, row, verdict in (("B", b, DIFFERENT_B), ("A", a, DIFFERENT_A)):
+        if not correctness.offered(row):
+            return Change(row.key, "correctness", verdict, None, None,
+                          detail=f"{side}: {correctness.not_a_finding(row)}")
+    return None
 
 
 def _change(a: RunRow, b: RunRow, metric: str, sa: Sequence[Mapping[str, float]],
@@ -176,9 +193,9 @@ def worse(changes: Sequence[Change]) -> list[Change]:
 
 
 def broken(changes: Sequence[Change]) -> list[Change]:
-    """A run of B that did not end ok where A's did, a metric of B that is not a number where
-    A's is, or a run or metric of A that B lacks."""
-    return [c for c in changes if c.verdict in (FAILED_B, NAN_B, ONLY_A)]
+    """A run of B that did not end ok where A's did, or reads DIFFERENT, a metric of B that is
+    not a number where A's is, or a run or metric of A that B lacks."""
+    return [c for c in changes if c.verdict in (FAILED_B, DIFFERENT_B, NAN_B, ONLY_A)]
 
 
 def unchanged_not_ok(changes: Sequence[Change]) -> list[Change]:

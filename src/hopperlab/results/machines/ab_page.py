@@ -17,6 +17,7 @@ from hopperlab.results import scope
 from hopperlab.results.machines.ab import (
     BETTER_WORD,
     CHANGED,
+    DIFFERENT_B,
     FAILED_B,
     FASTER,
     INCONCLUSIVE,
@@ -41,6 +42,7 @@ font-weight:600}.inconclusive{color:#8a6d00}.bar{position:relative;width:14em;he
 background:#fafafa}.bar span{position:absolute;top:0;height:100%;background:#9ab}
 .bar i{position:absolute;top:-2px;bottom:-2px;width:1px;background:#333;left:50%}
 details{margin-top:1.5em}summary{cursor:pointer;font-weight:600}.note{color:#666}
+.DIFFERENT{color:#b00020;font-weight:600}
 """ + scope.CSS
 
 
@@ -104,11 +106,16 @@ def headline(changes: Sequence[Change]) -> tuple[str, str]:
     if bad or lost:
         failed = sum(1 for c in lost if c.verdict == FAILED_B)
         nan = sum(1 for c in lost if c.verdict == NAN_B)
+        wrong = [c.key for c in lost if c.verdict == DIFFERENT_B]
         parts = [f"{failed} run(s) failed in B"] if failed else []
+        if wrong:
+            parts.append(f"{len(wrong)} run(s) of B read DIFFERENT, not a finding: "
+                         + ", ".join(wrong))
         if nan:
             parts.append(f"{nan} metric(s) of B not a number")
-        if len(lost) > failed + nan:
-            parts.append(f"{len(lost) - failed - nan} run(s) or metric(s) of A missing from B")
+        if len(lost) > failed + nan + len(wrong):
+            parts.append(f"{len(lost) - failed - nan - len(wrong)} run(s) or metric(s) of A "
+                         "missing from B")
         if bad:
             top = max(bad, key=lambda c: c.effect.worse_by if c.effect else 0)
             by = f" (largest: {top.key} {top.metric}, {top.effect.worse_by:.1%} " \

@@ -37,7 +37,7 @@ from hopperlab.results.machines.predict import Prediction, predict
 from hopperlab.results.machines.references import direction
 from hopperlab.results.machines.runs import MachineRuns
 from hopperlab.results.machines.verdicts import machine_verdicts
-from hopperlab.results import marks, scope
+from hopperlab.results import correctness, marks, scope
 from hopperlab.results.rows import RunRow
 from hopperlab.workloads import family_info
 
@@ -49,7 +49,7 @@ CSV_COLUMNS = ("family", "experiment", "variant", "metric", "direction", "machin
                "link_floor", "over_floor", "cost_run", "currency", "cost_unit",
                "cost_per_unit", "cheaper_per_unit_x", "reference_check", "energy_unit",
                "energy_per_unit_j", "energy_node_per_unit_j", "less_energy_per_unit_x",
-               "work_per_j", "work_per_j_unit")
+               "work_per_j", "work_per_j_unit", "correctness")
 
 
 @dataclass
@@ -79,6 +79,11 @@ class Cell:
     #: the noise test's words for the ratio (docs/benchmarks/noise.md), when both sides
     #: measured with repeats: e.g. "x0.912 [0.90, 0.93]"
     interval: str = ""
+    #: the run's verdict against its own baseline on this machine (``Verdict.cell``; "": none)
+    correctness: str = ""
+    #: ``correctness.not_a_finding``: the run reads DIFFERENT, its figure is no finding (no
+    #: ratio, no better, no cheaper, not charted, not ranked); None: it may be offered
+    different: str | None = None
 
 
 @dataclass
@@ -151,6 +156,10 @@ class _Against:
 
 
 def _against(reference: str, ref_row: RunRow | None, probe: MatmulProbe | None) -> _Against:
+    """A reference machine's run that reads DIFFERENT gives nothing to compare with (no
+    ratio, price or energy against it): a fast wrong run would make every machine slower."""
+    if ref_row is not None and not correctness.offered(ref_row):
+        return _Against(reference, ref_row, {}, None)
     ok = ref_row is not None and ref_row.status == "ok"
     return _Against(reference, ref_row,
                     {u.metric: u for u in costs.unit_costs(ref_row)} if ref_row else {},
@@ -199,7 +208,8 @@ def build_lines(groups: Sequence[MachineRuns], reference: str,
             way = direction(family, metric)
             ref = base.row
             against = replace(base, value=ref.metrics.get(metric)
-                              if ref is not None and ref.status == "ok" else None)
+                              if ref is not None and ref.status == "ok"
+                              and correctness.offered(ref) else None)
             cells = [_cell(g.machine, g.runs.get(key), metric, way, against, floors,
                            probe_for(probes, g.machine)) for g in groups]
             lines.append(Line(family, experiment, variant, metric, way, cells))
@@ -216,7 +226,12 @@ def _cell(machine: str, row: RunRow | None, metric: str, way: str | None, ref: _
     cell = Cell(machine, row.status, value, check=row.reference_check,
                 cost_run=costs.run_cost(row), currency=row.tags.get("cost.currency", ""),
                 stand_in=marks.stand_in(row), example_price=marks.example_price(row),
-                one_sample=not mine and marks.one_sample(row, ref.row, metric))
+                one_sample=not mine and marks.one_sample(row, ref.row, metric),
+                correctness=row.correctness.cell() if row.correctness is not None else "",
+                different=correctness.not_a_finding(row))
+    if cell.different:  # another computation than its baseline's: shown, never compared
+        cell.half = half_width(row.metrics, metric) if value is not None else None
+        return cell
     if value is not None and ref.value:
         cell.ratio = value / ref.value
     cell.better = "" if mine else _better(value, ref.value, way)
@@ -265,7 +280,7 @@ def write_csv(lines: Sequence[Line], reference: str, path: Path) -> Path:
                         _energy_csv(c.energy),
                         _num(c.energy.node_joules if c.energy else None),
                         _num(c.less_energy), _num(c.energy.work_per_j if c.energy else None),
-                        c.energy.work_label if c.energy else ""])
+                        c.energy.work_label if c.energy else "", c.correctness])
     write_text_atomic(path, buf.getvalue())
     return path
 
@@ -295,6 +310,7 @@ def _chart(experiment_lines: Sequence[Line], machines: Sequence[str], reference:
     rows = [ln for ln in firsts.values() if any(c.ratio for c in ln.cells)]
     if not rows:
         return None
+    # a DIFFERENT run has no ratio, so no bar: ``left_out_of_chart`` names it under the chart
     others = [m for m in machines if m != reference] or list(machines)
     fig = Figure(figsize=(max(5.5, 0.9 * len(rows) * max(1, len(others)) + 2.5), 3.4))
     FigureCanvasAgg(fig)
@@ -334,6 +350,14 @@ def _chart(experiment_lines: Sequence[Line], machines: Sequence[str], reference:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def left_out_of_chart(experiment_lines: Sequence[Line]) -> str:
+    """``DIFFERENT: not a finding: v on m, ...``: the runs the chart and the verdicts leave out
+    because they (or the reference machine's run) read DIFFERENT ('' when none)."""
+    wrong = list(dict.fromkeys(f"{ln.variant} on {c.machine}" for ln in experiment_lines
+                               for c in ln.cells if c.different))
+    return f"{correctness.NOT_A_FINDING}: {', '.join(wrong)}" if wrong else ""
+
+
 def ratio_axis(ratios: Sequence[float]) -> tuple[float, float]:
     """The ratio chart's y range: from zero, never cut (an axis from 0.94 to 1.04 makes 0.94x
     look like a collapse), with room above the tallest bar for its label."""
@@ -359,6 +383,9 @@ def _cell_html(c: Cell, reference: str) -> str:
         parts = [f'<span class="nodata">{NO_DATA} ({_e(c.status)})</span>']
     if c.stand_in:
         parts[0] += f' <span class="mark" title="{_e(c.stand_in)}">{marks.STAND_IN}</span>'
+    if c.different:
+        parts[0] = (f'<s>{parts[0]}</s> <span class="mark different" '
+                    f'title="{_e(c.different)}">{_e(correctness.NOT_A_FINDING)}</span>')
     if c.ratio is not None and c.machine != reference:
         cls = c.better if c.better in ("better", "worse") else ""
         parts.append(f'<span class="{cls}">{c.ratio:.3f}x</span>'
@@ -539,7 +566,8 @@ def render_html(groups: Sequence[MachineRuns], reference: str, lines: Sequence[L
                        f"headline metric: how many times better than {_e(reference)} (a time "
                        "or a latency inverted, so that higher is better everywhere); green "
                        f"better, red worse, grey within {SAME_WITHIN:.0%} of it"
-                       "</figcaption></figure>")
+                       + (f"; not drawn, {_e(wrong)}" if (wrong := left_out_of_chart(exp_lines))
+                          else "") + "</figcaption></figure>")
         out.append("<table><thead><tr><th>variant</th><th>metric</th><th>better</th>"
                    + "".join(f"<th>{_e(m)}</th>" for m in machines) + "</tr></thead><tbody>")
         for line in exp_lines:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from hopperlab.results import correctness
 from hopperlab.results.machines import prediction_error
 from hopperlab.results.machines.descriptions import MachineDescription
 from hopperlab.results.machines.predict import Prediction, _Ctx, _model, input_spread
@@ -79,6 +80,11 @@ def predict_counts(source: MachineRuns, desc: MachineDescription,
                 if one not in source.runs or source.runs[one].status != "ok":
                     pred.unpredictable = (f"no ok one-GPU run {one} in {source.source} to "
                                           "predict it from")
+                    continue
+                wrong = next((correctness.not_a_finding(r) for r in (row, source.runs[one])
+                              if not correctness.offered(r)), None)
+                if wrong:  # a run that computed something else predicts nothing, nor is judged
+                    pred.unpredictable, pred.measured = wrong, None
                     continue
                 pred.source_value = source.runs[one].metrics.get(metric)
                 ctx = _Ctx(source, one, desc, desc)

@@ -29,9 +29,10 @@ from hopperlab.core.stats import half_width
 from hopperlab.results import tracking
 from hopperlab.results.machines.mlflow_source import unflatten
 from hopperlab.results.machines.references import direction
-from hopperlab.results import marks, scope
+from hopperlab.results import correctness, marks, scope
 from hopperlab.results.tracking.client import reading, retry
 from hopperlab.results.tracking.layout import quote_filter_value
+from hopperlab.results.tracking.verdicts import from_tags
 
 MIN_SEGMENT = 3
 
@@ -62,6 +63,9 @@ class Series:
     direction: str | None
     points: list[Point] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
+    #: the runs left out because their ``correctness`` tag reads DIFFERENT (commit or run id):
+    #: a fast wrong run would read as a change point
+    different: list[str] = field(default_factory=list)
 
 
 def change_points(values: Sequence[float], way: str | None,
@@ -127,11 +131,16 @@ def load(tracking_uri: str, machine: str | None = None, key: str | None = None,
                     continue
                 s = series.setdefault((tags.get("machine", "?"), run_key, name), Series(
                     tags.get("machine", "?"), run_key, name, direction(family, name)))
-                seen = SimpleNamespace(status="ok", tags=tags)
+                seen = SimpleNamespace(status="ok", tags=tags,
+                                       correctness=from_tags(tags, metrics))
+                if not correctness.offered(seen):
+                    s.different.append(tags.get("git_commit", "")[:12] or run.info.run_id)
+                    continue
                 s.points.append(Point(run.info.start_time / 1e3, float(metrics[name]),
                                       tags.get("git_commit", ""), run.info.run_id,
                                       half_width(metrics, name),
                                       bool(marks.stand_in(seen)), marks.example_price(seen)))
+    series = {k: s for k, s in series.items() if s.points}  # only DIFFERENT runs: no series
     if not series:
         wanted = ", ".join(f for f in (machine, key, metric) if f)
         raise SpecError(f"{tracking.redact_uri(tracking_uri)}: no ok run"
@@ -184,6 +193,10 @@ def facts(series: Sequence[Series]) -> list[str]:
     if stand:
         out.append(f"{stand} of {len(points)} runs are {marks.STAND_IN}s (no GPU was measured): "
                    "their moves are the CPU's, not findings")
+    wrong = sum(len(s.different) for s in series)
+    if wrong:
+        out.append(f"{wrong} run(s) read DIFFERENT ({correctness.NOT_A_FINDING}): left out of "
+                   "the series and their change points")
     if any(p.example_price for p in points):
         out.append(f"prices are {marks.EXAMPLE_PRICE}s")
     out.append("samples per run: " + ("1 (no interval)" if all(p.half is None for p in points)
@@ -198,7 +211,9 @@ def text_lines(series: Sequence[Series]) -> list[str]:
         out.append(f"{s.machine} {s.key} {s.metric}: {len(s.points)} runs"
                    + (f" ({moved})" if moved else "") + ", "
                    + (f"{len(s.changes)} change point(s)" if testable(s) else
-                      f"not tested for change points (fewer than {2 * MIN_SEGMENT} runs)"))
+                      f"not tested for change points (fewer than {2 * MIN_SEGMENT} runs)")
+                   + (f"; {len(s.different)} run(s) left out, {correctness.NOT_A_FINDING} "
+                      f"({', '.join(s.different)})" if s.different else ""))
         for c in s.changes:
             p = s.points[c.index]
             word = {effects.WORSE: "worse", effects.BETTER: "better"}.get(c.effect.verdict, "")

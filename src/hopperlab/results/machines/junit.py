@@ -1,5 +1,6 @@
 """JUnit XML of a check, for CI systems: one test case per run (and node), a ``failure`` per
-regression, ``skipped`` for a run without a reference; inconclusive findings are written as
+regression and per run that reads DIFFERENT (``results.correctness``: another computation
+than its baseline's, whatever its reference says), ``skipped`` for a run without a reference; inconclusive findings are written as
 system-out so that a CI page shows them without failing."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any, Mapping, Sequence
 from xml.etree import ElementTree as ET
 
 from hopperlab.core.rundir import FAILING_STATUSES, write_text_atomic
+from hopperlab.results import correctness
 from hopperlab.results.machines.references import (
     INCONCLUSIVE,
     NO_REFERENCE,
@@ -38,6 +40,11 @@ def write(path: Path, name: str, rows: Sequence[Any], judgements: Mapping[str, J
             failures += 1
             ET.SubElement(case, "failure", message=f"run ended {row.status}",
                           type="failed").text = str(row.reason or "")
+        elif not correctness.offered(row):
+            failures += 1
+            ET.SubElement(case, "failure", message=f"{correctness.DIFFERENT} against "
+                          f"{row.correctness.against}", type="different").text = \
+                row.correctness.detail
         elif slower and not bad:
             failures += 1
             ET.SubElement(case, "failure", message="slower than the other nodes",

@@ -17,6 +17,7 @@ from hopperlab.core.errors import SpecError
 from hopperlab.results import tracking
 from hopperlab.results.machines.runs import MachineRuns
 from hopperlab.results.tracking.client import reading, retry
+from hopperlab.results.tracking.verdicts import from_tags
 from hopperlab.results.rows import RunRow
 
 
@@ -51,7 +52,8 @@ def _row(run: Any, spec: Mapping[str, Any]) -> RunRow:
         duration_s=None, metrics={k: float(v) for k, v in run.data.metrics.items()},
         run_dir=Path(f"mlflow-run-{run.info.run_id}"), baseline=spec.get("baseline"),
         headline_metrics=tuple(headline) if isinstance(headline, list) else (),
-        knobs=dict(spec.get("knobs") or {}), machine=tags.get("machine"), tags=tags)
+        knobs=dict(spec.get("knobs") or {}), machine=tags.get("machine"), tags=tags,
+        correctness=from_tags(tags, run.data.metrics))
 
 
 def load(tracking_uri: str, machines: Sequence[str] = ()) -> list[MachineRuns]:

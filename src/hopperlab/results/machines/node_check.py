@@ -3,7 +3,9 @@ machine's references, and each node against the other nodes of the partition (a 
 figure is worse than the others' median beyond the noise, by the test of
 ``hopperlab.core.effects``, is *slow*: the 13.6 GB/s link among 55 GB/s ones needs no
 reference to be found). A node that neither was judged against a reference nor compared
-with another node is ``nothing checked``, never a pass."""
+with another node is ``nothing checked``, never a pass. A node whose run reads DIFFERENT
+(``results.correctness``: it computed something else than its baseline there) is
+``different``, a failure, and that run is no peer of the others."""
 
 from __future__ import annotations
 
@@ -14,11 +16,13 @@ from typing import Mapping, Sequence
 from hopperlab.core import effects
 from hopperlab.core.rundir import FAILING_STATUSES, read_samples
 from hopperlab.core.stats import percentile, robust_spread
+from hopperlab.results import correctness
 from hopperlab.results.machines import references
 from hopperlab.results.machines.ab import measure_of
 from hopperlab.results.rows import RunRow
 
 PASS, SLOW, REGRESSION, FAILED = "pass", "slow", "regression", "failed"
+DIFFERENT = "different"
 NOTHING_CHECKED = "nothing checked"
 
 
@@ -45,7 +49,7 @@ def against_peers(rows: Mapping[str, Sequence[RunRow]], min_effect: float,
     compared = set() if compared is None else compared
     by_key: dict[str, dict[str, RunRow]] = {}
     for node, node_rows in rows.items():
-        for r in node_rows:
+        for r in correctness.findings(node_rows):  # a DIFFERENT run is nobody's peer
             if r.status == "ok":
                 by_key.setdefault(r.key, {})[node] = r
     for key, per_node in by_key.items():
@@ -86,9 +90,10 @@ def against_peers(rows: Mapping[str, Sequence[RunRow]], min_effect: float,
 
 def judge_nodes(rows: Mapping[str, Sequence[RunRow]], refs_dir: Path,
                 min_effect: float = effects.DEFAULT_MIN_EFFECT) -> list[NodeVerdict]:
-    """Every node's verdict: failed (a run did not end ok) > regression (against the
-    references) > slow (against the other nodes) > nothing checked (no reference judged a
-    run of it and no other node was compared with it) > pass."""
+    """Every node's verdict: failed (a run did not end ok) > different (a run computed
+    something else than its baseline) > regression (against the references) > slow (against
+    the other nodes) > nothing checked (no reference judged a run of it and no other node was
+    compared with it) > pass."""
     compared: set[str] = set()
     peers = against_peers(rows, min_effect, compared)
     out = []
@@ -98,12 +103,16 @@ def judge_nodes(rows: Mapping[str, Sequence[RunRow]], refs_dir: Path,
         failed = [r for r in node_rows if r.status in FAILING_STATUSES]
         regs = references.regressions(judged)
         v.lines += [f"{r.key} ended {r.status}: {r.reason or ''}".rstrip(": ") for r in failed]
+        wrong = correctness.different_lines(node_rows)
+        v.lines += wrong
         v.lines += [f"REGRESSION {f.key} {f.metric}: {f.detail}" for f in regs]
         v.lines += [f"SLOW {line}" for lines in v.slow.values() for line in lines]
         if not node_rows:
             v.verdict, v.lines = FAILED, ["no run recorded"]
         elif failed:
             v.verdict = FAILED
+        elif wrong:
+            v.verdict = DIFFERENT
         elif regs:
             v.verdict = REGRESSION
         elif v.slow:

@@ -17,6 +17,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from hopperlab.results import correctness
 from hopperlab.results.machines.descriptions import MachineDescription
 from hopperlab.results.machines import prediction_error
 from hopperlab.results.machines.energy import PredictedEnergy, predict_energy
@@ -104,7 +105,8 @@ class _Ctx:
         """The first ok run of the same experiment whose params and knobs ``match``."""
         for key, row in self.group.runs.items():
             if key == self.key or row.family != self.row.family or \
-                    row.experiment != self.row.experiment or row.status != "ok":
+                    row.experiment != self.row.experiment or row.status != "ok" \
+                    or not correctness.offered(row):  # DIFFERENT: no input to a prediction
                 continue
             spec = self.group.spec(key)
             if match(dict(spec.get("params") or {}), dict(spec.get("knobs") or {})):
@@ -149,6 +151,8 @@ def predict_run(group: MachineRuns, key: str, src: MachineDescription,
         try:
             if row.status != "ok":
                 raise Unpredictable(f"the run ended {row.status}")
+            if not correctness.offered(row):  # a wrong run's speed scaled is no prediction
+                raise Unpredictable(str(correctness.not_a_finding(row)))
             value, pred.model, pred.formula = model.predict(ctx, metric)
             if not math.isfinite(value):
                 raise MissingInput("the model gives no finite value")
@@ -183,7 +187,8 @@ def predict(group: MachineRuns, src: MachineDescription, tgt: MachineDescription
         for pred in predict_run(group, key, src, tgt):
             if measured is not None and key in measured.runs:
                 other = measured.runs[key]
-                pred.measured = other.metrics.get(pred.metric) if other.status == "ok" else None
+                pred.measured = other.metrics.get(pred.metric) \
+                    if other.status == "ok" and correctness.offered(other) else None
                 pred.circular = _cites(pred.inputs, Path(other.run_dir), key)
                 if pred.energy is not None and pred.energy.joules is not None:
                     pred.energy = predict_energy(pred.family, pred.metric, pred.predicted, tgt,

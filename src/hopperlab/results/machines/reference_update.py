@@ -22,6 +22,13 @@ Which metrics: those the machine's file already references for the run (its sele
 that the family judges, else the run's judged headline metrics (``FamilyInfo.judged``);
 diagnostics are never written. Runs of the file that the results folder
 does not hold are kept as they were.
+
+A run whose correctness verdict reads ``DIFFERENT`` (``results.correctness``: it computed
+something else than the run it is compared with, e.g. a variant whose backward never ran and
+reads "2x faster") is refused: no entry from it in any folder, one line naming the run and
+its verdict (``UpdateReport.refused``), its existing entry kept; the command exits 1 on it
+(docs/commands.md#references). A reference of such a run would make every later honest run
+of it read as a regression.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from hopperlab.core.rundir import (SAMPLES_FILE, finite_samples, read_process_sa
 from hopperlab.core.schema import load_yaml
 from hopperlab.core.stats import aggregate_samples, percentile, robust_spread
 from hopperlab.node.hardware import host_cpu
+from hopperlab.results import correctness
 from hopperlab.results.machines import references as refs_mod
 from hopperlab.results.rows import RunRow, read_runs
 
@@ -70,6 +78,8 @@ class UpdateReport:
     machines: dict[str, list[str]] = field(default_factory=dict)
     #: the runs (one folder) whose references came from one process's windows, not processes
     from_windows: list[str] = field(default_factory=list)
+    #: the runs refused because they read DIFFERENT (``refused_line``): no entry from them
+    refused: list[str] = field(default_factory=list)
 
 
 #: a metric's samples for a reference, each checked (``_values``)
@@ -186,6 +196,7 @@ def _read(folders: list[Path], machine: str | None, pool_machines: bool,
         report.machines[str(folder)] = sorted({r.machine or "unknown" for r in found})
     if len(folders) > 1:
         _refuse_copies(runs_of)
+    wrong = _refuse_different(runs_of, report)
     recorded = {m for ms in report.machines.values() for m in ms}
     if machine is not None and len(recorded) > 1 and not pool_machines:
         raise SpecError(f"references update --machine {machine}: the folders hold runs of "
@@ -195,6 +206,8 @@ def _read(folders: list[Path], machine: str | None, pool_machines: bool,
     by_machine: ByMachine = {}
     for folder, found in runs_of.items():
         for r in found:
+            if r.key in wrong:
+                continue
             name = machine or r.machine or "unknown"
             if not refs_mod.MACHINE_NAME.fullmatch(name):
                 report.skipped.append(f"{r.key}: its record's machine {name!r} is not a machine "
@@ -295,6 +308,26 @@ def _refuse_copies(runs_of: Mapping[Path, list[RunRow]]) -> None:
                 raise SpecError(f"references update: {first} and {folder} hold the same run of "
                                 f"{r.key} ({ident}): a copy of a folder is not an independent "
                                 f"run; give folders of separate runs")
+
+
+def refused_line(row: RunRow, folder: Path) -> str:
+    """``KEY in FOLDER: DIFFERENT against X: detail``: why a run gave no reference."""
+    v = row.correctness
+    return (f"{row.key} in {folder}: {v.state} against {v.against}: {v.detail}: it computed "
+            f"something else, no reference from it (the existing entry is kept)")
+
+
+def _refuse_different(runs_of: Mapping[Path, list[RunRow]], report: UpdateReport) -> set[str]:
+    """The keys of the runs that read DIFFERENT in any folder, each said once per folder: none
+    of their folders' runs makes a reference (a process that computed something else is no
+    sample of the variant)."""
+    wrong: set[str] = set()
+    for folder, rows in runs_of.items():
+        for r in rows:
+            if not correctness.offered(r):
+                report.refused.append(refused_line(r, folder))
+                wrong.add(r.key)
+    return wrong
 
 
 def _machines_said(machines: Mapping[str, list[str]]) -> str:

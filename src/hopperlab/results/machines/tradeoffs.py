@@ -303,10 +303,12 @@ def tradeoffs(runs: Sequence[RunRow]) -> dict[tuple[str, str], list[Tradeoff]]:
 
 def pareto_front(runs: Sequence[RunRow], metric: str | None) -> list[str]:
     """The ok variants no other beats on both speed and peak GPU memory (the speed-against-
-    memory view's front), fastest first; [] without both figures on two runs or more."""
+    memory view's front), fastest first; [] without both figures on two runs or more. A run
+    that reads DIFFERENT is no point of it (``correctness.findings``): a fast wrong run would
+    push the honest ones off the front."""
     way = direction(runs[0].family, metric) if runs and metric else None
     points = []
-    for r in runs:
+    for r in correctness.findings(runs):
         mem = memory_bytes(r) if r.status == "ok" else None
         if mem is None or metric not in r.metrics or marks.stand_in(r):
             continue
@@ -338,9 +340,13 @@ def tradeoffs_html(runs: Sequence[RunRow], where: str = "") -> str:
         lines = "".join(f'<li class="tradeoff">{escape(t.sentence())}</li>' for t in ts)
         group = groups[(family, experiment)]
         front = pareto_front(group, speed_metric(group))
+        wrong = correctness.left_out(group)
         if front:
             lines += (f'<li class="pareto">speed against peak GPU memory, beaten on both by no '
                       f"other (the Pareto front): {escape(', '.join(front))}</li>")
+        if wrong:  # named, never weighed nor on the front
+            lines += (f'<li class="different">not weighed nor on the front, '
+                      f"{escape(wrong)}</li>")
         items.append(f"<li><b>{escape(family)} / {escape(experiment)}</b><ul>{lines}</ul></li>")
     on = f" on {escape(where)}" if where else ""
     return (f'<section class="tradeoffs"><h3>{HEADING}{on}</h3>'

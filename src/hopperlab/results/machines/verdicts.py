@@ -8,6 +8,7 @@ from typing import Sequence
 
 from hopperlab.core.stats import percentile
 from hopperlab.results.machines.cost import cheaper_words
+from hopperlab.results.correctness import NOT_A_FINDING
 from hopperlab.results.marks import STAND_IN
 
 
@@ -24,12 +25,15 @@ def machine_verdicts(lines: Sequence, reference: str) -> dict[str, list[str]]:
         fam_lines = [ln for k, ln in firsts.items() if k[0] == family]
         machines = [c.machine for c in fam_lines[0].cells if c.machine != reference]
         for machine in machines:
-            times, cheaper, words, stand_ins = [], [], [], 0
+            times, cheaper, words, stand_ins, wrong = [], [], [], 0, []
             for ln in fam_lines:
                 cell = next(c for c in ln.cells if c.machine == machine)
                 ref = next((c for c in ln.cells if c.machine == reference), None)
                 if cell.stand_in or (ref is not None and ref.stand_in):
                     stand_ins += 1  # a CPU stand-in's ratio is no finding: never ranked
+                    continue
+                if getattr(cell, "different", None) or getattr(ref, "different", None):
+                    wrong.append(ln.variant)  # another computation: never ranked
                     continue
                 if cell.ratio and ln.direction:
                     times.append(cell.ratio if ln.direction == "higher" else 1 / cell.ratio)
@@ -40,6 +44,10 @@ def machine_verdicts(lines: Sequence, reference: str) -> dict[str, list[str]]:
                 out.setdefault(family, []).append(
                     f"{machine}: {stand_ins} run(s) with a {STAND_IN} on either side (no GPU "
                     "measured): not ranked")
+            if wrong:
+                out.setdefault(family, []).append(
+                    f"{machine}: {len(wrong)} run(s) reading DIFFERENT on either side "
+                    f"({NOT_A_FINDING}: {', '.join(wrong)}): not ranked")
             if not times:
                 continue
             n = len(times)

@@ -7,6 +7,7 @@ import io
 import math
 from typing import Any, Mapping, Sequence
 
+from hopperlab.results import correctness
 from hopperlab.results.rows import RunRow, baseline_name, baseline_run
 
 #: a run's status as a colour, the same in the charts and the page's badges
@@ -95,6 +96,22 @@ def profile_breakdown(metrics: Mapping[str, float]) -> dict[str, float] | None:
     return out
 
 
+#: a DIFFERENT run's bar (``correctness.offered``): grey, cross-hatched, labelled as no finding
+DIFFERENT_BAR = {"color": "#e0e0e0", "hatch": "xx", "edgecolor": "#c62828"}
+
+
+def bar_style(run: RunRow, cut: bool = False) -> tuple[dict[str, Any], str]:
+    """A bar's matplotlib style and the words after its value: the baseline hatched, a run that
+    computed something else than its reference greyed, cross-hatched and marked ``DIFFERENT:
+    not a finding`` (so that nobody reads its height as a result), the others plain."""
+    if not correctness.offered(run):
+        return dict(DIFFERENT_BAR), ((" \u2191 off scale" if cut else "") + "\n"
+                                     + correctness.NOT_A_FINDING)
+    style = {"color": "#90a4ae" if run.is_baseline else "#3f6fb5", "edgecolor": "#37474f",
+             "hatch": "///" if run.is_baseline else ("..." if cut else None)}
+    return style, " \u2191 off scale" if cut else ""
+
+
 #: a bar this many times the next tallest is drawn cut (labelled "off scale") so that the
 #: others stay readable: one variant slowed by a neighbour's job flattened the rest
 OUTLIER_FACTOR = 4.0
@@ -165,12 +182,11 @@ class Plotter:
                 if r.is_baseline:
                     base_value = value
                 cut = top is not None and value > top
-                bars = ax.bar(i, top if cut else value, width=0.7,
-                              color="#90a4ae" if r.is_baseline else "#3f6fb5",
-                              edgecolor="#37474f", linewidth=0.6,
-                              hatch="///" if r.is_baseline else ("..." if cut else None))
-                ax.bar_label(bars, labels=[fmt(value) + (" \u2191 off scale" if cut else "")],
-                             fontsize=7, padding=1, fontweight="bold" if cut else None)
+                style, words = bar_style(r, cut)
+                bars = ax.bar(i, top if cut else value, width=0.7, linewidth=0.6, **style)
+                ax.bar_label(bars, labels=[fmt(value) + words], fontsize=7, padding=1,
+                             fontweight="bold" if cut or words else None,
+                             **({} if correctness.offered(r) else {"color": style["edgecolor"]}))
             else:
                 # An empty slot says why there is no bar, rather than dropping the variant.
                 text = r.status.upper() if r.status != "ok" else "n/a"
@@ -187,6 +203,8 @@ class Plotter:
         for tick, r in zip(ax.get_xticklabels(), runs):
             if r.is_baseline:
                 tick.set_fontweight("bold")
+            elif not correctness.offered(r):
+                tick.set_color(DIFFERENT_BAR["edgecolor"])
         ax.set_xlim(-0.6, n - 0.4)
         ax.margins(y=0.18)
         if top is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from hopperlab.core import rundir
-from hopperlab.results import marks
+from hopperlab.results import correctness, marks
 from hopperlab.results.machines.references import direction
 from hopperlab.results.machines.tradeoffs import MEMORY_METRICS
 from hopperlab.results.rows import RunRow
@@ -76,6 +76,10 @@ def axes_of(row: RunRow) -> dict[str, float]:
 
 
 def _point(row: RunRow, x: float, metric: str) -> Point:
+    """The run's point on its line; a run that reads DIFFERENT is a point without a value
+    (drawn as a mark on the axis, ``DIFFERENT: not a finding``): no line crosses through it."""
+    if not correctness.offered(row):
+        return Point(x, None, status=correctness.NOT_A_FINDING)
     if row.status != "ok" or metric not in row.metrics:
         return Point(x, None, status=row.status)
     return Point(x, row.metrics[metric], row.metrics.get(f"{metric}_ci_low"),
@@ -234,6 +238,10 @@ def crossover_section(runs: Sequence[RunRow], charts: bool = True) -> str:
     note = (f'<p class="note">{stand} of these runs are {marks.STAND_IN}s (no GPU was '
             "measured): their lines show that the code path runs, not where a technique "
             "pays</p>" if stand else "")
+    wrong = correctness.left_out(runs)
+    if wrong:
+        note += (f'<p class="note">{escape(wrong)}: drawn as marks on the axis, no point of '
+                 "any line nor of any crossing</p>")
     out = ['<div class="crossovers"><h4>Against the sweep\'s axes</h4>'
            f"{note}<ul>{words}</ul>"]
     if charts:
@@ -243,6 +251,7 @@ def crossover_section(runs: Sequence[RunRow], charts: bool = True) -> str:
                 out.append(f'<figure><img alt="{escape(metric)} against {escape(axis)}" '
                            f'src="data:image/png;base64,{png}"><figcaption>{escape(metric)} '
                            f"against {escape(axis)}, a line per technique (95 % interval "
-                           "bars where repeated; x: a run that did not end ok)"
+                           "bars where repeated; x: a run that did not end ok, or that "
+                           "reads DIFFERENT)"
                            "</figcaption></figure>")
     return "\n".join(out) + "</div>"

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from hopperlab.config.energy import NOT_MEASURED, node_name
 from hopperlab.core import energy_names as N
+from hopperlab.results import correctness
 from hopperlab.workloads import family_info
 
 #: the table's class (tests find it by it)
@@ -51,6 +52,13 @@ def _units(family: str) -> tuple[Any, ...]:
         return ()
 
 
+def _variant(run: Any) -> str:
+    """The variant's name, marked where it reads DIFFERENT: its joules are no finding."""
+    why = correctness.not_a_finding(run)
+    return _e(run.variant) + (f' <span class="mark" title="{_e(why)}">'
+                              f"{correctness.NOT_A_FINDING}</span>" if why else "")
+
+
 def energy_table(runs: Sequence[Any]) -> str:
     """The experiment's energy table ('' when no run carries energy)."""
     measured = [r for r in runs if has_energy(r)]
@@ -66,7 +74,7 @@ def energy_table(runs: Sequence[Any]) -> str:
     for r in measured:
         m, t = r.metrics, r.tags
         gpu_why, host_why = t.get(N.TAG_GPU), t.get(N.TAG_HOST)
-        cells = [f"<td>{_e(r.variant)}</td>", f'<td class="num">{_num(m.get(N.ENERGY_WINDOW_S))}'
+        cells = [f"<td>{_variant(r)}</td>", f'<td class="num">{_num(m.get(N.ENERGY_WINDOW_S))}'
                  "</td>", _measured(m.get(N.ENERGY_GPU_J), gpu_why),
                  _measured(m.get(N.ENERGY_HOST_J), host_why),
                  _measured(m.get(N.POWER_GPU_MEAN_W), gpu_why),
@@ -123,7 +131,8 @@ def read_trace(run_dir: Path) -> tuple[list[float], list[float], list[float] | N
 def power_chart(runs: Sequence[Any]) -> str | None:
     """One chart: each ok run's GPU power (solid) and host power (dashed) over its measured
     window, as an inline PNG (None: no run has a trace)."""
-    traces = [(r.variant, tr) for r in runs
+    traces = [(r.variant + ("" if correctness.offered(r) else f" ({correctness.NOT_A_FINDING})"),
+               tr) for r in runs
               if r.status == "ok" and (tr := read_trace(Path(r.run_dir))) is not None]
     if not traces:
         return None

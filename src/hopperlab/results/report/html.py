@@ -132,7 +132,7 @@ def _marks_note(runs: Sequence[RunRow], metrics: Sequence[str]) -> str:
         notes.append(f"DIFFERENT: {_e(', '.join(wrong))} computed another result than what "
                      "they are compared with (the correctness column says where first): their "
                      "figures are struck through, give no ratio and are no finding, their bars "
-                     "included")
+                     f"grey, cross-hatched and labelled {correctness.NOT_A_FINDING}")
     if any(marks.example_price(r) for r in runs):
         notes.append(f"{marks.EXAMPLE_PRICE}: the site's rate is an example (its cost block "
                      "says example: true), not what the run cost")
@@ -289,6 +289,9 @@ def _caption_tail(runs: Sequence[RunRow], base: str | None) -> str:
                      if r.compare_to and r.compare_to != base})
     if others:
         tail += "; the table compares " + ", ".join(f"{_e(v)} with {_e(c)}" for v, c in others)
+    wrong = correctness.left_out(runs)
+    if wrong:
+        tail += f"; grey cross-hatched bars, {_e(wrong)}"
     stand = [r.variant for r in runs if marks.stand_in(r)]
     if stand:
         tail += (f"; {marks.STAND_IN}s (no GPU measured): "
@@ -315,7 +318,9 @@ def _family_tables(family: str, runs: Sequence[RunRow]) -> str:
 
 def _family_charts(family: str, runs: Sequence[RunRow]) -> list[str]:
     """The family's own charts (FamilyInfo.charts), as figures; a chart that fails to draw is
-    named in a note instead of breaking the report."""
+    named in a note instead of breaking the report. A run that reads DIFFERENT is handed to
+    no family chart (its speed-against-memory point would sit where the best one does) and is
+    named under each."""
     try:
         draw = family_info(family).load_charts()
     except (KeyError, ImportError, AttributeError):
@@ -326,13 +331,16 @@ def _family_charts(family: str, runs: Sequence[RunRow]) -> list[str]:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         out = []
-        for chart in draw([r for r in runs if r.status == "ok"]):
+        wrong = correctness.left_out(runs)
+        for chart in draw([r for r in correctness.findings(runs) if r.status == "ok"]):
             FigureCanvasAgg(chart.figure)
             buf = io.BytesIO()
             chart.figure.savefig(buf, format="png")
             png = base64.b64encode(buf.getvalue()).decode("ascii")
             out.append(f'<figure><img alt="{_e(chart.title)}" src="data:image/png;base64,{png}">'
-                       f"<figcaption>{_e(chart.caption)}</figcaption></figure>")
+                       f"<figcaption>{_e(chart.caption)}"
+                       + (f"; left out, {_e(wrong)}" if wrong else "")
+                       + "</figcaption></figure>")
         return out
     except Exception as exc:  # noqa: BLE001 - a chart never takes the report down
         return [f'<p class="note">{_e(family)} charts failed: {_e(type(exc).__name__)}: '

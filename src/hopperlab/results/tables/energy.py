@@ -20,6 +20,7 @@ from typing import Mapping
 from hopperlab.config.energy import node_name, plausibility
 from hopperlab.core import energy_names as N
 from hopperlab.node.energy.arithmetic import AGREEMENT_MIN_S
+from hopperlab.results import correctness
 from hopperlab.results.machines.compare import probe_for
 from hopperlab.results.machines.descriptions import MatmulProbe
 from hopperlab.results.machines.probes import probes_from_runs
@@ -87,7 +88,8 @@ def lines(results: Path, probes: Mapping[str, MatmulProbe] | None = None) -> lis
                         if k.startswith(N.TAG_PREFIX))
         if gate:
             how = f"{gate}; " + how
-        out.append(f"| {r.key} | {r.status} | {_f(m.get(N.ENERGY_WINDOW_S))} | "
+        name = r.key + ("" if correctness.offered(r) else f" ({correctness.NOT_A_FINDING})")
+        out.append(f"| {name} | {r.status} | {_f(m.get(N.ENERGY_WINDOW_S))} | "
                    f"{_f(m.get(N.ENERGY_GPU_J))} | {_f(m.get(N.ENERGY_HOST_J))} | "
                    f"{_f(m.get(N.POWER_GPU_MEAN_W))} / {_f(m.get(N.POWER_GPU_PEAK_W))} | "
                    f"{trace} | {per} | {work} | {vs} | {how} |")

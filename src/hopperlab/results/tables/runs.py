@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hopperlab.results import correctness
 from hopperlab.results.machines.references import judge_rows
 from hopperlab.results.report import build_report
 from hopperlab.results.rows import collect_runs
@@ -21,6 +22,8 @@ def lines(results_dir: Path, refs_dir: Path) -> list[str]:
     for r in runs:
         figures = ", ".join(f"{m}={r.metrics[m]:.4g}" for m in r.headline_metrics
                             if m in r.metrics)
+        if not correctness.offered(r):  # another computation: its figures are no finding
+            figures += f"  [{correctness.NOT_A_FINDING}]"
         cost = r.metrics.get("cost_run")
         out.append(f"{r.key:58} {r.status:8} {str(r.reference_check or '-'):12} "
                    f"{'-' if cost is None else f'{cost:.4f}':>8}  {figures or r.reason or ''}")

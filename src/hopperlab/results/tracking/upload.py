@@ -44,6 +44,7 @@ from hopperlab.results.tracking.client import (
     store_lock,
     translate_errors,
 )
+from hopperlab.results.tracking.verdicts import SET_KEY, verdict_tags
 from hopperlab.results.tracking.layout import (
     MAX_METRICS_PER_BATCH,
     MAX_PARAM_VALUE,
@@ -86,6 +87,9 @@ class RunFiles:
     attempt: int
     #: the attempt's identity in MLflow (see run_uid)
     uid: str
+    #: the correctness tags this upload gave the run (``verdicts``; None: not uploaded now),
+    #: kept in ``mlflow.json`` so that a later verdict is set only where it differs
+    verdict_set: dict[str, str] | None = None
 
     @property
     def key(self) -> str:
@@ -168,8 +172,9 @@ def _tags(run: RunFiles, parent_id: str) -> dict[str, str]:
         half = half_width(metrics, name)
         if half is not None:
             tags[f"pm.{name}"] = plus_minus(value, half)
-    tags.update(correctness.mlflow_fields(run.run_dir)[0])  # issue 47: beside the speed
     out = {safe_key(k): scrub(str(v))[:MAX_TAG_VALUE] for k, v in tags.items() if v is not None}
+    run.verdict_set = verdict_tags(correctness.of_run_dir(run.run_dir))  # beside the speed
+    out.update(run.verdict_set)
     out[TAG_PARENT] = parent_id
     return out
 
@@ -291,6 +296,7 @@ def write_mlflow_json(run: RunFiles, run_id: str, experiment_id: str, tracking_u
         "run_id": run_id,
         "experiment_id": experiment_id,
         "tracking_uri": redact_uri(tracking_uri),
+        **({SET_KEY: run.verdict_set} if run.verdict_set is not None else {}),
     })
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from hopperlab.workloads.sameness import Sameness, bounded, differing, exact, not_comparable
+from hopperlab.workloads.sameness import (Sameness, bounded, differing, exact, not_comparable,
+                                          world_size)
 
 #: params and knobs that only say where tensors live or how the data arrives: the arithmetic
 #: is the same, so the losses and gradient norms are bit for bit the same
@@ -82,7 +83,6 @@ def _save_on_cpu(spec: Mapping[str, Any]) -> bool:
 
 
 def _world(variant: Mapping[str, Any], reference: Mapping[str, Any]) -> set[str]:
-    """``tasks_per_node`` where the two runs split the batch over other numbers of ranks."""
-    a = (variant.get("resources") or {}).get("tasks_per_node")
-    b = (reference.get("resources") or {}).get("tasks_per_node")
-    return {"tasks_per_node"} if a != b else set()
+    """``tasks_per_node`` where the two runs split the batch over other numbers of ranks
+    (``world_size``: tasks at smoke, GPUs per node at full scale)."""
+    return {"tasks_per_node"} if world_size(variant) != world_size(reference) else set()

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from hopperlab.workloads.sameness import Sameness, bounded, differing, exact, not_comparable
+from hopperlab.workloads.sameness import (Sameness, bounded, differing, exact, not_comparable,
+                                          world_size)
 
 #: where the cache or the weights live, and how they come back: the arithmetic is the same
 MOVES_ONLY = frozenset({"memory", "profiler", "layered_reload", "streamer",
@@ -32,7 +33,7 @@ REORDER_SHARE_BF16 = 0.25
 def rule(variant: Mapping[str, Any], reference: Mapping[str, Any]) -> Sameness:
     """The declaration of ``variant`` against ``reference`` (both spec.json)."""
     keys = differing(variant, reference)
-    tasks = [(s.get("resources") or {}).get("tasks_per_node") for s in (variant, reference)]
+    tasks = [world_size(s) for s in (variant, reference)]
     policies = {(s.get("params") or {}).get("policy") for s in (variant, reference)}
     if variant.get("assets") != reference.get("assets"):
         return not_comparable("another model (assets differ)")

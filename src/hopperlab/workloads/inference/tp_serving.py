@@ -23,7 +23,7 @@ from hopperlab.cuda.device_rates import hbm_gbps, matmul_tflops
 from hopperlab.cuda.nvtx import measured_region
 from hopperlab.workloads.base import Recording, RunView, no_cuda_reason
 from hopperlab.workloads.inference import TP_SHAPES, InferenceParams
-from hopperlab.workloads.sameness import add_evidence
+from hopperlab.workloads.sameness import SERVED, add_evidence
 from hopperlab.workloads.inference import tensor_parallel as tp
 from hopperlab.workloads.inference.tp_floor import (
     NodeRates,
@@ -149,6 +149,9 @@ def run(spec: RunView, recorder: Recording, params: InferenceParams) -> None:
         figures["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated(device) / GB
     recorder.log_metrics(figures)
     add_evidence(recorder, "tokens", replies)  # every rank, in its own ranks/<r>/
+    # the layers served are sized to the GPUs at run time (num_layers 0): another count is
+    # another model, whose tokens are not compared (issue 47)
+    add_evidence(recorder, SERVED, {"layers": n_layers})
 
 
 def _timed_requests(request: Any, recorder: Recording, params: InferenceParams, batch: int,
