@@ -61,6 +61,8 @@ mypy
 # quick unit run); this selects both, and a later -m in "$@" still narrows it.
 # Most tests wait on processes (Snakemake, Slurm, MLflow, jobs), so more workers than cores pay:
 # each test file is one unit, the Slurm tests one group on one worker (tests/infra/workers.py).
+# The units that set the suite's length (the Slurm group, the Charliecloud image build) keep the
+# CPU first: the other units run HOPPERLAB_TEST_NICE (default 5; 0: all alike) nice steps lower.
 # HOPPERLAB_TEST_WORKERS=0 runs in this process, in file order.
 # Idle OpenMP threads sleep instead of spinning: the workers' torch processes share 2 cores, and
 # spinning threads of one burn the CPU another needs (4 torch loops side by side: 14 s of CPU

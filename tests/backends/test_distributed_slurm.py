@@ -124,3 +124,12 @@ def test_a_node_that_dies_mid_run_ends_the_run_failed_naming_it(tmp_path, slurm_
     assert f"ranks [{dead}]" in rec["reason"] and slurm_cluster.nodes[1] in rec["reason"], rec
     assert rec["slurm"]["state"] == "NODE_FAIL", rec["slurm"]
     assert waited < 240, waited  # the bound: SlurmdTimeout, then the next poll
+    # and with the node back, Slurm does not queue the job again: a requeued job ran the whole
+    # run a second time (5 minutes on both nodes) and rewrote the record the submitter had left
+    job_id = rec["slurm"]["job_id"]
+    state = slurm_cluster.run(["squeue", "-h", "--states=all", "-j", job_id,
+                               "-o", "%T"]).stdout.split()
+    assert state and state[0] not in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING",
+                                      "RUNNING"), state
+    shown = slurm_cluster.run(["scontrol", "show", "job", job_id]).stdout
+    assert "Restarts=0" in shown.split(), shown

@@ -27,7 +27,8 @@ from hopperlab.run import launch
 from tests.helpers import copy_project, edit_yaml, snakemake
 from tests.infra.shared import made_once
 
-pytestmark = [pytest.mark.charliecloud, pytest.mark.timeout(2400)]
+#: head_start: the image build is one long single-core unit that sets the suite's length
+pytestmark = [pytest.mark.charliecloud, pytest.mark.head_start, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_CONTEXT = ("pyproject.toml", "README.md", "src")

@@ -9,8 +9,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.helpers import REPO
-from tests.infra.workers import SLURM_GROUP, plan, read_weights, unit_of
+from tests.infra.workers import (NICE_ENV, SLURM_GROUP, nice_steps, niceness, plan, read_weights,
+                                 unit_of)
 
 
 def test_a_test_that_uses_the_cluster_joins_the_slurm_group_and_others_their_file():
@@ -122,3 +125,60 @@ def test_under_xdist_each_file_is_one_unit_and_the_cluster_tests_one_group(tmp_p
                      "test_three": "test_b.py", "test_four": SLURM_GROUP}
     workers = {r["worker"] for r in rows if r["group"] == SLURM_GROUP}
     assert len(workers) == 1  # one worker owns the cluster
+
+
+def test_the_slurm_group_and_a_head_start_file_keep_the_runs_priority_the_others_go_lower():
+    assert niceness(SLURM_GROUP, False, 0, 5) == 0
+    assert niceness("tests/node/test_image.py", True, 0, 5) == 0
+    assert niceness("tests/a/test_x.py", False, 0, 5) == 5
+    assert niceness("tests/a/test_x.py", False, 10, 5) == 15
+    assert niceness("tests/a/test_x.py", False, 17, 5) == 19  # the kernel's lowest priority
+    assert niceness("tests/a/test_x.py", False, 3, 0) == 3  # steps 0: every unit alike
+
+
+def test_the_nice_steps_come_from_the_environment_and_a_bad_value_is_one_line():
+    assert nice_steps({}) == 5
+    assert nice_steps({NICE_ENV: "0"}) == 0 and nice_steps({NICE_ENV: " 7 "}) == 7
+    for bad in ("five", "-1", "20"):
+        with pytest.raises(pytest.UsageError, match=f"{NICE_ENV}={bad!r}"):
+            nice_steps({NICE_ENV: bad})
+
+
+def test_under_xdist_a_head_start_unit_runs_at_the_runs_priority_and_the_others_lower(tmp_path):
+    """What each test's process (and so what it starts) really runs at, in a real ``-n 2 --dist
+    loadgroup`` run: the Slurm group's and the marked file's tests at the run's nice value, the
+    other file's 3 steps lower. The marked file sorts first, so that no worker has to go back up
+    (which needs root)."""
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        import pytest
+        pytest_plugins = ["tests.infra.workers"]
+
+        @pytest.fixture(scope="session")
+        def slurm_cluster():
+            return "cluster"
+    """))
+    record = textwrap.dedent("""
+        import os
+        from pathlib import Path
+
+        def _note(name):
+            with (Path(__file__).parent / "nice.txt").open("a") as f:
+                f.write(f"{name} {os.getpriority(os.PRIO_PROCESS, 0)}\\n")
+    """)
+    (tmp_path / "test_0_image.py").write_text(
+        "import pytest\npytestmark = pytest.mark.head_start\n" + record
+        + "\ndef test_marked(): _note('marked')\n")
+    (tmp_path / "test_a.py").write_text(
+        record + "\ndef test_plain(): _note('plain')\n"
+        "\ndef test_cluster(slurm_cluster): _note('cluster')\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder",
+                          "-o", "addopts=", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, NICE_ENV: "3"})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    got = dict(line.split() for line in (tmp_path / "nice.txt").read_text().splitlines())
+    assert got == {"cluster": str(base), "marked": str(base), "plain": str(min(19, base + 3))}

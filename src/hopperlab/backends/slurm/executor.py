@@ -144,8 +144,14 @@ def make_executor(req: JobRequest, log: Callable[[str], None] = print) -> Execut
             params[key] = getattr(s, key)
     if s.setup:
         params["setup"] = list(s.setup)
-    if s.extra_sbatch:
-        params["additional_parameters"] = dict(s.extra_sbatch)
+    # No requeue behind the submitter's back: after a node failure Slurm would run the job again
+    # (all of it, on the nodes it had) once the submitter has recorded the run failed, and that
+    # second run rewrites the record; retries are the workflow's (a new attempt). A site that
+    # wants Slurm's requeue says so in extra_sbatch.
+    extra = dict(s.extra_sbatch or {})
+    if not {"requeue", "no_requeue", "no-requeue"} & set(extra):
+        extra["no_requeue"] = True
+    params["additional_parameters"] = extra
     if req.task_launcher_args:  # enroot + pyxis: the task starts inside the image; env with it
         params["srun_args"] = list(req.task_launcher_args)
         params["setup"] = list(s.setup) + pyxis.env_setup(req.env)
