@@ -23,6 +23,9 @@ Status = Literal["ok", "oom", "failed", "timeout", "skipped"]
 STATUSES: tuple[str, ...] = ("ok", "oom", "failed", "timeout", "skipped")
 #: Statuses that make the Snakemake rule fail (the others are results).
 FAILING_STATUSES: frozenset[str] = frozenset({"failed", "timeout"})
+#: how a record's reason begins when its own submitter was told to stop while the job ran
+#: (run/launch.py writes it; the check reads such a run as not measured, never a regression)
+STOPPED_BY_SUBMITTER = "the submitting process got"
 
 METRICS_FILE = "metrics.json"
 #: the record under a name Snakemake does not own: it deletes ``metrics.json`` of a failed job

@@ -23,6 +23,7 @@ from hopperlab import backends
 from hopperlab.backends.base import CANCEL_WAIT_S, Executor, JobHandle, JobRequest, JobResources
 from hopperlab.config.spec import RunSpec
 from hopperlab.core.errors import NodeError, SpecError
+from hopperlab.core.rundir import STOPPED_BY_SUBMITTER
 from hopperlab.node import charliecloud, oom_kills
 from hopperlab.node.containers import (
     CHARLIECLOUD,
@@ -301,7 +302,7 @@ def _stop_interrupted(spec: RunSpec, job: JobHandle, exc: BaseException) -> tupl
         note = "cancelled" if gone else "asked the scheduler to cancel it, but it was still queued"
     else:
         note = "stopped" if gone else "asked it to stop, but it still ran"
-    return "CANCELLED", f"the submitting process got {name}; job {job.job_id} {note}"
+    return "CANCELLED", f"{STOPPED_BY_SUBMITTER} {name}; job {job.job_id} {note}"
 
 
 def _final_state(job: JobHandle, default: str) -> str:

@@ -23,13 +23,14 @@ from typing import Any, Callable
 from hopperlab import backends
 from hopperlab.backends.base import CANCEL_WAIT_S, Launcher, SchedulerDown
 from hopperlab.config.spec import Matrix, RunSpec, spec_data_fingerprint
-from hopperlab.core.errors import SpecError
 from hopperlab.core import locks
 from hopperlab.core import rundir as record
+from hopperlab.core.errors import SpecError
 from hopperlab.core.rundir import (
     FAILING_STATUSES,
     RUN_UID,
     STATUSES,
+    STOPPED_BY_SUBMITTER,
     load_record,
     new_run_uid,
     read_json,
@@ -387,7 +388,7 @@ def _in_image(spec: RunSpec, reason: str) -> str:
 
 def outcome_was_stopped(reason: str) -> bool:
     """We stopped the job ourselves (a time limit, an interrupt): the image is no suspect."""
-    return "time limit" in reason or "the submitting process got" in reason
+    return "time limit" in reason or STOPPED_BY_SUBMITTER in reason
 
 
 def _job_output(outcome: Any) -> tuple[str, str]:

@@ -34,7 +34,7 @@ from hopperlab.config.cost import cost_direction
 from hopperlab.config.energy import energy_direction
 from hopperlab.core import effects
 from hopperlab.core.errors import SpecError
-from hopperlab.core.rundir import read_samples
+from hopperlab.core.rundir import STOPPED_BY_SUBMITTER, read_samples
 from hopperlab.core.schema import load_yaml, typed_from_mapping
 from hopperlab.node.hardware import host_cpu
 from hopperlab.workloads import family_info
@@ -347,9 +347,8 @@ def judge_run(family: str, key: str, status: str, metrics: Mapping[str, float],
 
 
 def stopped_by_submitter(reason: str | None) -> bool:
-    """The record says the submitting process was told to stop while its job ran (the words
-    of run/launch.py's ``_stop_interrupted``)."""
-    return bool(reason) and "the submitting process got" in str(reason)
+    """The record says the submitting process was told to stop while its job ran."""
+    return bool(reason) and STOPPED_BY_SUBMITTER in str(reason)
 
 
 def _finite_values(samples: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any],
